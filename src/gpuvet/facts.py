@@ -1,0 +1,310 @@
+"""What gpuvet knows about a machine: one model filled by every backend.
+
+Live NVML, `nvidia-smi -q -x`, `nvidia-smi -q`, sysfs, `lspci -vv` and `nvidia-smi topo -m` all
+produce these same objects, so the judge never knows (or cares) where a fact came from.
+
+A value of ``None`` means "not known". Where the backend could say why (the driver answered
+NotSupported on a vGPU guest, nvidia-smi printed "[N/A]", the section was not in the capture),
+the reason is kept in the object's ``unavailable`` map under the field's dotted path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+
+# Clock-event reason names, in NVML bit order (old "throttle" and new "event" names map here).
+CLOCK_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def reasons_from_mask(mask: int) -> list[str]:
+    """Active clock-event reason names from an NVML bitmask."""
+    return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+@dataclass
+class Power:
+    draw_w: float | None = None
+    limit_w: float | None = None  # the management limit someone set (nvidia-smi -pl)
+    enforced_limit_w: float | None = None  # after every limiter: what the GPU obeys
+    default_limit_w: float | None = None
+    min_limit_w: float | None = None
+    max_limit_w: float | None = None
+
+
+@dataclass
+class PcieLink:
+    """One reading of a PCIe link: generation (1..6) and width (lanes)."""
+
+    current_gen: int | None = None
+    max_gen: int | None = None
+    current_width: int | None = None
+    max_width: int | None = None
+    source: str = ""  # "nvml", "nvidia-smi", "sysfs", "lspci"
+    under_load: bool | None = None  # True: read while a load ran; None: unknown
+
+
+@dataclass
+class Pcie:
+    bus_id: str | None = None  # normalised "0000:01:00.0"
+    # NVML/nvidia-smi first, sysfs or lspci (the host's view, LnkSta/LnkCap) after;
+    # benchmarks append readings taken under load.
+    readings: list[PcieLink] = field(default_factory=list)
+    device_max_gen: int | None = None  # what the GPU itself supports
+    host_max_gen: int | None = None  # what the slot/root port supports
+    replay_count: int | None = None
+    kernel_driver: str | None = None  # nvidia, vfio-pci, nouveau ... (None: unknown)
+
+
+@dataclass
+class Clocks:
+    sm_mhz: int | None = None
+    graphics_mhz: int | None = None
+    memory_mhz: int | None = None
+    max_sm_mhz: int | None = None
+    max_graphics_mhz: int | None = None
+    max_memory_mhz: int | None = None
+    applications_graphics_mhz: int | None = None
+    default_applications_graphics_mhz: int | None = None
+    event_reasons: list[str] | None = None  # active reasons (CLOCK_EVENT_REASONS names)
+
+
+@dataclass
+class Thermal:
+    gpu_c: float | None = None
+    memory_c: float | None = None
+    slowdown_c: float | None = None
+    shutdown_c: float | None = None
+    max_operating_c: float | None = None
+    # Degrees left before the GPU slows itself down. Newer drivers on some GPUs report only
+    # T.Limit-relative values; the backend computes the margin from whichever it has.
+    slowdown_margin_c: float | None = None
+
+
+@dataclass
+class Ecc:
+    enabled: bool | None = None  # None: not supported or unknown
+    pending_enabled: bool | None = None
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+
+
+@dataclass
+class MigDevice:
+    index: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    sm_count: int | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    uuid: str | None = None
+
+
+@dataclass
+class GpuProcess:
+    pid: int | None = None
+    name: str | None = None
+    type: str | None = None  # "C" compute, "G" graphics, "C+G"
+    used_memory_mib: int | None = None
+
+
+@dataclass
+class NvLink:
+    link: int
+    active: bool
+    speed_gbs: float | None = None  # per direction, as nvidia-smi nvlink -s prints it
+    version: int | None = None
+    remote_bus_id: str | None = None
+
+
+@dataclass
+class Gpu:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    brand: str | None = None
+    architecture: str | None = None
+    vbios: str | None = None
+    compute_capability: str | None = None  # "8.6"
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    memory_reserved_mib: int | None = None
+    persistence_mode: bool | None = None
+    compute_mode: str | None = None  # Default, Exclusive_Process, Prohibited
+    pstate: int | None = None  # 0..15
+    driver_model: str | None = None  # Windows: WDDM/TCC
+    utilization_pct: int | None = None
+    virtualization_mode: str | None = None  # none, passthrough, vgpu, host_vgpu, host_vsga
+    mig_enabled: bool | None = None
+    mig_pending: bool | None = None
+    mig_devices: list[MigDevice] = field(default_factory=list)
+    processes: list[GpuProcess] | None = None  # None: could not be read
+    power: Power = field(default_factory=Power)
+    pcie: Pcie = field(default_factory=Pcie)
+    clocks: Clocks = field(default_factory=Clocks)
+    thermal: Thermal = field(default_factory=Thermal)
+    ecc: Ecc = field(default_factory=Ecc)
+    nvlinks: list[NvLink] | None = None  # None: not read; []: no link active
+    reference: str | None = None  # id of the matched reference-spec row
+    unavailable: dict[str, str] = field(default_factory=dict)  # dotted field -> why
+
+
+@dataclass
+class Topology:
+    """`nvidia-smi topo -m`: how each pair of devices connects (X, NV#, PIX, PXB, PHB, NODE, SYS)."""
+
+    devices: list[str] = field(default_factory=list)  # column order: GPU0.., NIC0.. / mlx5_0..
+    links: dict[str, dict[str, str]] = field(default_factory=dict)
+    cpu_affinity: dict[str, str] = field(default_factory=dict)
+    numa_affinity: dict[str, str] = field(default_factory=dict)
+    nic_names: dict[str, str] = field(default_factory=dict)  # NIC0 -> mlx5_0
+    shows_nvlink: bool = True  # False for `topo -mp`, which hides NVLink
+    source: str = ""
+
+    @property
+    def gpus(self) -> list[str]:
+        return [d for d in self.devices if d.startswith("GPU")]
+
+
+@dataclass
+class Driver:
+    version: str | None = None
+    cuda_version: str | None = None  # highest CUDA the driver supports, "12.4"
+    nvml_version: str | None = None
+    kernel_module_version: str | None = None  # /proc/driver/nvidia/version
+
+
+@dataclass
+class Storage:
+    path: str | None = None
+    mount_point: str | None = None
+    fs_type: str | None = None
+    device: str | None = None
+    kind: str | None = None  # nvme, ssd, hdd, network, overlay, tmpfs, unknown
+    model: str | None = None
+    ephemeral: bool | None = None  # True where the platform marks the disk as instance storage
+    ephemeral_reason: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+@dataclass
+class Host:
+    hostname: str | None = None
+    os: str | None = None
+    kernel: str | None = None
+    cpu_model: str | None = None
+    cpu_physical_cores: int | None = None
+    cpu_logical_cores: int | None = None
+    cpu_usable_cores: int | None = None  # what this process may run on (affinity, cgroup quota)
+    cpu_mhz: float | None = None
+    cpu_max_mhz: float | None = None
+    memory_total_bytes: int | None = None
+    memory_available_bytes: int | None = None
+    numa_nodes: int | None = None
+    shm_total_bytes: int | None = None
+    shm_free_bytes: int | None = None
+    dmi: dict[str, str] = field(default_factory=dict)
+    cloud: str | None = None
+    hypervisor: str | None = None  # kvm, xen, microsoft, vmware, ... None: bare metal or unknown
+    container: str | None = None  # docker, podman, kubernetes, ... None: not in a container
+    steal_pct: float | None = None  # over steal_window_s
+    steal_window_s: float | None = None
+    steal_since_boot_pct: float | None = None
+    somaxconn: int | None = None
+    workdir: Storage | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Torch:
+    installed: bool = False
+    version: str | None = None
+    cuda: str | None = None  # torch.version.cuda: the runtime the wheel was built with
+    hip: str | None = None
+    cuda_available: bool | None = None
+    device_count: int | None = None
+    arch_list: list[str] | None = None  # torch.cuda.get_arch_list(); None: not read
+    error: str | None = None
+
+
+@dataclass
+class Stack:
+    python: str | None = None
+    torch: Torch = field(default_factory=Torch)
+    nvcc_version: str | None = None
+    cuda_home: str | None = None  # /usr/local/cuda
+    cuda_home_target: str | None = None  # where /usr/local/cuda points
+    cuda_module_loading: str | None = None  # env CUDA_MODULE_LOADING
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Machine:
+    source: str = "live"  # "live" or "capture"
+    driver: Driver = field(default_factory=Driver)
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_error: str | None = None  # why there are no GPU facts (no driver, NVML failed, ...)
+    topology: Topology | None = None
+    host: Host | None = None  # None: not captured
+    stack: Stack | None = None  # None: not captured
+    captures: list[dict[str, str]] = field(default_factory=list)  # {"path", "kind"}
+    probe_errors: dict[str, str] = field(default_factory=dict)  # probe -> error, when one broke
+
+
+# -- dict <-> dataclass ----------------------------------------------------------------------
+
+def to_dict(obj: typing.Any) -> typing.Any:
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def from_dict(cls: type, data: typing.Any) -> typing.Any:
+    """Build dataclass `cls` from a dict, ignoring unknown keys (records from newer versions)."""
+    if data is None:
+        return None
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(hint: typing.Any, value: typing.Any) -> typing.Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        return {k: _convert(item, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value)
+    return value
