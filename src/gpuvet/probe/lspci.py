@@ -1,0 +1,191 @@
+"""Reading `lspci` output: which PCI devices a machine has and, with -vv/-vvv, how their links trained.
+
+Understood: plain `lspci`, `-D` (with domain), `-nn` (numeric ids in brackets), `-n` (ids only) and
+`-v`/`-vv`/`-vvv` (indented detail lines, TAB or, after a Markdown paste, 8 spaces). LnkCap/LnkSta
+are printed only to root: a non-root `-vvv` gives devices without link facts.
+
+`lspci -tv` trees are recognised (looks_like_lspci is True) but parse to an empty list: a tree shows
+neither class names nor full bus ids on each line, so it cannot say which device is a GPU.
+
+A `-v` block pasted without its device line (it starts with an indented "Subsystem:" or
+"Control:") parses to one device whose bus_id, class_name and vendor_device are None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpuvet.facts import PcieLink
+from gpuvet.probe import values
+from gpuvet.probe.errors import CaptureError
+
+# "0000:01:00.0 3D controller [0302]: NVIDIA Corporation GA102GL [A10] [10de:2236] (rev a1)"
+_DEVICE_LINE = re.compile(
+    r"^(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
+    r"(?P<cls>[^:\[]+?)(?:\s*\[(?P<cls_id>[0-9a-fA-F]{4})\])?:\s*(?P<rest>.*)$"
+)
+# The root of an `lspci -t` tree: "-[0000:00]-+-00.0" or, with several root buses, "-+-[0000:00]-+-".
+_TREE_ROOT = re.compile(r"^-(?:\+-)?\[[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}\]")
+_SUDO_PROMPT = re.compile(r"^\[sudo\] password for ")
+# The first detail lines of a `-v` block: what a paste starts with when its device line was cut off.
+_HEADLESS_START = re.compile(r"^\s+(?:Subsystem|Control|Physical Slot|DeviceName):")
+_PCI_ID = re.compile(r"\[([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\]")
+_NUMERIC_ONLY = re.compile(r"^([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\b")  # `lspci -n`: "10de:2236 (rev a1)"
+_TRAILERS = re.compile(r"\s*\((?:rev|prog-if) [^()]*\)")  # "(rev a1)", "(prog-if 00 [VGA controller])"
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+_SPEED = re.compile(r"Speed\s+(?P<gts>[\d.]+)GT/s(?P<note>\s*\(\w+\))?")
+_WIDTH = re.compile(r"Width\s+x(?P<lanes>\d+)(?P<note>\s*\(\w+\))?")
+
+NVIDIA_VENDOR_ID = "10de"
+_DISPLAY_CLASSES = {"VGA compatible controller", "3D controller", "Display controller"}
+
+
+@dataclass
+class PciDevice:
+    """One device of `lspci` output; link fields stay None unless `-vv` ran as root."""
+
+    bus_id: str | None  # normalised "0000:01:00.0"; None: the device line was not in the text
+    class_name: str | None  # "3D controller", "Bridge", ... ("0302" from `lspci -n`)
+    vendor_device: str | None  # "NVIDIA Corporation GA102GL [A10]" (revision and numeric ids cut off)
+    pci_id: str | None = None  # "10de:2236" when -nn / -n printed it
+    class_id: str | None = None  # "0302" when -nn / -n printed it
+    link_cap_gts: float | None = None  # LnkCap: what the device supports
+    link_cap_width: int | None = None
+    link_sta_gts: float | None = None  # LnkSta: what the link trained to now
+    link_sta_width: int | None = None
+    speed_downgraded: bool = False  # lspci marked LnkSta's speed "(downgraded)"
+    width_downgraded: bool = False
+    kernel_driver: str | None = None
+    kernel_modules: list[str] = field(default_factory=list)
+    numa_node: int | None = None
+
+    @property
+    def is_nvidia_gpu(self) -> bool:
+        """NVIDIA vendor and a display class; NVSwitches ("Bridge") and HDMI audio functions are not."""
+        nvidia = (self.pci_id or "").startswith(NVIDIA_VENDOR_ID + ":") or (
+            (self.vendor_device or "").lower().startswith("nvidia")  # old pci.ids: "nVidia"
+        )
+        display = self.class_name in _DISPLAY_CLASSES or (self.class_id or "").startswith("03")
+        return nvidia and display
+
+
+def looks_like_lspci(text: str) -> bool:
+    """True when the text starts (after a sudo password prompt) with an lspci device line, a tree,
+    or the first detail line of a `-v` block whose device line was cut off."""
+    first = _first_meaningful_line(text[:8192])
+    return first is not None and any(
+        pattern.match(first) for pattern in (_DEVICE_LINE, _TREE_ROOT, _HEADLESS_START)
+    )
+
+
+def parse_lspci(text: str) -> list[PciDevice]:
+    """Every device of `lspci` (any verbosity), in the order printed; [] for an `lspci -tv` tree.
+
+    Lines at column 0 that are not device lines (a sudo prompt, "pcilib: ..." warnings) are skipped.
+    Raises CaptureError when the text holds neither devices nor a tree.
+    """
+    devices: list[PciDevice] = []
+    if _HEADLESS_START.match(_first_meaningful_line(text[:8192]) or ""):
+        devices.append(PciDevice(bus_id=None, class_name=None, vendor_device=None))
+    for line in text.splitlines():
+        if line[:1].isspace():
+            if devices:
+                _read_detail(line.strip(), devices[-1])
+            continue
+        match = _DEVICE_LINE.match(line)
+        if match:
+            devices.append(_device(match))
+    if not devices and not _is_tree(text):
+        raise CaptureError(
+            "expected `lspci` output (lines like '01:00.0 3D controller: NVIDIA Corporation ...'); "
+            f"found {_describe(text)}"
+        )
+    return devices
+
+
+def gpu_link_readings(devices: list[PciDevice]) -> list[tuple[str, PcieLink]]:
+    """(bus_id, PcieLink) for each NVIDIA GPU that shows LnkCap or LnkSta.
+
+    current_* come from LnkSta, max_* from LnkCap: the GPU's own capability, not the slot's.
+    """
+    readings = []
+    for device in devices:
+        if device.bus_id is None or not device.is_nvidia_gpu:
+            continue
+        if device.link_sta_gts is None and device.link_cap_gts is None:
+            continue  # no -vv, or not run as root
+        link = PcieLink(
+            current_gen=values.pcie_gen_from_speed(device.link_sta_gts),
+            current_width=device.link_sta_width,
+            max_gen=values.pcie_gen_from_speed(device.link_cap_gts),
+            max_width=device.link_cap_width,
+            source="lspci",
+        )
+        readings.append((device.bus_id, link))
+    return readings
+
+
+def _device(match: re.Match[str]) -> PciDevice:
+    rest = match.group("rest")
+    ids = _PCI_ID.findall(rest) or _NUMERIC_ONLY.findall(rest)
+    vendor_device = _TRAILERS.sub("", rest)
+    if ids:
+        vendor_device = vendor_device.replace(f"[{ids[-1]}]", "")
+    class_name = match.group("cls").strip()
+    class_id = match.group("cls_id") or (class_name if _HEX4.fullmatch(class_name) else None)
+    return PciDevice(
+        bus_id=values.bus_id(match.group("bus")) or match.group("bus"),
+        class_name=class_name,
+        vendor_device=" ".join(vendor_device.split()),
+        pci_id=ids[-1].lower() if ids else None,
+        class_id=class_id.lower() if class_id else None,
+    )
+
+
+def _read_detail(line: str, device: PciDevice) -> None:
+    """One indented line (already stripped); only the few we use are looked at."""
+    if line.startswith("LnkCap:"):
+        device.link_cap_gts, device.link_cap_width, _, _ = _link_fields(line)
+    elif line.startswith("LnkSta:"):
+        (
+            device.link_sta_gts,
+            device.link_sta_width,
+            device.speed_downgraded,
+            device.width_downgraded,
+        ) = _link_fields(line)
+    elif line.startswith("Kernel driver in use:"):
+        device.kernel_driver = line.split(":", 1)[1].strip() or None
+    elif line.startswith("Kernel modules:"):
+        device.kernel_modules = [m.strip() for m in line.split(":", 1)[1].split(",") if m.strip()]
+    elif line.startswith("NUMA node:"):
+        node = values.hex_or_int(line.split(":", 1)[1])
+        device.numa_node = node if node is not None and node >= 0 else None
+
+
+def _link_fields(line: str) -> tuple[float | None, int | None, bool, bool]:
+    """ "Speed 2.5GT/s (downgraded), Width x16 (ok)" -> (2.5, 16, True, False)."""
+    speed, width = _SPEED.search(line), _WIDTH.search(line)
+    return (
+        float(speed.group("gts")) if speed else None,
+        int(width.group("lanes")) if width else None,
+        bool(speed and "downgraded" in (speed.group("note") or "")),
+        bool(width and "downgraded" in (width.group("note") or "")),
+    )
+
+
+def _first_meaningful_line(text: str) -> str | None:
+    for line in text.splitlines():
+        if line.strip() and not _SUDO_PROMPT.match(line):
+            return line
+    return None
+
+
+def _is_tree(text: str) -> bool:
+    first = _first_meaningful_line(text[:8192])
+    return first is not None and _TREE_ROOT.match(first) is not None
+
+
+def _describe(text: str) -> str:
+    stripped = text.strip()
+    return repr(stripped.splitlines()[0][:120]) if stripped else "an empty text"

@@ -1,0 +1,99 @@
+"""Reading `nvidia-smi nvlink -s` (`--status`): which NVLinks of each GPU are up, and how fast.
+
+    GPU 3: Tesla V100-SXM2-32GB (UUID: GPU-50b1bd2e-...)
+             Link 0: 25.781 GB/s
+             Link 3: <inactive>
+
+A GPU without links gets one line of explanation instead of Link lines; seen in real captures:
+    NVML: Unable to retrieve NVLink information as all links are inactive   (also "Nvlink ... inActive")
+    Device does not have or support Nvlink
+    Nvlink queries are not supported for Devices in MIG mode
+That line is kept verbatim as the GPU's `note`, with `links` empty: read the note before taking an
+empty list as "no NVLink" (in MIG mode the links were not read at all).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpuvet.facts import NvLink
+from gpuvet.probe.errors import CaptureError
+
+_GPU_LINE = re.compile(r"^GPU (\d+): (.*?)\s*\(UUID: ([^)]+)\)\s*$")
+_LINK_LINE = re.compile(r"^\s*Link (\d+): (.*?)\s*$")
+_SPEED = re.compile(r"([\d.]+)\s*GB/s")
+
+
+@dataclass
+class NvlinkStatus:
+    """One GPU's block of `nvidia-smi nvlink -s`."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    links: list[NvLink] = field(default_factory=list)  # in the order printed
+    note: str | None = None  # what nvidia-smi printed instead of links, verbatim
+
+
+def looks_like_nvlink_status(text: str) -> bool:
+    """True when the text starts with a "GPU n: ... (UUID: ...)" line followed by a Link or NVLink line.
+
+    The second line tells it apart from `nvidia-smi -L`, whose GPU lines look the same.
+    """
+    lines = [line for line in text[:4096].splitlines() if line.strip()][:2]
+    return (
+        len(lines) == 2
+        and _GPU_LINE.match(lines[0]) is not None
+        and (_LINK_LINE.match(lines[1]) is not None or "nvlink" in lines[1].lower())
+    )
+
+
+def parse_nvlink_status(text: str) -> list[NvlinkStatus]:
+    """One NvlinkStatus per GPU, in the order printed.
+
+    Lines before the first GPU line (a shell prompt) are skipped. Afterwards every line must be a
+    GPU line, a Link line or the one explanation line right under a GPU line; anything else raises
+    CaptureError, because it means the text is not (only) `nvlink -s` output.
+    """
+    gpus: list[NvlinkStatus] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        gpu = _GPU_LINE.match(line)
+        if gpu:
+            gpus.append(NvlinkStatus(index=int(gpu.group(1)), name=gpu.group(2), uuid=gpu.group(3)))
+        elif gpus:
+            _read_gpu_line(line, gpus[-1])
+    if not gpus:
+        raise CaptureError(
+            "expected `nvidia-smi nvlink -s` output (lines 'GPU 0: NAME (UUID: GPU-...)' with "
+            f"'Link N: ...' under them); found {_describe(text)}"
+        )
+    return gpus
+
+
+def _read_gpu_line(line: str, gpu: NvlinkStatus) -> None:
+    link = _LINK_LINE.match(line)
+    if link:
+        gpu.links.append(_link(int(link.group(1)), link.group(2)))
+    elif not gpu.links and gpu.note is None:
+        gpu.note = line.strip()
+    else:
+        raise CaptureError(
+            f"unexpected line {line.strip()!r} among the links of GPU {gpu.index} in "
+            "`nvidia-smi nvlink -s` output"
+        )
+
+
+def _link(number: int, value: str) -> NvLink:
+    """ "25.781 GB/s" -> active at that speed; "<inactive>" (or anything without a speed) -> inactive."""
+    speed = _SPEED.search(value)
+    if speed and "inactive" not in value.lower():
+        return NvLink(link=number, active=True, speed_gbs=float(speed.group(1)))
+    return NvLink(link=number, active=False)
+
+
+def _describe(text: str) -> str:
+    stripped = text.strip()
+    return repr(stripped.splitlines()[0][:120]) if stripped else "an empty text"
