@@ -1,0 +1,318 @@
+"""The default `nvidia-smi` table, and `nvidia-smi dmon` samples.
+
+The table is what people paste most often, so gpuvet reads it, but it holds less than the other
+forms: long names are cut ("NVIDIA GeForce RTX 2080 ..."), the power cap shown is the enforced
+limit, and the layout changed over the years (narrow before ~530, wide after; "Driver-Model"
+instead of "Persistence-M" on Windows; "KMD Version" from the 610 drivers on). Each cell is read
+by the column label above it, not by its position, so these layouts all work.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..facts import Driver, Gpu, GpuProcess, MigDevice
+from . import values as v
+from .errors import CaptureError
+
+_HEADER = re.compile(
+    r"NVIDIA-SMI\s+\S+\s+(?:Driver|KMD) Version:\s*(?P<driver>\S+)"
+    r"(?:\s+CUDA(?: UMD)? Version:\s*(?P<cuda>\S+))?"
+)
+_TIME = re.compile(r"\d\d:\d\d:\d\d")  # the timestamp line nvidia-smi prints above the table
+
+# What the table abbreviates -> the names nvidia-smi -q and --query-gpu use.
+_COMPUTE_MODES = {
+    "default": "Default",
+    "e. process": "Exclusive_Process",
+    "e. thread": "Exclusive_Thread",
+    "prohibited": "Prohibited",
+}
+_DRIVER_MODELS = {"WDDM", "TCC", "MCDM"}
+TRUNCATED_NAME = "truncated in the default nvidia-smi table"
+
+_NAME_CELL = re.compile(r"\s*(?P<index>\d+)\s+(?P<name>.*?)\s+(?P<mode>\S+)\s*")
+_POWER_CELL = re.compile(r"\s*(?P<fan>\S+)\s+(?P<temp>\S+)\s+(?P<perf>\S+)\s+(?P<draw>\S+)\s*/\s*(?P<cap>\S+)\s*")
+_PROCESS_ROW = re.compile(
+    r"\|\s*(?P<gpu>\d+)\s+(?:(?P<gi>\S+)\s+(?P<ci>\S+)\s+)?(?P<pid>\d+)\s+(?P<type>[A-Z][A-Z+]*)\s+"
+    r"(?P<name>.*?)\s+(?P<memory>\d+\s*MiB|N/A)\s*\|"
+)
+_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
+def looks_like_smi_table(text: str) -> bool:
+    """True when the text starts with the default table (optionally after its timestamp line)."""
+    lines = [line for line in text.splitlines() if line.strip()][:4]
+    for position, line in enumerate(lines):
+        if line.startswith("|") and _HEADER.search(line):
+            return True
+        is_timestamp = position == 0 and _TIME.search(line) and not line.startswith(("|", "#"))
+        if not (line.startswith("+-") or is_timestamp):
+            return False
+    return False
+
+
+def parse_smi_table(text: str) -> tuple[Driver, list[Gpu]]:
+    lines = text.splitlines()
+    header_at = next((i for i, line in enumerate(lines) if _HEADER.search(line)), None)
+    if header_at is None:
+        first = next((line.strip() for line in lines if line.strip()), "")
+        raise CaptureError(
+            "expected the default nvidia-smi table with its '| NVIDIA-SMI ... Driver Version: ...' "
+            f"header line, found {first[:80]!r}"
+        )
+    header = _HEADER.search(lines[header_at])
+    driver = Driver(version=header.group("driver"), cuda_version=v.text(header.group("cuda")))
+
+    labels, blocks, end = _gpu_table(lines, header_at + 1)
+    gpus = [_gpu(labels, block, position) for position, block in enumerate(blocks)]
+    rest = lines[end:]
+    _add_mig_devices(rest, gpus)
+    _add_processes(rest, gpus)
+    _add_warnings(rest, gpus)
+    return driver, gpus
+
+
+# -- the GPU table ---------------------------------------------------------------------------
+
+def _cells(line: str) -> list[str]:
+    """The cells between the '|' of one table line."""
+    body = line.strip()
+    body = body[1:] if body.startswith("|") else body
+    body = body[:-1] if body.endswith("|") else body
+    return body.split("|")
+
+
+def _gpu_table(lines: list[str], start: int) -> tuple[list[list[str]], list[list[str]], int]:
+    """Column labels (one list per label row), the lines of each GPU, and where the table ends."""
+    labels: list[list[str]] = []
+    i = start
+    while i < len(lines) and not lines[i].startswith("|="):
+        if lines[i].startswith("|") and not lines[i].startswith("|-"):
+            labels.append(_cells(lines[i]))
+        i += 1
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for i in range(i + 1, len(lines)):
+        line = lines[i]
+        if line.startswith("|"):
+            current.append(line)
+            continue
+        if current:
+            blocks.append(current)
+            current = []
+        if not line.startswith("+"):  # a blank line (or anything else) ends the GPU table
+            return labels, blocks, i
+    if current:
+        blocks.append(current)
+    return labels, blocks, len(lines)
+
+
+def _gpu(labels: list[list[str]], block: list[str], position: int) -> Gpu:
+    gpu = Gpu(index=position)
+    for row, line in enumerate(block):
+        for column, cell in enumerate(_cells(line)):
+            label = labels[row][column] if row < len(labels) and column < len(labels[row]) else ""
+            _read_cell(gpu, label, cell)
+    return gpu
+
+
+def _read_cell(gpu: Gpu, label: str, cell: str) -> None:
+    if "Persistence-M" in label or "Driver-Model" in label or "TCC/WDDM" in label:
+        _read_name_cell(gpu, cell)
+    elif "Bus-Id" in label:
+        gpu.pcie.bus_id = v.bus_id(cell)
+    elif "Volatile Uncorr. ECC" in label:
+        _read_ecc_cell(gpu, cell)
+    elif "Pwr:Usage/Cap" in label:
+        _read_power_cell(gpu, cell)
+    elif "Memory-Usage" in label:
+        used, _, total = cell.partition("/")
+        gpu.memory_used_mib = _value(gpu, "memory_used_mib", used, v.mib)
+        gpu.memory_total_mib = _value(gpu, "memory_total_mib", total, v.mib)
+    elif "Compute M." in label:
+        utilization, _, mode = cell.strip().partition(" ")
+        gpu.utilization_pct = _value(gpu, "utilization_pct", utilization, v.integer)
+        mode = mode.strip()
+        gpu.compute_mode = _COMPUTE_MODES.get(mode.lower(), v.text(mode))
+    elif "MIG M." in label:
+        gpu.mig_enabled = v.flag(cell.strip().rstrip("*"))
+
+
+def _read_name_cell(gpu: Gpu, cell: str) -> None:
+    m = _NAME_CELL.fullmatch(cell)
+    if not m:
+        gpu.unavailable["name"] = f"unreadable in the default nvidia-smi table: {cell.strip()!r}"
+        return
+    gpu.index = int(m.group("index"))
+    gpu.name = m.group("name")
+    if gpu.name.endswith("..."):
+        gpu.unavailable["name"] = TRUNCATED_NAME
+    mode = m.group("mode")
+    if mode.upper() in _DRIVER_MODELS:  # Windows shows the driver model in this place
+        gpu.driver_model = mode.upper()
+    else:
+        gpu.persistence_mode = v.flag(mode)
+
+
+def _read_ecc_cell(gpu: Gpu, cell: str) -> None:
+    """A count when ECC is on, "Off" when it is off, "On" in MIG mode (counts are per instance)."""
+    raw = cell.strip()
+    if raw.isdigit():
+        gpu.ecc.enabled = True
+        gpu.ecc.volatile_uncorrected = int(raw)
+    elif raw.lower() in ("on", "off"):
+        gpu.ecc.enabled = v.flag(raw)
+    else:
+        gpu.ecc.enabled = None
+        gpu.unavailable["ecc.enabled"] = f"the default nvidia-smi table shows {raw!r} (ECC not supported)"
+
+
+def _read_power_cell(gpu: Gpu, cell: str) -> None:
+    m = _POWER_CELL.fullmatch(cell)
+    if not m:
+        gpu.unavailable["power.draw_w"] = f"unreadable in the default nvidia-smi table: {cell.strip()!r}"
+        return
+    if m.group("fan") == "ERR!":  # the sensor read failed: worth showing, but Gpu has no fan field
+        gpu.unavailable["fan"] = "nvidia-smi printed ERR!"
+    gpu.thermal.gpu_c = _value(gpu, "thermal.gpu_c", m.group("temp"), v.number)
+    gpu.pstate = _value(gpu, "pstate", m.group("perf"), v.pstate)
+    gpu.power.draw_w = _value(gpu, "power.draw_w", m.group("draw"), v.number)
+    gpu.power.enforced_limit_w = _value(gpu, "power.enforced_limit_w", m.group("cap"), v.number)
+
+
+def _value(gpu: Gpu, fact: str, raw: str, convert):
+    """`convert(raw)`; when that gives nothing for a reason worth keeping, keep the reason."""
+    value = convert(raw)
+    if value is None:
+        raw = raw.strip()
+        reason = v.missing_reason(raw)
+        if reason is None and raw:
+            gpu.unavailable[fact] = f"nvidia-smi printed {raw}"
+    return value
+
+
+# -- the sections below the GPU table ------------------------------------------------------
+
+def _section_rows(lines: list[str], title: str) -> list[str] | None:
+    """The row lines of the section titled `title` ("Processes:"), None when there is none."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("|") and title in line), None)
+    if start is None:
+        return None
+    rows: list[str] = []
+    in_body = False
+    for line in lines[start + 1:]:
+        if line.startswith("|="):
+            in_body = True
+        elif not in_body:
+            continue
+        elif line.startswith("|"):
+            rows.append(line)
+        elif not line.startswith("+") or not line.strip():
+            break
+    return rows
+
+
+def _by_index(gpus: list[Gpu]) -> dict[int, Gpu]:
+    return {gpu.index: gpu for gpu in gpus}
+
+
+def _add_processes(lines: list[str], gpus: list[Gpu]) -> None:
+    rows = _section_rows(lines, "Processes:")
+    if rows is None:  # the capture stops before the process table
+        return
+    gpus_by_index = _by_index(gpus)
+    for gpu in gpus:
+        gpu.processes = []
+    for line in rows:
+        m = _PROCESS_ROW.fullmatch(line.strip())
+        if not m or int(m.group("gpu")) not in gpus_by_index:
+            continue  # "No running processes found"
+        gpus_by_index[int(m.group("gpu"))].processes.append(
+            GpuProcess(
+                pid=int(m.group("pid")),
+                name=m.group("name"),  # may be cut at the front: "...\NVIDIA Share.exe"
+                type=m.group("type"),
+                used_memory_mib=v.mib(m.group("memory")),
+            )
+        )
+
+
+def _add_mig_devices(lines: list[str], gpus: list[Gpu]) -> None:
+    """Rows like "|  0    2   0   0  |   22MiB / 71424MiB  | 16      0 | ..." (GPU GI CI MIG-dev)."""
+    gpus_by_index = _by_index(gpus)
+    for line in _section_rows(lines, "MIG devices:") or []:
+        cells = _cells(line)
+        ids = cells[0].split()
+        if len(ids) != 4 or not all(x.isdigit() for x in ids) or int(ids[0]) not in gpus_by_index:
+            continue  # the BAR1 line under each device, or "No MIG devices found"
+        used, _, total = cells[1].partition("/") if len(cells) > 1 else ("", "", "")
+        sm = cells[2].split() if len(cells) > 2 else []
+        gpus_by_index[int(ids[0])].mig_devices.append(
+            MigDevice(
+                index=int(ids[3]),
+                gpu_instance_id=int(ids[1]),
+                compute_instance_id=int(ids[2]),
+                sm_count=v.integer(sm[0]) if sm else None,
+                memory_used_mib=v.mib(used),
+                memory_total_mib=v.mib(total),
+            )
+        )
+
+
+def _add_warnings(lines: list[str], gpus: list[Gpu]) -> None:
+    """Lines like "WARNING: infoROM is corrupted at gpu 0008:00:00.0" go to the GPU they name."""
+    gpus_by_bus = {gpu.pcie.bus_id: gpu for gpu in gpus if gpu.pcie.bus_id}
+    for line in lines:
+        if not line.startswith("WARNING:"):
+            continue
+        bus = _BUS_ID.search(line)
+        gpu = gpus_by_bus.get(v.bus_id(bus.group())) if bus else None
+        if gpu is not None:
+            key = "inforom" if "inforom" in line.lower() else "warning"
+            gpu.unavailable[key] = line.strip()
+
+
+# -- nvidia-smi dmon -------------------------------------------------------------------------
+
+def looks_like_dmon(text: str) -> bool:
+    """True for `nvidia-smi dmon` output: a "# gpu pwr ..." header, then a units line."""
+    lines = [line for line in text.splitlines() if line.strip()][:2]
+    if len(lines) < 2 or not all(line.startswith("#") for line in lines):
+        return False
+    names = lines[0].lstrip("#").split()
+    # pmon (per-process) has the same look; its "pid" column tells it apart.
+    return "gpu" in names and "pid" not in names and len(names) >= 2
+
+
+def parse_dmon(text: str) -> list[dict]:
+    """One dict per sample row: {"gpu": 0, "pwr": 69, "gtemp": 41, "mtemp": None, ...}."""
+    names: list[str] | None = None
+    samples: list[dict] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            tokens = line.lstrip("#").split()
+            if names is None and "gpu" in tokens:
+                names = tokens
+            continue  # the units line, or the header dmon repeats every few screens
+        if names is None:
+            break
+        tokens = line.split()
+        if len(tokens) == len(names):  # a row cut short at the end of a capture is dropped
+            samples.append({name: _dmon_value(token) for name, token in zip(names, tokens)})
+    if names is None:
+        raise CaptureError("expected `nvidia-smi dmon` output starting with a '# gpu ...' header line")
+    return samples
+
+
+def _dmon_value(token: str) -> int | float | str | None:
+    if token == "-":  # the GPU does not report this metric
+        return None
+    for convert in (int, float):
+        try:
+            return convert(token)
+        except ValueError:
+            pass
+    return token  # the date and time columns of `dmon -o DT`
