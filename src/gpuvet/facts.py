@@ -136,6 +136,7 @@ class NvLink:
     speed_gbs: float | None = None  # per direction, as nvidia-smi nvlink -s prints it
     version: int | None = None
     remote_bus_id: str | None = None
+    remote_type: str | None = None  # "gpu", "switch" (NVSwitch), "ibmnpu"
 
 
 @dataclass

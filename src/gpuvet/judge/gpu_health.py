@@ -1,0 +1,158 @@
+"""gpu.isolation and gpu.ecc: is the whole GPU yours, and is its memory healthy?"""
+
+from __future__ import annotations
+
+from ..facts import Gpu
+from ..record import Finding
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject
+
+# Memory a GPU holds before anyone uses it is small (the driver's own reservation is reported
+# apart on current drivers); more than this, or any utilisation, means someone is on it.
+_IDLE_MEMORY_MIB = 1024
+_IDLE_MEMORY_SHARE = 0.02
+
+_DRIVER_MEANING = {
+    "vfio-pci": "bound to vfio-pci: reserved for passthrough to a virtual machine, CUDA cannot use it here",
+    "nouveau": "bound to the open-source nouveau driver: CUDA cannot use it",
+    "pci-stub": "bound to pci-stub: held away from every driver",
+}
+
+
+def check_isolation(ctx: Context) -> list[Finding]:
+    return [_isolation(gpu) for gpu in ctx.machine.gpus]
+
+
+def _isolation(gpu: Gpu) -> Finding:
+    s = subject(gpu)
+    driver = gpu.pcie.kernel_driver
+    if driver is not None and driver != "nvidia":
+        return finding("gpu.isolation", s, FAIL, _DRIVER_MEANING.get(driver, f"bound to the '{driver}' kernel driver, not nvidia"),
+                       measured=f"kernel driver in use: {driver}", expected="nvidia",
+                       source="sysfs / lspci 'Kernel driver in use'",
+                       remedy=f"`lspci -k -s {gpu.pcie.bus_id or 'BUS_ID'}`; ask the provider for a GPU bound to the nvidia driver")
+    issues: list[tuple[str, str]] = []
+    mode = gpu.virtualization_mode
+    if mode == "vgpu":
+        issues.append((WARN, "vGPU guest: a time-sliced or MIG-backed share of a physical GPU, not the whole card "
+                             "(slower context start, some counters hidden)"))
+    elif mode in ("host_vgpu", "host_vsga"):
+        issues.append((WARN, "this GPU serves virtual GPUs to other VMs (vGPU host mode)"))
+    if gpu.mig_enabled:
+        slices = gpu.mig_devices
+        shape = ""
+        if slices:
+            sms = {m.sm_count for m in slices}
+            shape = f" ({len(slices)} instances" + (f" of {sms.pop()} SMs" if len(sms) == 1 and None not in sms else "") + ")"
+        issues.append((WARN, f"MIG is enabled: the GPU is split into instances{shape}; a job gets a slice, not the whole GPU"))
+    issues += _occupancy(gpu)
+    whole = {"none": "whole GPU, bare metal", "passthrough": "whole GPU, passed through to this VM"}.get(mode or "", "whole GPU")
+    measured = _occupancy_text(gpu) + (f"; virtualization {mode}" if mode else "")
+    if not issues:
+        return finding("gpu.isolation", s, PASS, f"{whole}; nothing else running on it", measured=measured)
+    status = FAIL if any(st == FAIL for st, _ in issues) else WARN
+    return finding("gpu.isolation", s, status, "; ".join(text for _, text in issues), measured=measured,
+                   expected="a whole GPU with nothing else on it before you start",
+                   remedy=f"`nvidia-smi -i {gpu.index}` (processes, memory) and `nvidia-smi -q -i {gpu.index} -d MEMORY,UTILIZATION`; "
+                          "if it is not yours, ask the provider")
+
+
+def _occupancy_text(gpu: Gpu) -> str:
+    parts = []
+    if gpu.memory_used_mib is not None:
+        parts.append(f"{gib(gpu.memory_used_mib)} of {gib(gpu.memory_total_mib)} used")
+    if gpu.utilization_pct is not None:
+        parts.append(f"utilization {gpu.utilization_pct}%")
+    if gpu.processes is not None:
+        parts.append(f"{len(gpu.processes)} process(es) visible")
+    return ", ".join(parts) or "occupancy not reported"
+
+
+def _occupancy(gpu: Gpu) -> list[tuple[str, str]]:
+    """Someone else's work on the GPU: visible processes, or memory/utilisation nobody accounts for."""
+    used = gpu.memory_used_mib or 0
+    threshold = max(_IDLE_MEMORY_MIB, _IDLE_MEMORY_SHARE * (gpu.memory_total_mib or 0))
+    compute = [p for p in gpu.processes or [] if (p.type or "C") != "G"]
+    busy = (gpu.utilization_pct or 0) >= 5
+    if used <= threshold and not busy and not compute:
+        return []
+    listed = sum(p.used_memory_mib or 0 for p in gpu.processes or [])
+    who = ", ".join(f"{p.name or '?'} (pid {p.pid})" for p in compute[:3]) + (" ..." if len(compute) > 3 else "")
+    load = f"{gib(used)} in use" + (f", {gpu.utilization_pct}% busy" if busy else "")
+    if gpu.processes is None:
+        return [(WARN, f"{load}; the capture has no process list to say whose")]
+    if compute and listed >= 0.8 * used:
+        return [(WARN, f"{load} by {len(compute)} process(es) already running: {who}")]
+    hidden = used - listed
+    if hidden > threshold or (busy and not compute):
+        return [(FAIL, f"{load} by processes you cannot see ({gib(hidden)} unaccounted for): "
+                       "another container or VM shares this GPU")]
+    return [(WARN, f"{load} by {len(compute)} process(es): {who}")] if compute else []
+
+
+# -- gpu.ecc ----------------------------------------------------------------------------------
+
+_DATACENTER_BRANDS = {"tesla", "nvidia"}
+_RETIREMENT_LIMIT = 60  # pre-Ampere GPUs retire at most ~64 pages; near it the board is worn out
+
+
+def check_ecc(ctx: Context) -> list[Finding]:
+    return [_ecc(gpu) for gpu in ctx.machine.gpus]
+
+
+def _ecc(gpu: Gpu) -> Finding:
+    s, e = subject(gpu), gpu.ecc
+    counters = (e.volatile_uncorrected, e.aggregate_uncorrected, e.retired_pages_sbe, e.retired_pages_dbe,
+                e.remapped_rows_uncorrectable, e.remapped_rows_pending, e.remapped_rows_failure, e.retired_pages_pending)
+    if e.enabled is None and all(c is None for c in counters):
+        return finding("gpu.ecc", s, SKIP, "no ECC on this GPU (or not in the capture)")
+    measured = _ecc_text(gpu)
+    reset = (f"stop jobs on it, reset it (`sudo nvidia-smi -r -i {gpu.index}`) and run gpuvet again; "
+             "if errors return, ask the provider to replace the GPU")
+    failures = []
+    if e.volatile_uncorrected:
+        failures.append(f"{e.volatile_uncorrected} uncorrectable memory errors since the last reset: results may be corrupt")
+    if e.remapped_rows_failure:
+        failures.append("a row remapping failed: the GPU's memory cannot hide its bad rows any more")
+    if e.remapped_rows_pending:
+        failures.append("a row remap is pending: reset the GPU to apply it")
+    if e.retired_pages_pending:
+        failures.append("a page retirement is pending: reset the GPU to apply it")
+    retired = (e.retired_pages_sbe or 0) + (e.retired_pages_dbe or 0)
+    if retired >= _RETIREMENT_LIMIT:
+        failures.append(f"{retired} pages retired: close to the retirement limit")
+    if failures:
+        return finding("gpu.ecc", s, FAIL, "; ".join(failures), measured=measured,
+                       expected="0 uncorrectable errors, nothing pending", source="NVML ECC counters", remedy=reset)
+    warnings = []
+    if e.aggregate_uncorrected:
+        warnings.append(f"{e.aggregate_uncorrected} uncorrectable errors over the GPU's lifetime")
+    if retired:
+        warnings.append(f"{retired} memory pages retired")
+    if e.remapped_rows_uncorrectable:
+        warnings.append(f"{e.remapped_rows_uncorrectable} rows remapped after uncorrectable errors")
+    if e.enabled is False and (gpu.brand or "").lower() in _DATACENTER_BRANDS:
+        warnings.append("ECC is off on a datacenter GPU: memory errors go undetected")
+    if warnings:
+        remedy = (f"sudo nvidia-smi -i {gpu.index} -e 1, then reboot" if e.enabled is False
+                  else f"watch the counters: `nvidia-smi -q -i {gpu.index} -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`")
+        return finding("gpu.ecc", s, WARN, "; ".join(warnings), measured=measured,
+                       expected="ECC on, no error history", source="NVML ECC counters", remedy=remedy)
+    if e.enabled is False:
+        return finding("gpu.ecc", s, PASS, "ECC off (optional on this card); no errors recorded", measured=measured)
+    return finding("gpu.ecc", s, PASS, "ECC on, no uncorrectable errors", measured=measured)
+
+
+def _ecc_text(gpu: Gpu) -> str:
+    e = gpu.ecc
+    parts = [f"ECC {'on' if e.enabled else 'off' if e.enabled is False else 'unknown'}"]
+    for label, value in (
+        ("volatile uncorrected", e.volatile_uncorrected),
+        ("aggregate uncorrected", e.aggregate_uncorrected),
+        ("aggregate corrected", e.aggregate_corrected),
+        ("retired pages SBE", e.retired_pages_sbe),
+        ("retired pages DBE", e.retired_pages_dbe),
+        ("remapped rows uncorrectable", e.remapped_rows_uncorrectable),
+    ):
+        if value is not None:
+            parts.append(f"{label} {value}")
+    return ", ".join(parts)

@@ -1,0 +1,194 @@
+"""gpu.pcie_link and gpu.nvlink: are the GPU's links as wide and fast as they should be?"""
+
+from __future__ import annotations
+
+import re
+
+from ..facts import Gpu, PcieLink, Topology
+from ..record import Finding
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject, why_missing
+from .reference import Reference
+
+# Approximate usable GB/s per lane and direction for each generation (after encoding).
+_GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+def _bandwidth(gen: int | None, width: int | None) -> str:
+    if gen in _GBS_PER_LANE and width:
+        return f"~{_GBS_PER_LANE[gen] * width:.0f} GB/s"
+    return "?"
+
+
+def _link_text(gen: int | None, width: int | None) -> str:
+    return f"Gen{gen if gen else '?'} x{width if width else '?'}"
+
+
+def check_pcie_link(ctx: Context) -> list[Finding]:
+    return [_pcie_link(gpu, ctx.ref(gpu)) for gpu in ctx.machine.gpus]
+
+
+def _under_load(gpu: Gpu, reading: PcieLink) -> bool:
+    if reading.under_load is not None:
+        return reading.under_load
+    # A report taken while the GPU was busy shows the link as it is under load.
+    return reading.source in ("nvml", "nvidia-smi") and (gpu.utilization_pct or 0) >= 50
+
+
+def _when(gpu: Gpu, loaded: bool) -> str:
+    if loaded:
+        return "under load"
+    idle = (gpu.pstate is not None and gpu.pstate >= 8) or gpu.utilization_pct == 0 or "gpu_idle" in (gpu.clocks.event_reasons or [])
+    return "at idle" if idle else "(load unknown)"
+
+
+def _best_reading(gpu: Gpu) -> PcieLink | None:
+    readings = [r for r in gpu.pcie.readings if r.current_width or r.current_gen]
+    loaded = [r for r in readings if _under_load(gpu, r)]
+    return (loaded or readings or [None])[0]
+
+
+def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
+    s = subject(gpu)
+    r = _best_reading(gpu)
+    if r is None:
+        return finding("gpu.pcie_link", s, SKIP,
+                       f"PCIe link not reported: {why_missing(gpu, 'pcie.current_gen', 'not in the capture (vGPU guests and some VMs hide it)')}")
+    loaded = _under_load(gpu, r)
+    now, best = _link_text(r.current_gen, r.current_width), _link_text(r.max_gen, r.max_width)
+    measured = f"{now} {_when(gpu, loaded)} ({r.source}), max {best}"
+    confirm = (f"confirm under load: `nvidia-smi -i {gpu.index} -q -d PCIE` while a job runs, or "
+               f"`sudo lspci -vv -s {gpu.pcie.bus_id or 'BUS_ID'} | grep -E 'LnkCap|LnkSta'`")
+    problems: list[tuple[str, str]] = []  # (status, text)
+
+    if r.current_width and r.max_width and r.current_width < r.max_width:
+        share = r.current_width / r.max_width
+        status = FAIL if share <= 0.25 else WARN
+        problems.append((status, f"x{r.current_width} of x{r.max_width} lanes: host<->GPU bandwidth {_bandwidth(r.current_gen or r.max_gen, r.current_width)} "
+                                 f"instead of {_bandwidth(r.current_gen or r.max_gen, r.max_width)} (slot, riser or bifurcation)"))
+    gen_note = ""
+    if r.current_gen and r.max_gen and r.current_gen < r.max_gen:
+        if loaded:
+            steps = r.max_gen - r.current_gen
+            problems.append((FAIL if steps >= 2 else WARN,
+                             f"Gen{r.current_gen} under load on a Gen{r.max_gen} link: {_bandwidth(r.current_gen, r.current_width)} "
+                             f"instead of {_bandwidth(r.max_gen, r.current_width)}"))
+        else:
+            gen_note = (f"; Gen{r.current_gen} now is the idle power-saving downshift (max Gen{r.max_gen}), "
+                        "not a fault: the generation only counts when read under load")
+    slot = _slot_limit(gpu, r, ref)
+    if slot:
+        problems.append((WARN, slot))
+
+    if problems:
+        status = FAIL if any(st == FAIL for st, _ in problems) else WARN
+        return finding("gpu.pcie_link", s, status, "; ".join(text for _, text in problems) + gen_note,
+                       measured=measured, expected=f"{best}" + (" under load" if not loaded else ""),
+                       source=f"PCIe link capability ({r.source})", remedy=confirm)
+    summary = f"{now}{gen_note}" if gen_note else f"{now}, the full {best} link" + (" under load" if loaded else "")
+    return finding("gpu.pcie_link", s, PASS, summary, measured=measured, expected=best,
+                   source=f"PCIe link capability ({r.source})", remedy=confirm if gen_note else None)
+
+
+def _slot_limit(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:
+    """The slot or host allows less than the GPU can do (a Gen5 card in a Gen4 server)."""
+    device_max = gpu.pcie.device_max_gen
+    if device_max and r.max_gen and r.max_gen < device_max:
+        return f"the slot allows Gen{r.max_gen}, the GPU supports Gen{device_max}"
+    ref_gen = ref.number("pcie_gen") if ref else None
+    if ref_gen and r.max_gen and r.max_gen < ref_gen and r.source in ("nvml", "nvidia-smi"):
+        return f"the link tops out at Gen{r.max_gen}; {gpu.name} supports Gen{ref_gen:.0f} (reference)"
+    return None
+
+
+# -- gpu.nvlink -------------------------------------------------------------------------------
+
+def check_nvlink(ctx: Context) -> list[Finding]:
+    topology = ctx.machine.topology
+    totals = _topology_totals(topology) if topology and topology.shows_nvlink else {}
+    single = len(ctx.machine.gpus) == 1
+    return [_nvlink(gpu, ctx.ref(gpu), topology, totals, single) for gpu in ctx.machine.gpus]
+
+
+def _nv_count(code: str) -> int:
+    m = re.fullmatch(r"NV(\d+)", code.strip())
+    return int(m.group(1)) if m else 0
+
+
+def _topology_totals(topology: Topology) -> dict[str, int]:
+    """NVLinks from each GPU to the other GPUs, summed over the topology row."""
+    gpus = topology.gpus
+    return {g: sum(_nv_count(topology.links.get(g, {}).get(o, "")) for o in gpus if o != g) for g in gpus}
+
+
+def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: dict[str, int], single_gpu: bool) -> Finding:
+    s = subject(gpu)
+    kind = ref.nvlink if ref else None
+    model = gpu.name or s
+    if kind == "none":
+        return finding("gpu.nvlink", s, SKIP, f"{model} has no NVLink", source=ref.cite("nvlink_gen"))
+    if gpu.nvlinks is not None:
+        return _from_links(gpu, kind, ref, single_gpu)
+    label = f"GPU{gpu.index}"
+    if topology is not None and label in totals and len(totals) > 1:
+        return _from_topology(gpu, kind, ref, topology, totals)
+    if topology is not None and not topology.shows_nvlink:
+        return finding("gpu.nvlink", s, SKIP, "the topology was captured with `topo -mp`, which hides NVLink",
+                       remedy="capture `nvidia-smi topo -m` and `nvidia-smi nvlink -s`")
+    reason = why_missing(gpu, "nvlinks", "no NVLink data (capture `nvidia-smi nvlink -s` or `nvidia-smi topo -m`)")
+    return finding("gpu.nvlink", s, SKIP, f"NVLink state not available: {reason}")
+
+
+def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None, single_gpu: bool) -> Finding:
+    s, links = subject(gpu), gpu.nvlinks or []
+    active = [link for link in links if link.active]
+    inactive = [link for link in links if not link.active]
+    speed = next((link.speed_gbs for link in active if link.speed_gbs), None)
+    speed_text = f" at {speed:g} GB/s each" if speed else ""
+    measured = f"{len(active)} active, {len(inactive)} inactive"
+    source = ref.cite("nvlink_gen") if ref else "NVML NVLink state"
+    confirm = f"`nvidia-smi nvlink -s -i {gpu.index}` and `nvidia-smi topo -m`"
+    if not active:
+        note = why_missing(gpu, "nvlinks", "no link active")
+        if single_gpu:
+            return finding("gpu.nvlink", s, SKIP, f"one GPU, no NVLink active ({note}): NVLink only matters between GPUs",
+                           measured=measured)
+        if kind == "bridge":
+            return finding("gpu.nvlink", s, SKIP, f"no NVLink bridge in use ({note}): optional on {gpu.name}; GPUs talk over PCIe",
+                           measured=measured, source=source)
+        status = FAIL if kind == "integral" else WARN
+        return finding("gpu.nvlink", s, status, f"no active NVLink: {note}" + (f"; {gpu.name} is built with NVLink" if kind == "integral" else ""),
+                       measured=measured, expected="every NVLink active", source=source,
+                       remedy=f"check {confirm}; ask the provider (fabric manager, cabling or a faulty GPU)")
+    if inactive:
+        ids = ", ".join(str(link.link) for link in inactive)
+        return finding("gpu.nvlink", s, FAIL if kind != "bridge" else WARN,
+                       f"links {ids} inactive: {len(active)} of {len(links)} NVLinks up{speed_text}",
+                       measured=measured, expected="every NVLink active", source=source,
+                       remedy=f"check {confirm}; a link down cuts GPU-to-GPU bandwidth: ask for a replacement")
+    return finding("gpu.nvlink", s, PASS, f"{len(active)} NVLinks active{speed_text}", measured=measured, source=source)
+
+
+def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: Topology, totals: dict[str, int]) -> Finding:
+    s, label = subject(gpu), f"GPU{gpu.index}"
+    row = topology.links.get(label, {})
+    peers = {o: row.get(o, "?") for o in topology.gpus if o != label}
+    measured = ", ".join(f"{o} {code}" for o, code in peers.items())
+    total, most = totals[label], max(totals.values())
+    source = ref.cite("nvlink_gen") if ref else "nvidia-smi topo -m"
+    if total == 0:
+        if kind == "bridge":
+            return finding("gpu.nvlink", s, SKIP, f"no NVLink bridge (optional on {gpu.name}); GPUs talk over PCIe: {measured}",
+                           measured=measured, source=source)
+        status = FAIL if kind == "integral" or most > 0 else WARN
+        why = (f"{gpu.name} is built with NVLink" if kind == "integral"
+               else "other GPUs here have NVLink" if most > 0
+               else "if this machine was sold with NVLink, it is missing")
+        return finding("gpu.nvlink", s, status, f"no NVLink to any other GPU, all traffic crosses PCIe ({why})",
+                       measured=measured, expected="NV# links between GPUs", source=source,
+                       remedy="check `nvidia-smi nvlink -s` and `nvidia-smi topo -m`; ask the provider")
+    if total < most:
+        return finding("gpu.nvlink", s, FAIL, f"{total} NVLinks to the other GPUs where others have {most}: a link is down",
+                       measured=measured, expected=f"{most} links like the other GPUs", source="nvidia-smi topo -m",
+                       remedy=f"check `nvidia-smi nvlink -s -i {gpu.index}`; ask for a replacement")
+    linked = sum(1 for code in peers.values() if _nv_count(code))
+    return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({total} links)", measured=measured, source=source)

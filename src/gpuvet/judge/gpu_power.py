@@ -1,0 +1,152 @@
+"""gpu.power_limit, gpu.throttle, gpu.temperature: is the GPU allowed to run at full speed?"""
+
+from __future__ import annotations
+
+from ..facts import Gpu
+from ..record import Finding
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject, why_missing
+from .reference import Reference
+
+# A cap at or below this share of the default limit costs double-digit throughput (the seed:
+# 320 W of 450 W made a run 15% slower); it must never pass.
+CAP_FAIL_RATIO = 0.80
+CAP_WARN_RATIO = 0.97
+
+
+def check_power_limit(ctx: Context) -> list[Finding]:
+    return [_power_limit(gpu, ctx.ref(gpu)) for gpu in ctx.machine.gpus]
+
+
+def _power_limit(gpu: Gpu, ref: Reference | None) -> Finding:
+    s, p = subject(gpu), gpu.power
+    enforced = p.enforced_limit_w if p.enforced_limit_w is not None else p.limit_w
+    if enforced is None:
+        return finding("gpu.power_limit", s, SKIP,
+                       f"power limit not available: {why_missing(gpu, 'power.enforced_limit_w', 'not reported (vGPU guests and some GPUs hide it)')}")
+    default, source = p.default_limit_w, "the GPU's default power limit (NVML)"
+    if default is None and ref is not None and ref.number("power_default_w"):
+        default, source = ref.number("power_default_w"), ref.cite("power_default_w")
+    if not default:
+        return finding("gpu.power_limit", s, SKIP, f"limit {enforced:.0f} W, but the default limit is unknown: no reference for {gpu.name}",
+                       measured=f"{enforced:.0f} W")
+    ratio = enforced / default
+    allowed = _allowed_range(gpu)
+    measured = f"enforced limit {enforced:.0f} W"
+    expected = f"default {default:.0f} W{allowed}"
+    if ratio >= CAP_WARN_RATIO:
+        note = "raised above" if ratio > 1.03 else "at"
+        finding_ = finding("gpu.power_limit", s, PASS, f"{enforced:.0f} W, {note} the {default:.0f} W default",
+                           measured=measured, expected=expected, source=source)
+        return _below_reference(gpu, ref, default) or finding_
+    status = FAIL if ratio <= CAP_FAIL_RATIO else WARN
+    target = default if p.max_limit_w is None else min(default, p.max_limit_w)
+    return finding(
+        "gpu.power_limit", s, status,
+        f"capped at {enforced:.0f} W = {100 * ratio:.0f}% of the {default:.0f} W default: clocks drop under full load",
+        measured=measured, expected=expected, source=source,
+        remedy=f"sudo nvidia-smi -i {gpu.index} -pl {target:.0f}  (needs root on the host; on a rented VM or container ask "
+               f"the provider to restore the default limit)",
+    )
+
+
+def _allowed_range(gpu: Gpu) -> str:
+    p = gpu.power
+    if p.min_limit_w is not None and p.max_limit_w is not None:
+        return f", settable {p.min_limit_w:.0f}-{p.max_limit_w:.0f} W"
+    return ""
+
+
+def _below_reference(gpu: Gpu, ref: Reference | None, default: float) -> Finding | None:
+    """A board whose own default is well under the model's: a reduced-power variant or VBIOS."""
+    ref_default = ref.number("power_default_w") if ref else None
+    if not ref_default or default >= 0.9 * ref_default:
+        return None
+    return finding(
+        "gpu.power_limit", subject(gpu), WARN,
+        f"this board's default limit is {default:.0f} W, {100 * default / ref_default:.0f}% of the {ref_default:.0f} W "
+        f"usual for {gpu.name}: a reduced-power board or VBIOS",
+        measured=f"default limit {default:.0f} W", expected=f"{ref_default:.0f} W",
+        source=ref.cite("power_default_w"),
+        remedy="ask the provider which board/VBIOS this is; compare `nvidia-smi -q -d POWER` on another node",
+    )
+
+
+# -- gpu.throttle -----------------------------------------------------------------------------
+
+_FAULTS = {
+    "hw_slowdown": "HW slowdown (clocks halved by hardware: overheating, power brake or power-supply fault)",
+    "hw_thermal_slowdown": "HW thermal slowdown (the GPU is too hot)",
+    "sw_thermal_slowdown": "SW thermal slowdown (the driver slows the GPU to cool it)",
+    "hw_power_brake_slowdown": "HW power brake (the board's external power-brake signal: PSU or chassis limit)",
+}
+
+
+def check_throttle(ctx: Context) -> list[Finding]:
+    return [_throttle(gpu) for gpu in ctx.machine.gpus]
+
+
+def _throttle(gpu: Gpu) -> Finding:
+    s, reasons = subject(gpu), gpu.clocks.event_reasons
+    if reasons is None:
+        return finding("gpu.throttle", s, SKIP,
+                       f"clock-event reasons not available: {why_missing(gpu, 'clocks.event_reasons', 'not in the capture')}")
+    measured = "active: " + (", ".join(reasons) or "none")
+    faults = [_FAULTS[r] for r in reasons if r in _FAULTS]
+    clocks = _clock_text(gpu)
+    if faults:
+        return finding("gpu.throttle", s, FAIL, "clocks cut: " + "; ".join(faults) + clocks,
+                       measured=measured, expected="no HW slowdown, HW/SW thermal slowdown or power brake",
+                       source="NVML clock-event reasons",
+                       remedy=f"watch it under load: `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE,POWER`; "
+                              "check cooling and power cabling, or ask the provider for another GPU")
+    if "applications_clocks_setting" in reasons:
+        return finding("gpu.throttle", s, WARN, "clocks held down by an application-clocks setting" + clocks,
+                       measured=measured, expected="default application clocks", source="NVML clock-event reasons",
+                       remedy=f"sudo nvidia-smi -i {gpu.index} -rac  (reset application clocks)")
+    if "sw_power_cap" in reasons:
+        state = "idle" if gpu.pstate is not None and gpu.pstate >= 8 else "under load"
+        note = ("the driver keeps this flag at idle; not a fault" if state == "idle"
+                else "the GPU is at its power limit: normal under full load (see gpu.power_limit)")
+        return finding("gpu.throttle", s, PASS, f"SW power cap ({state}): {note}", measured=measured)
+    if "gpu_idle" in reasons:
+        return finding("gpu.throttle", s, PASS, "idle; no slowdown active", measured=measured)
+    return finding("gpu.throttle", s, PASS, "no clock-event reason active" + clocks, measured=measured)
+
+
+def _clock_text(gpu: Gpu) -> str:
+    c = gpu.clocks
+    if c.sm_mhz and c.max_sm_mhz:
+        return f" (SM {c.sm_mhz} of {c.max_sm_mhz} MHz)"
+    return ""
+
+
+# -- gpu.temperature --------------------------------------------------------------------------
+
+def check_temperature(ctx: Context) -> list[Finding]:
+    return [_temperature(gpu) for gpu in ctx.machine.gpus]
+
+
+def _temperature(gpu: Gpu) -> Finding:
+    s, t = subject(gpu), gpu.thermal
+    if t.gpu_c is None and t.slowdown_margin_c is None:
+        return finding("gpu.temperature", s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")
+    now = f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "temperature hidden"
+    threshold = f" (slowdown at {t.slowdown_c:.0f} C)" if t.slowdown_c is not None else ""
+    remedy = f"watch it under load: `nvidia-smi -i {gpu.index} --query-gpu=temperature.gpu,clocks.sm,power.draw --format=csv -l 2`"
+    margin = t.slowdown_margin_c
+    if margin is not None:
+        measured = f"{now}, {margin:.0f} C below slowdown{threshold}"
+        if margin <= 3:
+            return finding("gpu.temperature", s, FAIL, f"{now}: at the slowdown threshold, clocks are being cut",
+                           measured=measured, expected="at least 10 C below slowdown", source="NVML temperature thresholds",
+                           remedy=remedy + "; check fans and airflow, or ask for another node")
+        if margin < 10:
+            return finding("gpu.temperature", s, WARN, f"{now}: only {margin:.0f} C below slowdown{threshold}",
+                           measured=measured, expected="at least 10 C below slowdown", source="NVML temperature thresholds",
+                           remedy=remedy)
+    idle = gpu.pstate is not None and gpu.pstate >= 8
+    if idle and t.gpu_c is not None and t.gpu_c >= 70:
+        return finding("gpu.temperature", s, WARN, f"{now} while idle (P{gpu.pstate}): poor cooling, expect throttling under load",
+                       measured=now, expected="well under 70 C at idle", remedy=remedy)
+    margin_text = f", {margin:.0f} C below slowdown" if margin is not None else ""
+    return finding("gpu.temperature", s, PASS, f"{now}{margin_text}", measured=f"{now}{threshold}")

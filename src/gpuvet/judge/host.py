@@ -1,0 +1,137 @@
+"""host.* and storage.workdir: can the machine around the GPUs keep up, and is your work safe?"""
+
+from __future__ import annotations
+
+from ..facts import Host
+from ..record import Finding
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, why_missing
+
+GIB = 1024**3
+
+# A DataLoader decoding and augmenting images needs several cores per GPU; the seed saw a 4090
+# train a third faster with 16 cores than with 8.
+CORES_PER_GPU_WARN = 8
+CORES_PER_GPU_FAIL = 4
+SHM_FAIL_BYTES = 1 * GIB  # Docker's default is 64 MB: DataLoader workers die with "bus error"
+SHM_WARN_BYTES = 4 * GIB
+STEAL_WARN_PCT = 5.0
+STEAL_FAIL_PCT = 15.0
+SOMAXCONN_MIN = 1024  # the seed's 128 dropped a batch API's 200 concurrent connections
+WORKDIR_FREE_WARN_BYTES = 20 * GIB
+
+
+def _no_host(check: str, subject: str = "host") -> list[Finding]:
+    return [finding(check, subject, SKIP, "host facts not in the capture (gpuvet run collects them)")]
+
+
+def check_cpu(ctx: Context) -> list[Finding]:
+    host = ctx.machine.host
+    if host is None:
+        return _no_host("host.cpu")
+    cores = host.cpu_usable_cores or host.cpu_logical_cores
+    if not cores:
+        return [finding("host.cpu", "host", SKIP, f"CPU count unknown: {why_missing(host, 'cpu_logical_cores')}")]
+    model = host.cpu_model or "CPU"
+    described = f"{cores} usable cores ({host.cpu_physical_cores or '?'} physical, {host.cpu_logical_cores or '?'} logical), {model}"
+    gpus = len(ctx.machine.gpus)
+    if gpus == 0:
+        return [finding("host.cpu", "host", PASS, described, measured=described)]
+    per_gpu = cores / gpus
+    measured = f"{described}; {per_gpu:.1f} per GPU"
+    expected = f"at least {CORES_PER_GPU_WARN} cores per GPU"
+    source = "gpuvet rule of thumb for image pipelines (seed: 8 -> 16 cores cut a 4090's training time by a third)"
+    remedy = "raise DataLoader num_workers up to the core count; if the GPU still waits on data, rent more vCPUs per GPU"
+    if per_gpu < CORES_PER_GPU_FAIL:
+        return [finding("host.cpu", "host", FAIL, f"only {per_gpu:.1f} CPU cores per GPU: the input pipeline will starve the GPUs",
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
+    if per_gpu < CORES_PER_GPU_WARN:
+        return [finding("host.cpu", "host", WARN, f"{per_gpu:.1f} CPU cores per GPU: image decoding and augmentation may not keep up",
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
+    return [finding("host.cpu", "host", PASS, f"{per_gpu:.0f} CPU cores per GPU ({cores} usable, {model})", measured=measured)]
+
+
+def check_shm(ctx: Context) -> list[Finding]:
+    host = ctx.machine.host
+    if host is None:
+        return _no_host("host.shm")
+    size = host.shm_total_bytes
+    if size is None:
+        return [finding("host.shm", "host", SKIP, f"/dev/shm not readable: {why_missing(host, 'shm_total_bytes')}")]
+    measured = f"/dev/shm {size / GIB:.1f} GiB ({(host.shm_free_bytes or 0) / GIB:.1f} GiB free)"
+    remedy = ("start the container with `--shm-size=16g` (or `--ipc=host`); on Kubernetes mount an emptyDir with "
+              "medium: Memory at /dev/shm")
+    if size < SHM_FAIL_BYTES:
+        return [finding("host.shm", "host", FAIL,
+                        f"/dev/shm is only {size / 2**20:.0f} MiB: PyTorch DataLoader workers crash with 'bus error' or 'No space left'",
+                        measured=measured, expected=f"at least {SHM_WARN_BYTES // GIB} GiB", source="Docker's 64 MB default is the usual cause",
+                        remedy=remedy)]
+    if size < SHM_WARN_BYTES:
+        return [finding("host.shm", "host", WARN, f"/dev/shm is {size / GIB:.1f} GiB: tight for several DataLoader workers with large batches",
+                        measured=measured, expected=f"at least {SHM_WARN_BYTES // GIB} GiB", remedy=remedy)]
+    return [finding("host.shm", "host", PASS, measured, measured=measured)]
+
+
+def check_steal(ctx: Context) -> list[Finding]:
+    host = ctx.machine.host
+    if host is None:
+        return _no_host("host.steal")
+    if host.steal_pct is None:
+        return [finding("host.steal", "host", SKIP, f"CPU steal not measurable: {why_missing(host, 'steal_pct')}")]
+    window = f" over {host.steal_window_s:.1f} s" if host.steal_window_s else ""
+    since_boot = f", {host.steal_since_boot_pct:.1f}% since boot" if host.steal_since_boot_pct is not None else ""
+    measured = f"{host.steal_pct:.1f}% steal{window}{since_boot}"
+    worst = max(host.steal_pct, host.steal_since_boot_pct or 0.0)
+    expected = f"under {STEAL_WARN_PCT:.0f}%"
+    remedy = "run `vmstat 1 10` (column st) while your job runs; high steal means an oversold host: ask for another one"
+    if worst >= STEAL_FAIL_PCT:
+        return [finding("host.steal", "host", FAIL, f"the hypervisor takes {worst:.0f}% of CPU time: neighbours share your cores",
+                        measured=measured, expected=expected, source="/proc/stat steal", remedy=remedy)]
+    if worst >= STEAL_WARN_PCT:
+        return [finding("host.steal", "host", WARN, f"{worst:.0f}% CPU steal: the host is busy with other tenants",
+                        measured=measured, expected=expected, source="/proc/stat steal", remedy=remedy)]
+    where = f" ({host.hypervisor} guest)" if host.hypervisor else ""
+    return [finding("host.steal", "host", PASS, f"{measured}{where}", measured=measured)]
+
+
+def check_somaxconn(ctx: Context) -> list[Finding]:
+    host = ctx.machine.host
+    if host is None:
+        return _no_host("host.somaxconn")
+    value = host.somaxconn
+    if value is None:
+        return [finding("host.somaxconn", "host", SKIP, f"net.core.somaxconn not readable: {why_missing(host, 'somaxconn')}")]
+    measured = f"net.core.somaxconn = {value}"
+    if value < SOMAXCONN_MIN:
+        return [finding("host.somaxconn", "host", WARN,
+                        f"TCP accept queue of {value}: a server (inference API, Jupyter, rendezvous) drops connections under bursts",
+                        measured=measured, expected=f">= {SOMAXCONN_MIN} (4096 on kernels since 5.4)",
+                        source="seed: 128 with 200 concurrent requests",
+                        remedy="sudo sysctl -w net.core.somaxconn=4096")]
+    return [finding("host.somaxconn", "host", PASS, measured, measured=measured)]
+
+
+def check_workdir(ctx: Context) -> list[Finding]:
+    host: Host | None = ctx.machine.host
+    if host is None:
+        return _no_host("storage.workdir", "storage")
+    w = host.workdir
+    if w is None or w.fs_type is None:
+        return [finding("storage.workdir", "storage", SKIP, f"working directory not examined: {why_missing(host, 'workdir')}")]
+    free = f"{w.free_bytes / GIB:.0f} GiB free" if w.free_bytes is not None else "free space unknown"
+    where = f"{w.path} on {w.fs_type} ({w.kind or 'unknown'}{', ' + w.model if w.model else ''}), {free}"
+    remedy = "keep datasets and checkpoints on persistent storage; check with `df -hT .` and the provider's volume docs"
+    issues: list[str] = []
+    if w.kind == "overlay":
+        issues.append("the container's writable layer: deleted with the container, and slow for heavy IO")
+    elif w.kind == "tmpfs":
+        issues.append("RAM-backed tmpfs: lost at reboot and it eats memory")
+    elif w.kind == "network":
+        issues.append("a network file system: small-file reads are slow (pack datasets into tar/WebDataset shards)")
+    if w.ephemeral and w.kind not in ("overlay", "tmpfs"):
+        issues.append(f"ephemeral instance storage ({w.ephemeral_reason or 'wiped when the instance stops'})")
+    if w.free_bytes is not None and w.free_bytes < WORKDIR_FREE_WARN_BYTES:
+        issues.append(f"only {free}: checkpoints may not fit")
+    if issues:
+        return [finding("storage.workdir", "storage", WARN, "; ".join(issues), measured=where,
+                        expected="persistent local or shared storage with room for checkpoints", remedy=remedy)]
+    return [finding("storage.workdir", "storage", PASS, where, measured=where)]

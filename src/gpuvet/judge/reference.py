@@ -1,0 +1,85 @@
+"""Reference figures per GPU model (data/gpu_specs.csv, with a source for every row).
+
+A GPU is matched on its exact NVML product name; nothing is matched on substrings, because
+names share prefixes ("NVIDIA H100" / "NVIDIA H100 PCIe" / "NVIDIA H100 NVL" are three cards).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+SPECS_FILE = "gpu_specs.csv"
+SOURCE_NOTE = "gpuvet reference data (judge/data/gpu_specs.csv)"
+
+
+@dataclass(frozen=True)
+class Reference:
+    row: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        return self.row["gpu_model"]
+
+    @property
+    def name(self) -> str:
+        return primary_name(self.row)
+
+    @property
+    def source(self) -> str:
+        return self.row.get("source", "")
+
+    def number(self, column: str) -> float | None:
+        """A figure from the table; None when the cell is empty or "n/a" (not supported)."""
+        raw = (self.row.get(column) or "").strip()
+        try:
+            return float(raw)
+        except ValueError:
+            return None
+
+    @property
+    def nvlink(self) -> str | None:
+        """ "integral" (SXM boards), "bridge" (optional on PCIe cards), "none", or None: unknown."""
+        gen = (self.row.get("nvlink_gen") or "").strip().lower()
+        if not gen:
+            return None
+        if gen == "none":
+            return "none"
+        if "bridge" in gen or "pcie" in self.id.lower() or self.id in ("A30", "A40"):
+            return "bridge"
+        return "integral"
+
+    def cite(self, column: str) -> str:
+        """Where a figure comes from, for a finding's evidence."""
+        return f"{SOURCE_NOTE}, row {self.id}, column {column}; sources: {self.source}"
+
+
+def primary_name(row: dict[str, str]) -> str:
+    # The first name is the product's exact NVML name; later ones are variants with their own
+    # specs ("NVIDIA H800 PCIe (PCIe card)"), which must not inherit this row's figures.
+    return row["nvidia_smi_names"].split(";")[0].strip()
+
+
+@functools.cache
+def _table() -> dict[str, Reference]:
+    text = resources.files("gpuvet.judge").joinpath("data", SPECS_FILE).read_text(encoding="utf-8")
+    return {primary_name(row): Reference(row) for row in csv.DictReader(text.splitlines())}
+
+
+def match(name: str | None) -> Reference | None:
+    """The reference row for an exact NVML name (old drivers omit the "NVIDIA " prefix)."""
+    if not name:
+        return None
+    table = _table()
+    name = name.strip()
+    return table.get(name) or table.get(f"NVIDIA {name}")
+
+
+def by_id(ref_id: str | None) -> Reference | None:
+    return next((r for r in _table().values() if r.id == ref_id), None) if ref_id else None
+
+
+def all_references() -> list[Reference]:
+    return list(_table().values())

@@ -1,0 +1,307 @@
+"""Captures taken elsewhere -> one machine's facts.
+
+A user may hold an `nvidia-smi -q -x` sent by a provider, a `topo -m` pasted in a chat, an
+`lspci -vv` of the same box, or a whole capture bundle. The kind of each file is recognised from
+its content (never its name), and several files of one machine merge into one `Machine`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from dataclasses import dataclass, field
+
+from ..facts import Driver, Gpu, Machine, PcieLink, Topology
+from . import lspci, nvlink_status, proc_version, smi_csv, smi_table, smi_text, smi_xml, topo
+from . import values as v
+from .errors import CaptureError
+
+# nvidia-smi prints these instead of a report when it cannot talk to the driver.
+_SMI_ERRORS = (
+    (re.compile(r"Failed to initialize NVML: Driver/library version mismatch", re.I),
+     "the NVIDIA driver was upgraded without reloading its kernel module (reboot, or reload the nvidia modules)"),
+    (re.compile(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", re.I),
+     "no NVIDIA driver was loaded on that machine"),
+    (re.compile(r"Failed to initialize NVML", re.I), "NVML could not start on that machine"),
+    (re.compile(r"^No devices were found", re.I | re.M), "that machine showed no NVIDIA GPU"),
+    (re.compile(r"^ERROR: .*", re.M), "nvidia-smi refused the command"),
+)
+
+KINDS = "nvidia-smi -q -x, nvidia-smi -q, nvidia-smi (table), --query-gpu CSV, topo -m, nvlink -s, lspci -vv, /proc/driver/nvidia/version, a capture bundle, or a gpuvet run record"
+
+
+@dataclass
+class Capture:
+    """What one capture (or one section of a bundle) says."""
+
+    path: str
+    kind: str
+    phase: str = ""  # "idle" or "load" for bundle sections; "" when unknown
+    driver: Driver | None = None
+    gpus: list[Gpu] = field(default_factory=list)
+    topology: Topology | None = None
+    nvlinks: list[nvlink_status.NvlinkStatus] = field(default_factory=list)
+    pci_links: list[tuple[str, PcieLink]] = field(default_factory=list)
+    pci_drivers: dict[str, str] = field(default_factory=dict)  # bus id -> kernel driver
+    pci_names: dict[str, str] = field(default_factory=dict)  # bus id -> lspci device text
+    kernel_module_version: str | None = None
+    note: str | None = None
+
+
+def decode(data: bytes, path: str) -> str:
+    """Text of a capture file; UTF-16 with a BOM is what Windows PowerShell writes with `>`."""
+    if not data.strip():
+        raise CaptureError(f"{path}: the file is empty; expected {KINDS}")
+    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if data.startswith(bom):
+            return data.decode(codec, errors="replace")
+    if b"\x00" in data[:4096]:
+        raise CaptureError(f"{path}: this is a binary file, not a text capture; expected {KINDS}")
+    return data.decode("utf-8", errors="replace")
+
+
+def read_captures(path: str) -> list[Capture]:
+    """Every capture in the file at `path` (a bundle holds several)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except IsADirectoryError:
+        raise CaptureError(f"{path}: is a directory; give the capture files themselves") from None
+    except OSError as err:
+        raise CaptureError(f"{path}: cannot read it ({err.strerror or err})") from None
+    text = decode(data, path)
+    if _is_bundle(text):
+        return _bundle_captures(text, path)
+    return [parse_capture(text, path)]
+
+
+def detect_kind(text: str) -> str | None:
+    head = text.lstrip()[:4096]
+    if smi_xml.looks_like_smi_xml(head):
+        return "smi-xml"
+    if smi_text.looks_like_smi_text(head):
+        return "smi-text"
+    if smi_csv.looks_like_smi_csv(text):
+        return "smi-csv"
+    if smi_table.looks_like_smi_table(text):
+        return "smi-table"
+    if smi_table.looks_like_dmon(text):
+        return "smi-dmon"
+    if topo.looks_like_topo(text):
+        return "topo"
+    if nvlink_status.looks_like_nvlink_status(text):
+        return "nvlink-status"
+    if lspci.looks_like_lspci(text):
+        return "lspci"
+    if proc_version.looks_like_proc_version(text):
+        return "proc-version"
+    return None
+
+
+def parse_capture(text: str, path: str, phase: str = "") -> Capture:
+    kind = detect_kind(text)
+    if kind is None:
+        _raise_for_error_message(text, path)
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        raise CaptureError(f"{path}: not a capture gpuvet knows (starts with {first[:60]!r}); expected {KINDS}")
+    capture = Capture(path=path, kind=kind, phase=phase)
+    try:
+        _fill(capture, text)
+    except CaptureError as err:
+        raise CaptureError(f"{path}: {err}") from None
+    return capture
+
+
+def _fill(capture: Capture, text: str) -> None:
+    kind = capture.kind
+    if kind == "smi-xml":
+        capture.driver, capture.gpus = smi_xml.parse_smi_xml(text)
+    elif kind == "smi-text":
+        capture.driver, capture.gpus = smi_text.parse_smi_text(text)
+    elif kind == "smi-csv":
+        capture.driver, capture.gpus = smi_csv.parse_smi_csv(text)
+    elif kind == "smi-table":
+        capture.driver, capture.gpus = smi_table.parse_smi_table(text)
+    elif kind == "smi-dmon":
+        capture.gpus = _gpus_from_dmon(smi_table.parse_dmon(text))
+        capture.note = "nvidia-smi dmon samples: only power, temperature and clocks"
+    elif kind == "topo":
+        capture.topology = topo.parse_topo(text, source=capture.path)
+    elif kind == "nvlink-status":
+        capture.nvlinks = nvlink_status.parse_nvlink_status(text)
+    elif kind == "lspci":
+        devices = lspci.parse_lspci(text)
+        capture.pci_links = lspci.gpu_link_readings(devices)
+        for dev in devices:
+            if dev.is_nvidia_gpu:
+                capture.pci_names[dev.bus_id] = dev.vendor_device
+                if dev.kernel_driver:
+                    capture.pci_drivers[dev.bus_id] = dev.kernel_driver
+        if not capture.pci_names:
+            capture.note = "no NVIDIA GPU in this lspci output"
+    elif kind == "proc-version":
+        capture.kernel_module_version = proc_version.parse_kernel_module_version(text)
+    if not capture.gpus and kind in ("smi-xml", "smi-text", "smi-csv", "smi-table"):
+        raise CaptureError(f"the {kind} capture lists no GPU")
+
+
+def _raise_for_error_message(text: str, path: str) -> None:
+    for pattern, meaning in _SMI_ERRORS:
+        m = pattern.search(text[:4096])
+        if m:
+            line = next(line for line in text.splitlines() if m.group(0) in line).strip()
+            raise CaptureError(
+                f"{path}: this capture is an error message, not a report: {line!r} ({meaning}); "
+                f"fix that, then capture again (e.g. `nvidia-smi -q -x > gpu.xml`)"
+            )
+
+
+def _gpus_from_dmon(samples: list[dict]) -> list[Gpu]:
+    last: dict[int, dict] = {}
+    for sample in samples:
+        if sample.get("gpu") is not None:
+            last[int(sample["gpu"])] = sample
+    gpus = []
+    for index, sample in sorted(last.items()):
+        gpu = Gpu(index=index)
+        gpu.power.draw_w = sample.get("pwr")
+        gpu.thermal.gpu_c = sample.get("gtemp")
+        gpu.thermal.memory_c = sample.get("mtemp")
+        gpu.clocks.sm_mhz = _int(sample.get("pclk"))
+        gpu.clocks.memory_mhz = _int(sample.get("mclk"))
+        gpu.utilization_pct = _int(sample.get("sm"))
+        gpus.append(gpu)
+    return gpus
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+# -- capture bundles (nvidia_gpu_exporter's collect.sh: sections between '#####' banners) ----
+
+_BANNER = re.compile(r"^#{20,}\n# (?P<title>[^\n]*)\n(?:# [^\n]*\n)*?#{20,}\n", re.M)
+
+
+def _is_bundle(text: str) -> bool:
+    return len(_BANNER.findall(text[:20000])) >= 2
+
+
+def _bundle_captures(text: str, path: str) -> list[Capture]:
+    matches = list(_BANNER.finditer(text))
+    captures = []
+    for i, m in enumerate(matches):
+        title = m.group("title").strip()
+        body = text[m.end() : matches[i + 1].start() if i + 1 < len(matches) else len(text)]
+        phase = title.split("::", 1)[0].strip() if "::" in title else ""
+        section = f"{path} [{title}]"
+        if not body.strip() or detect_kind(body) is None:
+            continue  # help texts, field lists, empty process tables
+        try:
+            captures.append(parse_capture(body, section, phase=phase if phase in ("idle", "load") else ""))
+        except CaptureError as err:
+            # One broken section (Windows `topo -m` fails) must not hide the rest of the bundle.
+            captures.append(Capture(path=section, kind="error", note=str(err)))
+    if not any(c.kind != "error" for c in captures):
+        raise CaptureError(f"{path}: a capture bundle with no section gpuvet can read")
+    return captures
+
+
+# -- merging -----------------------------------------------------------------------------------
+
+# Full reports first: they carry the most facts about each GPU.
+_RANK = {"smi-xml": 0, "smi-text": 1, "smi-csv": 2, "smi-table": 3, "smi-dmon": 4}
+
+
+def merge(captures: list[Capture]) -> Machine:
+    """One machine from several captures of it (match GPUs by bus id, then UUID, then index)."""
+    machine = Machine(source="capture")
+    machine.captures = [{"path": c.path, "kind": c.kind, **({"note": c.note} if c.note else {})} for c in captures]
+    reports = sorted((c for c in captures if c.kind in _RANK), key=lambda c: (c.phase == "load", _RANK[c.kind]))
+    if reports:
+        base = reports[0]
+        machine.gpus = base.gpus
+        machine.driver = base.driver or Driver()
+        for other in reports[1:]:
+            _merge_report(machine, other)
+    for c in captures:
+        if c.topology is not None and machine.topology is None:
+            machine.topology = c.topology
+        if c.kernel_module_version:
+            machine.driver.kernel_module_version = c.kernel_module_version
+        if c.nvlinks:
+            _merge_nvlinks(machine, c.nvlinks)
+        if c.pci_names:
+            _merge_lspci(machine, c)
+    if machine.topology is not None:
+        _ensure_topology_gpus(machine)
+    if not machine.gpus:
+        machine.gpu_error = "the captures hold no per-GPU facts"
+    return machine
+
+
+def _find(machine: Machine, gpu: Gpu) -> Gpu | None:
+    for other in machine.gpus:
+        if gpu.pcie.bus_id and other.pcie.bus_id == gpu.pcie.bus_id:
+            return other
+        if gpu.uuid and other.uuid == gpu.uuid and not gpu.uuid.startswith("GPU-00000000-0000"):
+            return other
+    if not gpu.pcie.bus_id:
+        return next((o for o in machine.gpus if o.index == gpu.index), None)
+    return None
+
+
+def _merge_report(machine: Machine, report: Capture) -> None:
+    """A second report of the same GPUs: keep its PCIe readings (a load capture's matter most)."""
+    if machine.driver.version is None and report.driver:
+        machine.driver = report.driver
+    for gpu in report.gpus:
+        target = _find(machine, gpu)
+        if target is None:
+            continue
+        for reading in gpu.pcie.readings:
+            if report.phase == "load":
+                reading.under_load = True
+            target.pcie.readings.append(reading)
+
+
+def _merge_nvlinks(machine: Machine, statuses: list[nvlink_status.NvlinkStatus]) -> None:
+    for status in statuses:
+        probe = Gpu(index=status.index, uuid=status.uuid)
+        target = _find(machine, probe)
+        if target is None:
+            target = Gpu(index=status.index, name=status.name, uuid=status.uuid)
+            machine.gpus.append(target)
+        # "all links are inactive" means no link is up; "does not support Nvlink" or "not
+        # supported ... in MIG mode" means the links were not read at all.
+        if status.links or "inactive" in (status.note or "").lower():
+            target.nvlinks = list(status.links)
+        if status.note:
+            target.unavailable["nvlinks"] = status.note
+    machine.gpus.sort(key=lambda g: g.index)
+
+
+def _merge_lspci(machine: Machine, capture: Capture) -> None:
+    links = dict(capture.pci_links)
+    for bus, name in capture.pci_names.items():
+        target = next((g for g in machine.gpus if g.pcie.bus_id == bus), None)
+        if target is None:
+            # Known only from lspci: its name there is the chip, not the NVML product name.
+            target = Gpu(index=len(machine.gpus), name=None)
+            target.pcie.bus_id = bus
+            target.unavailable["name"] = f"only lspci saw this GPU: {name}"
+            machine.gpus.append(target)
+        if bus in links:
+            target.pcie.readings.append(links[bus])
+        if bus in capture.pci_drivers:
+            target.pcie.kernel_driver = capture.pci_drivers[bus]
+
+
+def _ensure_topology_gpus(machine: Machine) -> None:
+    """A topo matrix alone still names the GPUs; give each one an entry to judge."""
+    known = {g.index for g in machine.gpus}
+    for label in machine.topology.gpus:
+        index = v.integer(label[3:])
+        if index is not None and index not in known:
+            machine.gpus.append(Gpu(index=index))
+    machine.gpus.sort(key=lambda g: g.index)

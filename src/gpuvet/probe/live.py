@@ -1,0 +1,86 @@
+"""The live machine's facts: NVML + sysfs for the GPUs, /proc and /sys for the host, a
+subprocess for the software stack. Each probe runs isolated, with its own time limit; a probe
+that breaks or hangs is recorded in `machine.probe_errors` and the others still report.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from ..facts import Driver, Gpu, Machine, Topology
+from . import host as host_probe
+from . import nvml, proc_version, stack, sysfs_pcie
+
+
+def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torch: bool | None = None) -> Machine:
+    """Facts of this machine. `import_torch=None` imports torch (in a subprocess) only when a GPU
+    is present: without one, its arch list is empty anyway and the import costs seconds."""
+    machine = Machine(source="live")
+    host_job = _Isolated("host", lambda: host_probe.collect_host(workdir, steal_window_s), timeout_s=steal_window_s + 10)
+    gpu_facts = _Isolated("gpu", _gpus, timeout_s=30).result(machine)
+    if gpu_facts is None:
+        machine.gpu_error = f"GPU probe failed: {machine.probe_errors.get('gpu')}"
+    else:
+        machine.driver, machine.gpus, machine.topology, machine.gpu_error = gpu_facts
+    want_torch = bool(machine.gpus) if import_torch is None else import_torch
+    stack_job = _Isolated("stack", lambda: stack.collect_stack(import_torch=want_torch, timeout_s=30), timeout_s=45)
+    machine.host = host_job.result(machine)
+    machine.stack = stack_job.result(machine)
+    return machine
+
+
+def _gpus() -> tuple[Driver, list[Gpu], Topology | None, str | None]:
+    driver, gpus, topology = Driver(), [], None
+    error = nvml.init_error()
+    if error is None:
+        try:
+            driver, gpus, topology, error = nvml.collect()
+        finally:
+            nvml.shutdown()
+    driver.kernel_module_version = proc_version.read_kernel_module_version()
+    _add_sysfs(gpus, error)
+    return driver, gpus, topology, error
+
+
+def _add_sysfs(gpus: list[Gpu], nvml_error: str | None) -> None:
+    """The host's own view of each GPU's link and driver; also GPUs NVML cannot see (vfio, nouveau)."""
+    by_bus = {g.pcie.bus_id: g for g in gpus if g.pcie.bus_id}
+    for bus in sysfs_pcie.nvidia_gpu_bus_ids():
+        gpu = by_bus.get(bus)
+        if gpu is None:
+            gpu = Gpu(index=len(gpus))
+            gpu.pcie.bus_id = bus
+            gpu.unavailable["name"] = f"NVML does not see this GPU ({nvml_error or 'not managed by the nvidia driver'})"
+            gpus.append(gpu)
+        link = sysfs_pcie.read_link(bus)
+        if link is not None:
+            gpu.pcie.readings.append(link)
+        gpu.pcie.kernel_driver = sysfs_pcie.kernel_driver(bus)
+
+
+class _Isolated:
+    """Runs `fn` in a daemon thread so a hung probe can be abandoned at its deadline."""
+
+    def __init__(self, name: str, fn: Callable[[], Any], timeout_s: float):
+        self.name, self.timeout_s = name, timeout_s
+        self.value: Any = None
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=f"gpuvet-{name}", daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.value = fn()
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
+
+    def result(self, machine: Machine) -> Any:
+        self.thread.join(self.timeout_s)
+        if self.thread.is_alive():
+            machine.probe_errors[self.name] = f"timed out after {self.timeout_s:.0f} s"
+            return None
+        if self.error:
+            machine.probe_errors[self.name] = self.error
+        return self.value
+

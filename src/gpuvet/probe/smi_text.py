@@ -1,0 +1,235 @@
+"""`nvidia-smi -q` (the text report, also `-q -d SECTION`) -> facts.
+
+The report is an indented tree of "Label : value" lines; a label without a value opens a
+section. Sections repeat ("MIG Device", processes), so the tree keeps every child in order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..facts import Driver, Gpu, GpuProcess, MigDevice
+from . import values as v
+from .errors import CaptureError
+from .smi_common import Paths, build_gpu
+
+_LINK = "PCI/GPU Link Info"
+
+PATHS: Paths = {
+    "name": ("Product Name",),
+    "brand": ("Product Brand",),
+    "architecture": ("Product Architecture",),
+    "uuid": ("GPU UUID",),
+    "serial": ("Serial Number",),
+    "vbios": ("VBIOS Version",),
+    "persistence": ("Persistence Mode",),
+    "compute_mode": ("Compute Mode",),
+    "pstate": ("Performance State",),
+    "driver_model": ("Driver Model/Current",),
+    "utilization": ("Utilization/GPU",),
+    "virtualization": ("GPU Virtualization Mode/Virtualization Mode",),
+    "mig_current": ("MIG Mode/Current",),
+    "mig_pending": ("MIG Mode/Pending",),
+    "memory_total": ("FB Memory Usage/Total",),
+    "memory_used": ("FB Memory Usage/Used",),
+    "memory_reserved": ("FB Memory Usage/Reserved",),
+    "power_draw": (
+        "GPU Power Readings/Average Power Draw",
+        "GPU Power Readings/Power Draw",
+        "GPU Power Readings/Instantaneous Power Draw",
+        "Power Readings/Average Power Draw",
+        "Power Readings/Power Draw",
+    ),
+    # Driver 610 moved the limits one level down, under "GPU Ceiling Power Limit".
+    "power_limit": (
+        "GPU Power Readings/Requested Power Limit",
+        "GPU Power Readings/GPU Ceiling Power Limit/Requested Power Limit",
+        "Power Readings/Requested Power Limit",
+        "Power Readings/Power Limit",
+    ),
+    "power_enforced": (
+        "GPU Power Readings/Current Power Limit",
+        "GPU Power Readings/GPU Ceiling Power Limit/Current Power Limit",
+        "Power Readings/Current Power Limit",
+        "Power Readings/Enforced Power Limit",
+    ),
+    "power_default": (
+        "GPU Power Readings/Default Power Limit",
+        "GPU Power Readings/GPU Ceiling Power Limit/Default Power Limit",
+        "Power Readings/Default Power Limit",
+    ),
+    "power_min": ("GPU Power Readings/Min Power Limit", "Power Readings/Min Power Limit"),
+    "power_max": ("GPU Power Readings/Max Power Limit", "Power Readings/Max Power Limit"),
+    "bus_id": ("PCI/Bus Id",),
+    "pcie_gen_current": (f"{_LINK}/PCIe Generation/Current",),
+    "pcie_gen_max": (f"{_LINK}/PCIe Generation/Max",),
+    "pcie_gen_device_max": (f"{_LINK}/PCIe Generation/Device Max",),
+    "pcie_gen_host_max": (f"{_LINK}/PCIe Generation/Host Max",),
+    "pcie_width_current": (f"{_LINK}/Link Width/Current",),
+    "pcie_width_max": (f"{_LINK}/Link Width/Max",),
+    "pcie_replays": ("PCI/Replays Since Reset",),
+    "clock_sm": ("Clocks/SM",),
+    "clock_graphics": ("Clocks/Graphics",),
+    "clock_memory": ("Clocks/Memory",),
+    "clock_max_sm": ("Max Clocks/SM",),
+    "clock_max_graphics": ("Max Clocks/Graphics",),
+    "clock_max_memory": ("Max Clocks/Memory",),
+    "clock_app_graphics": ("Applications Clocks/Graphics",),
+    "clock_default_app_graphics": ("Default Applications Clocks/Graphics",),
+    "temp_gpu": ("Temperature/GPU Current Temp",),
+    "temp_memory": ("Temperature/Memory Current Temp",),
+    "temp_slowdown": ("Temperature/GPU Slowdown Temp",),
+    "temp_shutdown": ("Temperature/GPU Shutdown Temp",),
+    "temp_max_operating": ("Temperature/GPU Max Operating Temp",),
+    "temp_tlimit": ("Temperature/GPU T.Limit Temp",),
+    "temp_slowdown_tlimit": ("Temperature/GPU Slowdown T.Limit Temp",),
+    "ecc_current": ("ECC Mode/Current",),
+    "ecc_pending": ("ECC Mode/Pending",),
+    "retired_sbe": ("Retired Pages/Single Bit ECC",),
+    "retired_dbe": ("Retired Pages/Double Bit ECC",),
+    "retired_pending": ("Retired Pages/Pending Page Retirement", "Retired Pages/Pending Page Blacklist"),
+    "remap_correctable": ("Remapped Rows/Correctable Error",),
+    "remap_uncorrectable": ("Remapped Rows/Uncorrectable Error",),
+    "remap_pending": ("Remapped Rows/Pending",),
+    "remap_failure": ("Remapped Rows/Remapping Failure Occurred",),
+}
+for _scope in ("Volatile", "Aggregate"):
+    _key = _scope.lower()
+    PATHS[f"{_key}_corrected_parts"] = (f"ECC Errors/{_scope}/SRAM Correctable", f"ECC Errors/{_scope}/DRAM Correctable")
+    PATHS[f"{_key}_uncorrected_parts"] = tuple(
+        f"ECC Errors/{_scope}/{name}"
+        for name in ("SRAM Uncorrectable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable")
+    )
+    PATHS[f"{_key}_single_bit_total"] = (f"ECC Errors/{_scope}/Single Bit/Total",)
+    PATHS[f"{_key}_double_bit_total"] = (f"ECC Errors/{_scope}/Double Bit/Total",)
+
+# Clock-event reason labels; "HW Thermal/Power Brake Slowdown" are nested under "HW Slowdown".
+_REASON_LABELS = {
+    "gpu_idle": "Idle",
+    "applications_clocks_setting": "Applications Clocks Setting",
+    "sw_power_cap": "SW Power Cap",
+    "hw_slowdown": "HW Slowdown",
+    "hw_thermal_slowdown": "HW Slowdown/HW Thermal Slowdown",
+    "hw_power_brake_slowdown": "HW Slowdown/HW Power Brake Slowdown",
+    "sync_boost": "Sync Boost",
+    "sw_thermal_slowdown": "SW Thermal Slowdown",
+    "display_clock_setting": "Display Clock Setting",
+}
+for _reason, _label in _REASON_LABELS.items():
+    PATHS["reason_" + _reason] = (f"Clocks Event Reasons/{_label}", f"Clocks Throttle Reasons/{_label}")
+
+
+@dataclass
+class Node:
+    label: str
+    value: str | None = None
+    children: list[Node] = field(default_factory=list)
+
+    def child(self, label: str) -> Node | None:
+        label = label.lower()
+        return next((c for c in self.children if c.label.lower() == label), None)
+
+    def all(self, label: str) -> list[Node]:
+        label = label.lower()
+        return [c for c in self.children if c.label.lower() == label]
+
+    def find(self, path: str) -> Node | None:
+        node: Node | None = self
+        for part in path.split("/"):
+            node = node.child(part) if node else None
+        return node
+
+    def value_at(self, path: str) -> str | None:
+        node = self.find(path)
+        return node.value if node else None
+
+
+class _TextReport:
+    def __init__(self, node: Node):
+        self.node = node
+
+    def value(self, path: str) -> str | None:
+        return self.node.value_at(path)
+
+
+_GPU_HEADER = re.compile(r"^\s*GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$")
+_LINE = re.compile(r"^(?P<indent> *)(?P<label>[^:]*?)\s*(?::\s?(?P<value>.*?))?\s*$")
+
+
+def parse_tree(text: str) -> Node:
+    """The indentation tree of a `nvidia-smi -q` report (tabs count as 4 spaces)."""
+    root = Node("")
+    stack: list[tuple[int, Node]] = [(-1, root)]
+    for line in text.expandtabs(4).splitlines():
+        if not line.strip() or line.lstrip().startswith("=="):
+            continue
+        m = _LINE.match(line)
+        if not m or not m.group("label"):
+            continue
+        indent = len(m.group("indent"))
+        if _GPU_HEADER.match(line):  # "GPU 00000000:01:00.0" has colons but no value
+            node = Node(line.strip())
+        else:
+            node = Node(m.group("label"), m.group("value"))
+        while stack[-1][0] >= indent:
+            stack.pop()
+        stack[-1][1].children.append(node)
+        stack.append((indent, node))
+    return root
+
+
+def looks_like_smi_text(text: str) -> bool:
+    return "NVSMI LOG" in text[:2048]
+
+
+def parse_smi_text(text: str) -> tuple[Driver, list[Gpu]]:
+    if not looks_like_smi_text(text):
+        raise CaptureError("no '==NVSMI LOG==' header: expected the output of `nvidia-smi -q`")
+    root = parse_tree(text)
+    driver = Driver(
+        version=_strip_note(root.value_at("KMD Version") or root.value_at("Driver Version")),
+        cuda_version=_cuda(root.value_at("CUDA UMD Version") or root.value_at("CUDA Version")),
+    )
+    sections = [n for n in root.children if re.match(r"GPU [0-9A-Fa-f]{4,8}:", n.label)]
+    gpus = []
+    for position, section in enumerate(sections):
+        gpu = build_gpu(position, _TextReport(section), PATHS)
+        gpu.pcie.bus_id = gpu.pcie.bus_id or v.bus_id(section.label)
+        gpu.mig_devices = [_mig_device(m) for m in section.all("MIG Device")]
+        processes = section.child("Processes")
+        if processes is not None:
+            gpu.processes = [_process(p) for p in processes.all("Process ID")]
+        gpus.append(gpu)
+    return driver, gpus
+
+
+def _strip_note(raw: str | None) -> str | None:
+    """ "610.57.04 [Deprecated; will be removed ...]" -> "610.57.04"."""
+    value = v.text(raw)
+    return value.split("[", 1)[0].strip() if value else None
+
+
+def _cuda(raw: str | None) -> str | None:
+    value = _strip_note(raw)
+    return value if value and re.fullmatch(r"\d+\.\d+", value) else None
+
+
+def _mig_device(node: Node) -> MigDevice:
+    return MigDevice(
+        index=v.integer(node.value_at("Index")),
+        gpu_instance_id=v.integer(node.value_at("GPU Instance ID")),
+        compute_instance_id=v.integer(node.value_at("Compute Instance ID")),
+        sm_count=v.integer(node.value_at("Device Attributes/Shared/Multiprocessor count")),
+        memory_total_mib=v.mib(node.value_at("Shared FB Memory Usage/Total") or node.value_at("FB Memory Usage/Total")),
+        memory_used_mib=v.mib(node.value_at("Shared FB Memory Usage/Used") or node.value_at("FB Memory Usage/Used")),
+    )
+
+
+def _process(node: Node) -> GpuProcess:
+    return GpuProcess(
+        pid=v.integer(node.value),
+        name=v.text(node.value_at("Name")),
+        type=v.text(node.value_at("Type")),
+        used_memory_mib=v.mib(node.value_at("Used GPU Memory")),
+    )

@@ -1,0 +1,159 @@
+"""`nvidia-smi -q -x` (XML, DTD v9..v13) -> facts."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from ..facts import Driver, Gpu, GpuProcess, MigDevice
+from . import values as v
+from .errors import CaptureError
+from .smi_common import REASON_KEYS, Paths, build_gpu
+
+_LINK = "pci/pci_gpu_link_info"
+
+PATHS: Paths = {
+    "name": ("product_name",),
+    "brand": ("product_brand",),
+    "architecture": ("product_architecture",),
+    "uuid": ("uuid",),
+    "serial": ("serial",),
+    "vbios": ("vbios_version",),
+    "persistence": ("persistence_mode",),
+    "compute_mode": ("compute_mode",),
+    "pstate": ("performance_state",),
+    "driver_model": ("driver_model/current_dm",),
+    "utilization": ("utilization/gpu_util",),
+    "virtualization": ("gpu_virtualization_mode/virtualization_mode",),
+    "mig_current": ("mig_mode/current_mig",),
+    "mig_pending": ("mig_mode/pending_mig",),
+    "memory_total": ("fb_memory_usage/total",),
+    "memory_used": ("fb_memory_usage/used",),
+    "memory_reserved": ("fb_memory_usage/reserved",),
+    "power_draw": (
+        "gpu_power_readings/average_power_draw",
+        "gpu_power_readings/power_draw",
+        "gpu_power_readings/instant_power_draw",
+        "power_readings/average_power_draw",
+        "power_readings/power_draw",
+        "power_readings/instant_power_draw",
+    ),
+    "power_limit": ("gpu_power_readings/requested_power_limit", "power_readings/requested_power_limit", "power_readings/power_limit"),
+    "power_enforced": ("gpu_power_readings/current_power_limit", "power_readings/current_power_limit", "power_readings/enforced_power_limit"),
+    "power_default": ("gpu_power_readings/default_power_limit", "power_readings/default_power_limit"),
+    "power_min": ("gpu_power_readings/min_power_limit", "power_readings/min_power_limit"),
+    "power_max": ("gpu_power_readings/max_power_limit", "power_readings/max_power_limit"),
+    "bus_id": ("pci/pci_bus_id",),
+    "pcie_gen_current": (f"{_LINK}/pcie_gen/current_link_gen",),
+    "pcie_gen_max": (f"{_LINK}/pcie_gen/max_link_gen",),
+    "pcie_gen_device_max": (f"{_LINK}/pcie_gen/max_device_link_gen",),
+    "pcie_gen_host_max": (f"{_LINK}/pcie_gen/max_host_link_gen",),
+    "pcie_width_current": (f"{_LINK}/link_widths/current_link_width",),
+    "pcie_width_max": (f"{_LINK}/link_widths/max_link_width",),
+    "pcie_replays": ("pci/replay_counter",),
+    "clock_sm": ("clocks/sm_clock",),
+    "clock_graphics": ("clocks/graphics_clock",),
+    "clock_memory": ("clocks/mem_clock",),
+    "clock_max_sm": ("max_clocks/sm_clock",),
+    "clock_max_graphics": ("max_clocks/graphics_clock",),
+    "clock_max_memory": ("max_clocks/mem_clock",),
+    "clock_app_graphics": ("applications_clocks/graphics_clock",),
+    "clock_default_app_graphics": ("default_applications_clocks/graphics_clock",),
+    "temp_gpu": ("temperature/gpu_temp",),
+    "temp_memory": ("temperature/memory_temp",),
+    "temp_slowdown": ("temperature/gpu_temp_slow_threshold",),
+    "temp_shutdown": ("temperature/gpu_temp_max_threshold",),
+    "temp_max_operating": ("temperature/gpu_temp_max_gpu_threshold",),
+    "temp_tlimit": ("temperature/gpu_temp_tlimit",),
+    "temp_slowdown_tlimit": ("temperature/gpu_temp_slow_tlimit_threshold",),
+    "ecc_current": ("ecc_mode/current_ecc",),
+    "ecc_pending": ("ecc_mode/pending_ecc",),
+    "retired_sbe": ("retired_pages/multiple_single_bit_retirement/retired_count",),
+    "retired_dbe": ("retired_pages/double_bit_retirement/retired_count",),
+    "retired_pending": ("retired_pages/pending_retirement", "retired_pages/pending_blacklist"),
+    "remap_correctable": ("remapped_rows/remapped_row_corr",),
+    "remap_uncorrectable": ("remapped_rows/remapped_row_unc",),
+    "remap_pending": ("remapped_rows/remapped_row_pending",),
+    "remap_failure": ("remapped_rows/remapped_row_failure",),
+}
+for _scope in ("volatile", "aggregate"):
+    PATHS[f"{_scope}_corrected_parts"] = (f"ecc_errors/{_scope}/sram_correctable", f"ecc_errors/{_scope}/dram_correctable")
+    PATHS[f"{_scope}_uncorrected_parts"] = tuple(
+        f"ecc_errors/{_scope}/{name}"
+        for name in ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
+    )
+    PATHS[f"{_scope}_single_bit_total"] = (f"ecc_errors/{_scope}/single_bit/total",)
+    PATHS[f"{_scope}_double_bit_total"] = (f"ecc_errors/{_scope}/double_bit/total",)
+for _reason in REASON_KEYS:
+    _tag = "display_clocks_setting" if _reason == "display_clock_setting" else _reason
+    PATHS["reason_" + _reason] = (
+        f"clocks_event_reasons/clocks_event_reason_{_tag}",
+        f"clocks_throttle_reasons/clocks_throttle_reason_{_tag}",
+    )
+
+
+class _XmlReport:
+    def __init__(self, element: ET.Element):
+        self.element = element
+
+    def value(self, path: str) -> str | None:
+        found = self.element.find(path)
+        if found is None:
+            return None
+        return (found.text or "").strip() if len(found) == 0 else None
+
+
+def looks_like_smi_xml(text: str) -> bool:
+    return "<nvidia_smi_log" in text[:4096]
+
+
+def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
+    # The DOCTYPE names an external DTD we neither have nor need.
+    body = re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1)
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError as err:
+        raise CaptureError(f"broken XML ({err}): expected the complete output of `nvidia-smi -q -x`") from None
+    if root.tag != "nvidia_smi_log":
+        raise CaptureError(f"XML root is <{root.tag}>, expected <nvidia_smi_log> from `nvidia-smi -q -x`")
+    driver = Driver(
+        version=v.text(root.findtext("driver_version")),
+        cuda_version=_cuda_version(root.findtext("cuda_version")),
+    )
+    gpus = []
+    for position, element in enumerate(root.findall("gpu")):
+        # nvidia-smi lists GPUs in NVML index order (the `-i N` of every nvidia-smi command);
+        # minor_number is the /dev/nvidiaN number and may differ (the K80 capture shows it).
+        gpu = build_gpu(position, _XmlReport(element), PATHS)
+        gpu.pcie.bus_id = gpu.pcie.bus_id or v.bus_id(element.get("id"))
+        gpu.mig_devices = [_mig_device(m) for m in element.findall("mig_devices/mig_device")]
+        processes = element.find("processes")
+        if processes is not None:
+            gpu.processes = [_process(p) for p in processes.findall("process_info")]
+        gpus.append(gpu)
+    return driver, gpus
+
+
+def _cuda_version(raw: str | None) -> str | None:
+    value = v.text(raw)
+    return value if value and re.fullmatch(r"\d+\.\d+", value) else None
+
+
+def _mig_device(element: ET.Element) -> MigDevice:
+    return MigDevice(
+        index=v.integer(element.findtext("index")),
+        gpu_instance_id=v.integer(element.findtext("gpu_instance_id")),
+        compute_instance_id=v.integer(element.findtext("compute_instance_id")),
+        sm_count=v.integer(element.findtext("device_attributes/shared/multiprocessor_count")),
+        memory_total_mib=v.mib(element.findtext("fb_memory_usage/total")),
+        memory_used_mib=v.mib(element.findtext("fb_memory_usage/used")),
+    )
+
+
+def _process(element: ET.Element) -> GpuProcess:
+    return GpuProcess(
+        pid=v.integer(element.findtext("pid")),
+        name=v.text(element.findtext("process_name")),
+        type=v.text(element.findtext("type")),
+        used_memory_mib=v.mib(element.findtext("used_memory")),
+    )
