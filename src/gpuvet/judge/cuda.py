@@ -51,16 +51,16 @@ def supports_arch(arch_list: list[str], capability: str) -> str | None:
     if len(cc) < 2:
         return None
     target = cc[0] * 10 + cc[1]
-    best = None
+    cubins, ptx = [], []
     for entry in arch_list:
         m = re.fullmatch(r"(sm|compute)_(\d+)([a-z]?)", entry.strip())
         if not m:
             continue
-        kind, number, suffix = m.group(1), int(m.group(2)), m.group(3)
-        if kind == "sm":
-            same_major = number // 10 == cc[0]
-            if number == target or (same_major and number % 10 <= cc[1] and not suffix):
-                return entry
+        number, arch_specific = int(m.group(2)), bool(m.group(3))
+        if m.group(1) == "sm":
+            if number == target or (number // 10 == cc[0] and number % 10 <= cc[1] and not arch_specific):
+                cubins.append((number, entry))
         elif number <= target:
-            best = best or entry
-    return best
+            ptx.append((number, entry))
+    # The closest cubin is what runs; PTX only when no cubin fits.
+    return max(cubins)[1] if cubins else max(ptx)[1] if ptx else None

@@ -10,6 +10,7 @@ from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject
 # apart on current drivers); more than this, or any utilisation, means someone is on it.
 _IDLE_MEMORY_MIB = 1024
 _IDLE_MEMORY_SHARE = 0.02
+_HIDDEN_FAIL_SHARE = 0.10  # a tenth of the memory held by someone you cannot see is lost to you
 
 _DRIVER_MEANING = {
     "vfio-pci": "bound to vfio-pci: reserved for passthrough to a virtual machine, CUDA cannot use it here",
@@ -70,23 +71,32 @@ def _occupancy_text(gpu: Gpu) -> str:
 def _occupancy(gpu: Gpu) -> list[tuple[str, str]]:
     """Someone else's work on the GPU: visible processes, or memory/utilisation nobody accounts for."""
     used = gpu.memory_used_mib or 0
-    threshold = max(_IDLE_MEMORY_MIB, _IDLE_MEMORY_SHARE * (gpu.memory_total_mib or 0))
-    compute = [p for p in gpu.processes or [] if (p.type or "C") != "G"]
+    total = gpu.memory_total_mib or 0
+    threshold = max(_IDLE_MEMORY_MIB, _IDLE_MEMORY_SHARE * total)
+    processes = gpu.processes
     busy = (gpu.utilization_pct or 0) >= 5
-    if used <= threshold and not busy and not compute:
-        return []
-    listed = sum(p.used_memory_mib or 0 for p in gpu.processes or [])
-    who = ", ".join(f"{p.name or '?'} (pid {p.pid})" for p in compute[:3]) + (" ..." if len(compute) > 3 else "")
     load = f"{gib(used)} in use" + (f", {gpu.utilization_pct}% busy" if busy else "")
-    if gpu.processes is None:
-        return [(WARN, f"{load}; the capture has no process list to say whose")]
-    if compute and listed >= 0.8 * used:
-        return [(WARN, f"{load} by {len(compute)} process(es) already running: {who}")]
-    hidden = used - listed
-    if hidden > threshold or (busy and not compute):
-        return [(FAIL, f"{load} by processes you cannot see ({gib(hidden)} unaccounted for): "
-                       "another container or VM shares this GPU")]
-    return [(WARN, f"{load} by {len(compute)} process(es): {who}")] if compute else []
+    if processes is None:
+        return [(WARN, f"{load}; the capture has no process list to say whose")] if used > threshold or busy else []
+    compute = [p for p in processes if (p.type or "C") != "G"]
+    graphics = [p for p in processes if p.type == "G"]
+    hidden = used - sum(p.used_memory_mib or 0 for p in processes)
+    if hidden > threshold or (busy and not processes):
+        # Nothing you run shows up here before you start: this is another user, container or VM.
+        status = FAIL if busy or hidden > _HIDDEN_FAIL_SHARE * total else WARN
+        whose = (f"{gib(hidden)} of it held by processes you cannot see" if hidden > threshold
+                 else "and no process visible")
+        return [(status, f"{load}, {whose}: another user, container or VM shares this GPU")]
+    if compute:
+        return [(WARN, f"{load} by {len(compute)} process(es) already running: {_names(compute)}")]
+    if busy and graphics:
+        return [(WARN, f"{gpu.utilization_pct}% busy with display processes ({_names(graphics)}): a desktop session shares the GPU")]
+    return []
+
+
+def _names(processes) -> str:
+    shown = ", ".join(f"{p.name or '?'} (pid {p.pid})" for p in processes[:3])
+    return shown + (" ..." if len(processes) > 3 else "")
 
 
 # -- gpu.ecc ----------------------------------------------------------------------------------

@@ -105,7 +105,8 @@ def _slot_limit(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:
 def check_nvlink(ctx: Context) -> list[Finding]:
     topology = ctx.machine.topology
     totals = _topology_totals(topology) if topology and topology.shows_nvlink else {}
-    single = len(ctx.machine.gpus) == 1
+    # One GPU numbered 0 is a one-GPU machine; "GPU 6" alone is one GPU of a bigger box.
+    single = len(ctx.machine.gpus) == 1 and ctx.machine.gpus[0].index == 0
     return [_nvlink(gpu, ctx.ref(gpu), topology, totals, single) for gpu in ctx.machine.gpus]
 
 

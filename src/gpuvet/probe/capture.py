@@ -195,13 +195,16 @@ def _bundle_captures(text: str, path: str) -> list[Capture]:
         body = text[m.end() : matches[i + 1].start() if i + 1 < len(matches) else len(text)]
         phase = title.split("::", 1)[0].strip() if "::" in title else ""
         section = f"{path} [{title}]"
-        if not body.strip() or detect_kind(body) is None:
-            continue  # help texts, field lists, empty process tables
+        if not body.strip():
+            continue
         try:
+            if detect_kind(body) is None:
+                _raise_for_error_message(body, section)
+                continue  # help texts, field lists, empty process tables
             captures.append(parse_capture(body, section, phase=phase if phase in ("idle", "load") else ""))
         except CaptureError as err:
-            # One broken section (Windows `topo -m` fails) must not hide the rest of the bundle.
-            captures.append(Capture(path=section, kind="error", note=str(err)))
+            # One failed command (Windows `topo -m`) must not hide the rest of the bundle.
+            captures.append(Capture(path=section, kind="error", note=str(err).removeprefix(f"{section}: ")))
     if not any(c.kind != "error" for c in captures):
         raise CaptureError(f"{path}: a capture bundle with no section gpuvet can read")
     return captures
@@ -283,8 +286,11 @@ def _merge_nvlinks(machine: Machine, statuses: list[nvlink_status.NvlinkStatus])
 
 def _merge_lspci(machine: Machine, capture: Capture) -> None:
     links = dict(capture.pci_links)
+    reported = [g for g in machine.gpus if g.name]
+    matched = 0
     for bus, name in capture.pci_names.items():
         target = next((g for g in machine.gpus if g.pcie.bus_id == bus), None)
+        matched += target is not None
         if target is None:
             # Known only from lspci: its name there is the chip, not the NVML product name.
             target = Gpu(index=len(machine.gpus), name=None)
@@ -295,6 +301,10 @@ def _merge_lspci(machine: Machine, capture: Capture) -> None:
             target.pcie.readings.append(links[bus])
         if bus in capture.pci_drivers:
             target.pcie.kernel_driver = capture.pci_drivers[bus]
+    if reported and not matched:
+        for entry in machine.captures:
+            if entry["path"] == capture.path:
+                entry["note"] = "no GPU here has a bus id of the nvidia-smi report: is this capture from the same machine?"
 
 
 def _ensure_topology_gpus(machine: Machine) -> None:

@@ -120,10 +120,25 @@ def machine_lines(m: Machine) -> list[str]:
     if m.stack is not None and m.stack.torch.installed:
         t = m.stack.torch
         lines.append(f"PyTorch {t.version}" + (f" (CUDA {t.cuda})" if t.cuda else " (CPU build)"))
-    for c in m.captures:
-        lines.append(f"capture: {c['path']} ({c['kind']})" + (f": {c['note']}" if c.get("note") else ""))
+    lines += _capture_lines(m.captures)
     for probe, error in m.probe_errors.items():
         lines.append(f"probe {probe} failed: {error}")
+    return lines
+
+
+def _capture_lines(captures: list[dict[str, str]]) -> list[str]:
+    """One line per file (a bundle's sections listed by kind), plus one per failed section."""
+    files: dict[str, list[dict[str, str]]] = {}
+    for c in captures:
+        files.setdefault(c["path"].split(" [", 1)[0], []).append(c)
+    lines = []
+    for path, parts in files.items():
+        kinds = ", ".join(dict.fromkeys(p["kind"] for p in parts if p["kind"] != "error"))
+        lines.append(f"capture: {path} ({kinds or 'nothing readable'})")
+        for p in parts:
+            if p.get("note") and (p["kind"] == "error" or len(parts) == 1):
+                section = p["path"][len(path):].strip(" []")
+                lines.append(f"  {section + ': ' if section else ''}{p.get('note')}")
     return lines
 
 

@@ -1,0 +1,314 @@
+"""GPU rules on real captures, and on variants made by editing one fact of a real capture
+(each such test says which fact it edits)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from gpuvet.facts import Machine
+from gpuvet.judge import judge
+from gpuvet.judge.gpu_identity import matches_expectation
+from gpuvet.probe import capture
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def machine_from(*names: str) -> Machine:
+    captures = []
+    for name in names:
+        captures += capture.read_captures(str(FIXTURES / name))
+    return capture.merge(captures)
+
+
+def results(machine: Machine, check: str, **options) -> dict[str, object]:
+    return {f.subject: f for f in judge(machine, options=options) if f.check == check}
+
+
+RTX4090_IDLE = "smi_text/q-8x-rtx4090-all-idle-535.154.05.txt"
+H100_LOAD = "smi_text/q-h100-80gb-hbm3-vm-590.48.01-load.txt"
+H100_IDLE = "smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt"
+
+
+# -- gpu.power_limit --------------------------------------------------------------------------
+
+def test_power_limit_at_default_passes():
+    found = results(machine_from(RTX4090_IDLE), "gpu.power_limit")
+    assert {f.status for f in found.values()} == {"pass"}
+    assert "450 W" in found["gpu0"].summary
+
+
+@pytest.mark.parametrize("edited_limit, status", [(300.0, "fail"), (360.0, "fail"), (400.0, "warn"), (445.0, "pass")])
+def test_power_cap_edited_on_one_gpu(edited_limit, status):
+    machine = machine_from(RTX4090_IDLE)
+    machine.gpus[3].power.enforced_limit_w = edited_limit  # edited: the real capture says 450 W
+    f = results(machine, "gpu.power_limit")["gpu3"]
+    assert f.status == status
+    if status != "pass":
+        assert f"{100 * edited_limit / 450:.0f}% of the 450 W default" in f.summary
+        assert "nvidia-smi -i 3 -pl 450" in f.remedy
+        assert "settable 150-450 W" in f.evidence.expected  # the capture's min/max limits
+
+
+def test_power_limit_falls_back_to_reference_default_when_the_gpu_hides_it():
+    machine = machine_from(RTX4090_IDLE)
+    machine.gpus[0].power.default_limit_w = None  # edited: as a vGPU guest would report it
+    machine.gpus[0].power.enforced_limit_w = 300.0
+    f = results(machine, "gpu.power_limit")["gpu0"]
+    assert f.status == "fail" and "RTX-4090" in f.evidence.source and "power_default_w" in f.evidence.source
+
+
+def test_power_limit_unknown_is_a_skip_with_reason():
+    machine = machine_from("smi_xml/gtx-1050-laptop-x8-515.65.01-nodoctype.xml")
+    f = results(machine, "gpu.power_limit")["gpu0"]
+    assert f.status == "skip" and "not available" in f.summary
+
+
+# -- gpu.pcie_link ----------------------------------------------------------------------------
+
+def test_idle_generation_drop_does_not_fail_and_says_to_read_under_load():
+    found = results(machine_from(RTX4090_IDLE), "gpu.pcie_link")
+    f = found["gpu0"]
+    assert f.status == "pass"
+    assert "idle" in f.summary and "under load" in f.summary
+    assert "under load" in f.remedy
+
+
+def test_x8_of_x16_is_a_warning_with_bandwidth():
+    f = results(machine_from("smi_xml/a10g-aws-passthrough-515.105.01-v11.xml"), "gpu.pcie_link")["gpu0"]
+    assert f.status == "warn" and "x8 of x16" in f.summary
+
+
+def test_x1_riser_fails():
+    found = results(machine_from("smi_xml/gtx-1070-x6-riser-pcie-x1-384.66-v9.xml"), "gpu.pcie_link")
+    assert {f.status for f in found.values()} == {"fail"}
+    assert "x1 of x16" in found["gpu0"].summary
+
+
+def test_full_link_under_load_passes():
+    f = results(machine_from(H100_LOAD), "gpu.pcie_link")["gpu0"]
+    assert f.status == "pass" and "Gen5 x16" in f.summary and "under load" in f.summary
+
+
+def test_generation_drop_under_load_is_judged():
+    machine = machine_from(H100_LOAD)
+    machine.gpus[0].pcie.readings[0].current_gen = 3  # edited: the load capture says Gen5
+    f = results(machine, "gpu.pcie_link")["gpu0"]
+    assert f.status == "fail" and "Gen3 under load on a Gen5 link" in f.summary
+
+
+def test_bundle_judges_the_link_read_during_its_load_section():
+    f = results(machine_from("bundles/rtx-4080-super-595.71.05.txt"), "gpu.pcie_link")["gpu0"]
+    assert "under load" in f.evidence.measured
+
+
+def test_lspci_link_alone_is_judged_with_idle_caveat():
+    f = results(machine_from("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt"), "gpu.pcie_link")["gpu0"]
+    assert f.status == "pass" and "Gen1" in f.summary and "(lspci)" in f.evidence.measured
+
+
+# -- gpu.isolation ----------------------------------------------------------------------------
+
+def test_bare_metal_idle_gpu_is_whole_and_free():
+    f = results(machine_from(H100_IDLE), "gpu.isolation")["gpu0"]
+    assert f.status == "pass" and "passed through" in f.summary
+
+
+def test_processes_already_running_are_named():
+    f = results(machine_from(H100_LOAD), "gpu.isolation")["gpu0"]
+    assert f.status == "warn" and "memhog" in f.summary
+
+
+def test_memory_and_load_nobody_accounts_for_fail():
+    # Real capture: 9.2 GiB used at 65% utilisation and an empty process list.
+    f = results(machine_from("smi_xml/rtx-3080-595.58.03-v13.xml"), "gpu.isolation")["gpu0"]
+    assert f.status == "fail" and "cannot see" in f.summary
+
+
+def test_mig_slice_is_a_warning():
+    f = results(machine_from("smi_xml/a100-sxm4-80gb-mig-4x1g-535.54.03-v12.xml"), "gpu.isolation")["gpu0"]
+    assert f.status == "warn" and "MIG" in f.summary and "4 instances of 14 SMs" in f.summary
+
+
+def test_vgpu_guest_is_a_warning():
+    machine = machine_from(H100_IDLE)
+    machine.gpus[0].virtualization_mode = "vgpu"  # edited: the capture says Pass-Through
+    f = results(machine, "gpu.isolation")["gpu0"]
+    assert f.status == "warn" and "vGPU" in f.summary
+
+
+@pytest.mark.parametrize("driver", ["vfio-pci", "nouveau"])
+def test_gpu_bound_to_another_kernel_driver_fails(driver):
+    machine = machine_from("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt")
+    machine.gpus[0].pcie.kernel_driver = driver  # edited: lspci says nvidia
+    f = results(machine, "gpu.isolation")["gpu0"]
+    assert f.status == "fail" and driver in f.summary
+
+
+# -- gpu.ecc ----------------------------------------------------------------------------------
+
+def test_k80_lifetime_errors_warn():
+    found = results(machine_from("smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml"), "gpu.ecc")
+    assert found["gpu0"].status == "warn" and "7 uncorrectable errors over the GPU's lifetime" in found["gpu0"].summary
+    assert found["gpu2"].status == "pass"
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [("volatile_uncorrected", 2, "2 uncorrectable memory errors since the last reset"),
+     ("remapped_rows_pending", True, "row remap is pending"),
+     ("remapped_rows_failure", True, "row remapping failed")],
+)
+def test_ecc_faults_fail(field, value, words):
+    machine = machine_from(H100_IDLE)
+    setattr(machine.gpus[0].ecc, field, value)  # edited: the capture shows 0 / No
+    f = results(machine, "gpu.ecc")["gpu0"]
+    assert f.status == "fail" and words in f.summary and "nvidia-smi -r -i 0" in f.remedy
+
+
+def test_ecc_absent_on_geforce_is_a_skip_and_off_on_workstation_is_fine():
+    assert results(machine_from(RTX4090_IDLE), "gpu.ecc")["gpu0"].status in ("pass", "skip")
+    f = results(machine_from("smi_xml/dual-rtx-a5000-590.44.01-v13.xml"), "gpu.ecc")["gpu0"]
+    assert f.status == "pass" and "optional" in f.summary
+    f = results(machine_from("smi_xml/rtx-3080-595.58.03-v13.xml"), "gpu.ecc")["gpu0"]
+    assert f.status == "skip"
+
+
+def test_ecc_off_on_a_datacenter_gpu_warns():
+    machine = machine_from(H100_IDLE)
+    machine.gpus[0].ecc.enabled = False  # edited: the capture says Enabled
+    f = results(machine, "gpu.ecc")["gpu0"]
+    assert f.status == "warn" and "-e 1" in f.remedy
+
+
+# -- gpu.throttle / gpu.temperature -----------------------------------------------------------
+
+def test_thermal_and_power_brake_slowdown_fail():
+    found = results(machine_from("smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"), "gpu.throttle")
+    assert found["gpu2"].status == "fail" and "power brake" in found["gpu2"].summary
+    assert found["gpu0"].status == "pass"
+
+
+def test_sw_power_cap_while_idle_is_not_a_fault():
+    f = results(machine_from("smi_xml/rtx-3090-swpowercap-590.44.01-v13.xml"), "gpu.throttle")["gpu0"]
+    assert f.status == "pass" and "idle" in f.summary
+
+
+def test_application_clocks_hold_warns_with_reset_command():
+    f = results(machine_from("smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml"), "gpu.throttle")["gpu0"]
+    assert f.status == "warn" and "nvidia-smi -i 0 -rac" in f.remedy
+
+
+@pytest.mark.parametrize("gpu_c, status", [(87.0, "fail"), (82.0, "warn"), (60.0, "pass")])
+def test_temperature_against_slowdown_threshold(gpu_c, status):
+    machine = machine_from("smi_text/q-8x-a100-sxm4-40gb-azure-ndv4-460.32.03.txt")  # slowdown at 89 C
+    gpu = machine.gpus[0]
+    gpu.thermal.gpu_c, gpu.thermal.slowdown_margin_c = gpu_c, 89.0 - gpu_c  # edited: the capture says 41 C
+    assert results(machine, "gpu.temperature")["gpu0"].status == status
+
+
+# -- gpu.nvlink -------------------------------------------------------------------------------
+
+def test_inactive_nvlinks_fail_naming_the_links():
+    found = results(machine_from("smi_text/nvlink-status-8x-v100-sxm2-some-inactive.txt"), "gpu.nvlink")
+    assert found["gpu3"].status == "fail" and "links 3, 5 inactive" in found["gpu3"].summary
+    assert found["gpu0"].status == "pass" and "6 NVLinks active" in found["gpu0"].summary
+
+
+def test_topology_alone_judges_nvlink():
+    found = results(machine_from("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt"), "gpu.nvlink")
+    assert len(found) == 8 and {f.status for f in found.values()} == {"pass"}
+    assert "NVLink to 7 of 7 other GPUs (84 links)" in found["gpu0"].summary
+
+
+def test_topology_with_a_weaker_gpu_fails_it():
+    machine = machine_from("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    links = machine.topology.links
+    links["GPU5"]["GPU6"] = links["GPU6"]["GPU5"] = "NV11"  # edited: one link of the pair down
+    found = results(machine, "gpu.nvlink")
+    assert found["gpu5"].status == "fail" and found["gpu6"].status == "fail" and found["gpu0"].status == "pass"
+
+
+def test_pcie_only_topology_without_model_warns_and_topo_mp_skips():
+    found = results(machine_from("topo/asus-esc8000a-4x-rtx6000ada-node-sys-nics-spaces.txt"), "gpu.nvlink")
+    assert found["gpu0"].status == "warn" and "PCIe" in found["gpu0"].summary
+    found = results(machine_from("topo/dgx1-8gpu-topo-mp-pcie-only.txt"), "gpu.nvlink")
+    assert found["gpu0"].status == "skip" and "-mp" in found["gpu0"].summary
+
+
+def test_sxm_model_with_all_links_inactive_fails():
+    f = results(machine_from("smi_text/nvlink-status-a100-all-links-inactive.txt"), "gpu.nvlink")["gpu6"]
+    assert f.status == "fail" and "built with NVLink" in f.summary
+
+
+def test_model_without_nvlink_skips_saying_so():
+    f = results(machine_from(RTX4090_IDLE), "gpu.nvlink")["gpu0"]
+    assert f.status == "skip" and "has no NVLink" in f.summary
+
+
+# -- gpu.model / gpu.uniform ------------------------------------------------------------------
+
+def test_model_matches_reference_and_expectation():
+    machine = machine_from("smi_xml/a100-sxm4-80gb-mig-4x1g-535.54.03-v12.xml")
+    f = results(machine, "gpu.model")["gpu0"]
+    assert f.status == "pass" and "A100-SXM4-80GB" in f.summary
+    assert results(machine, "gpu.model", expect="A100 80GB")["gpu0"].status == "pass"
+    wrong = results(machine_from("smi_xml/a10g-aws-passthrough-515.105.01-v11.xml"), "gpu.model", expect="A100 80GB")["gpu0"]
+    assert wrong.status == "fail" and "A10G" in wrong.summary
+
+
+@pytest.mark.parametrize(
+    "expect, name, memory_mib, ok",
+    [
+        ("RTX 4090", "NVIDIA GeForce RTX 4090", 24564, True),
+        ("rtx4090", "NVIDIA GeForce RTX 4090", 24564, True),
+        ("RTX 4090", "NVIDIA GeForce RTX 4090 D", 24564, False),
+        ("H100 80GB", "NVIDIA H100 PCIe", 81559, True),
+        ("H100 SXM", "NVIDIA H100 PCIe", 81559, False),
+        ("A100 40GB", "NVIDIA A100-SXM4-80GB", 81920, False),
+        ("NVIDIA A100", "A100-SXM4-40GB", 40536, True),
+        ("L40S", "NVIDIA L40", 46068, False),
+    ],
+)
+def test_expectation_matching(expect, name, memory_mib, ok):
+    machine = machine_from(H100_IDLE)
+    gpu = machine.gpus[0]
+    gpu.name, gpu.memory_total_mib = name, memory_mib  # edited: name and memory under test
+    assert matches_expectation(expect, gpu) is ok
+
+
+def test_old_driver_name_without_prefix_still_finds_its_reference():
+    machine = machine_from("smi_text/q-8x-a100-sxm4-40gb-azure-ndv4-460.32.03.txt")
+    judge(machine)
+    from gpuvet.judge import annotate_references
+
+    annotate_references(machine)
+    assert machine.gpus[0].name == "A100-SXM4-40GB" and machine.gpus[0].reference == "A100-SXM4-40GB"
+
+
+def test_graphics_device_name_warns():
+    f = results(machine_from("smi_xml/gtx-1660-ti-graphics-device-418.43.xml"), "gpu.model")["gpu0"]
+    assert f.status == "warn" and "Graphics Device" in f.summary
+
+
+def test_uniform_fleet_passes_and_mixed_fleet_fails():
+    assert results(machine_from(RTX4090_IDLE), "gpu.uniform")["machine"].status == "pass"
+    machine = machine_from(RTX4090_IDLE)
+    machine.gpus[5] = copy.deepcopy(machine.gpus[5])
+    machine.gpus[5].name = "NVIDIA GeForce RTX 4090 D"  # edited: one GPU of another model
+    f = results(machine, "gpu.uniform")["machine"]
+    assert f.status == "fail" and "gpu5 NVIDIA GeForce RTX 4090 D" in f.summary
+
+
+def test_vbios_difference_warns():
+    f = results(machine_from("smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml"), "gpu.uniform")["machine"]
+    assert f.status == "warn" and "VBIOS" in f.summary
+
+
+def test_power_limit_difference_between_gpus_is_named():
+    machine = machine_from(RTX4090_IDLE)
+    machine.gpus[7].power.enforced_limit_w = 300.0  # edited
+    f = results(machine, "gpu.uniform")["machine"]
+    assert f.status == "warn" and "gpu7 300.0" in f.summary

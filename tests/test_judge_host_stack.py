@@ -1,0 +1,172 @@
+"""Host, storage and software-stack rules: on this machine's real facts, and on copies with one
+fact edited (each test says which)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuvet import judge as judge_module
+from gpuvet.facts import Host, Machine, Stack, Storage, Torch
+from gpuvet.judge import judge
+from gpuvet.judge.cuda import supports_arch
+from gpuvet.probe import capture
+from gpuvet.probe.host import collect_host
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def this_host() -> Host:
+    return collect_host(steal_window_s=0.05)
+
+
+def result(machine: Machine, check: str):
+    (f,) = [f for f in judge(machine) if f.check == check]
+    return f
+
+
+def with_gpus(name: str, host: Host | None = None, stack: Stack | None = None) -> Machine:
+    machine = capture.merge(capture.read_captures(str(FIXTURES / name)))
+    machine.host, machine.stack = host, stack
+    return machine
+
+
+# -- host -------------------------------------------------------------------------------------
+
+def test_host_checks_skip_for_captures_and_say_why():
+    machine = with_gpus("smi_text/q-titan-v-560.35.03.txt")
+    for check in ("host.cpu", "host.shm", "host.steal", "host.somaxconn", "storage.workdir"):
+        f = result(machine, check)
+        assert f.status == "skip" and "not in the capture" in f.summary
+
+
+def test_this_machine_host_facts_are_judged(this_host):
+    machine = Machine(host=this_host)
+    for check in ("host.cpu", "host.shm", "host.somaxconn", "storage.workdir"):
+        assert result(machine, check).status in ("pass", "warn"), check
+
+
+@pytest.mark.parametrize("cores, status", [(64, "pass"), (48, "warn"), (16, "fail")])
+def test_cores_per_gpu_on_an_8_gpu_box(this_host, cores, status):
+    this_host.cpu_usable_cores = cores  # edited: this machine has 2
+    f = result(with_gpus("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt", host=this_host), "host.cpu")
+    assert f.status == status and f"{cores / 8:.0f}" in f.summary
+
+
+def test_docker_default_shm_fails_with_the_flag_to_fix_it(this_host):
+    this_host.shm_total_bytes = 64 * 2**20  # edited: Docker's default /dev/shm
+    f = result(Machine(host=this_host), "host.shm")
+    assert f.status == "fail" and "64 MiB" in f.summary and "--shm-size" in f.remedy
+
+
+@pytest.mark.parametrize("steal, status", [(0.5, "pass"), (7.0, "warn"), (25.0, "fail")])
+def test_cpu_steal(this_host, steal, status):
+    this_host.steal_pct, this_host.steal_since_boot_pct = steal, 0.1  # edited
+    assert result(Machine(host=this_host), "host.steal").status == status
+
+
+def test_small_somaxconn_warns_like_the_seed(this_host):
+    this_host.somaxconn = 128  # edited: the seed's value
+    f = result(Machine(host=this_host), "host.somaxconn")
+    assert f.status == "warn" and "sysctl -w net.core.somaxconn=4096" in f.remedy
+
+
+@pytest.mark.parametrize(
+    "storage, status, words",
+    [
+        (Storage(path="/workspace", fs_type="overlay", kind="overlay", free_bytes=500 * GIB), "warn", "writable layer"),
+        (Storage(path="/mnt/nfs", fs_type="nfs4", kind="network", free_bytes=500 * GIB), "warn", "network file system"),
+        (Storage(path="/data", fs_type="ext4", kind="nvme", ephemeral=True, ephemeral_reason="Amazon EC2 NVMe Instance Storage",
+                 free_bytes=800 * GIB), "warn", "ephemeral"),
+        (Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=800 * GIB), "pass", "/data on xfs"),
+        (Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=5 * GIB), "warn", "only 5 GiB free"),
+    ],
+)
+def test_workdir_storage(this_host, storage, status, words):
+    this_host.workdir = storage  # edited: a storage the tests describe
+    f = result(Machine(host=this_host), "storage.workdir")
+    assert f.status == status and words in f.summary
+
+
+# -- stack ------------------------------------------------------------------------------------
+
+def stack(cuda: str | None, version: str = "2.7.0", arch_list=None, available=True) -> Stack:
+    return Stack(torch=Torch(installed=True, version=version, cuda=cuda, cuda_available=available,
+                             arch_list=arch_list or ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]))
+
+
+@pytest.mark.parametrize(
+    "capture_name, torch_cuda, status",
+    [
+        ("smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt", "12.1", "pass"),  # driver 535 runs CUDA 12.2
+        ("smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt", "12.8", "warn"),  # minor-version compatibility
+        ("smi_text/q-4x-v100-pcie-16gb-azure-ncv3-460.32.03.txt", "12.1", "fail"),  # 460 is CUDA 11.2
+        ("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt", "13.0", "pass"),
+    ],
+)
+def test_driver_against_the_torch_cuda_runtime(capture_name, torch_cuda, status):
+    f = result(with_gpus(capture_name, stack=stack(torch_cuda)), "stack.driver_cuda")
+    assert f.status == status
+    if status != "pass":
+        assert "driver >=" in f.evidence.expected and f.remedy
+
+
+def test_cpu_only_torch_on_a_gpu_machine_fails():
+    f = result(with_gpus("smi_text/q-titan-v-560.35.03.txt", stack=stack(None, version="2.13.0+cpu")), "stack.driver_cuda")
+    assert f.status == "fail" and "CPU-only" in f.summary
+
+
+def test_stack_skips_without_torch_or_without_capture():
+    assert result(with_gpus("smi_text/q-titan-v-560.35.03.txt"), "stack.driver_cuda").status == "skip"
+    no_torch = Stack(torch=Torch(installed=False))
+    assert result(with_gpus("smi_text/q-titan-v-560.35.03.txt", stack=no_torch), "stack.driver_cuda").status == "skip"
+
+
+def test_arch_support_fails_for_a_gpu_newer_than_the_wheel():
+    machine = with_gpus("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt", stack=stack("12.1"))
+    machine.gpus[0].compute_capability = "12.0"  # edited: an RTX 5090-class GPU
+    f = result(machine, "stack.arch_support")
+    assert f.status == "fail" and "no kernel image is available" in f.summary
+
+
+def test_arch_support_passes_via_a_compatible_cubin():
+    machine = with_gpus("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt", stack=stack("12.1"))
+    machine.gpus[0].compute_capability = "9.0"  # NVML reports it live; -q captures do not
+    f = result(machine, "stack.arch_support")
+    assert f.status == "pass" and "sm_90" in f.summary
+
+
+def test_torch_that_cannot_see_the_gpus_fails():
+    machine = with_gpus("smi_text/q-titan-v-560.35.03.txt", stack=stack("12.4", available=False))
+    f = result(machine, "stack.arch_support")
+    assert f.status == "fail" and "is_available() is False" in f.summary
+
+
+@pytest.mark.parametrize(
+    "arch_list, cc, expected",
+    [
+        (["sm_80", "sm_86", "sm_90"], "8.9", "sm_86"),  # same major, older minor: the cubin runs
+        (["sm_80", "sm_90"], "8.6", "sm_80"),
+        (["sm_70", "sm_80"], "9.0", None),
+        (["sm_80", "compute_90"], "12.0", "compute_90"),  # PTX is compiled for newer GPUs
+        (["sm_90a"], "9.0", "sm_90a"),
+    ],
+)
+def test_supports_arch(arch_list, cc, expected):
+    assert supports_arch(arch_list, cc) == expected
+
+
+# -- isolation of rules ------------------------------------------------------------------------
+
+def test_a_crashing_rule_is_a_skip_and_the_others_still_report(monkeypatch):
+    def broken(ctx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(judge_module.RULES, "gpu.ecc", broken)
+    findings = judge(with_gpus("smi_text/q-titan-v-560.35.03.txt"))
+    (crashed,) = [f for f in findings if f.check == "gpu.ecc"]
+    assert crashed.status == "skip" and "crashed" in crashed.summary and "boom" in crashed.summary
+    assert any(f.check == "gpu.power_limit" and f.status == "pass" for f in findings)
