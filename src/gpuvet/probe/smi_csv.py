@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import csv
 import re
-from typing import Callable
-
-from ..facts import Driver, Gpu, PcieLink, reasons_from_mask
+from ..facts import Driver, Gpu, reasons_from_mask
 from . import values as v
 from .errors import CaptureError
+from .smi_common import REASON_KEYS, Paths, build_gpu
 
 # A query field name with an optional unit: "pci.bus_id", "memory.total [MiB]".
 _HEADER_CELL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(?: \[[^\]]*\])?")
@@ -23,9 +22,6 @@ _GPU_QUERY_FIELDS = {
     "index", "name", "uuid", "pci.bus_id", "driver_version", "kmd_version", "memory.total",
     "pstate", "temperature.gpu", "power.draw", "utilization.gpu", "compute_cap", "vbios_version",
 }
-
-# Missing-value reasons that say nothing beyond "no value" (kept out of gpu.unavailable).
-_UNINFORMATIVE = {"nvidia-smi reported N/A", "none", "empty in capture"}
 
 Row = dict[str, str]
 
@@ -84,132 +80,87 @@ def _row(header: list[str], cells: list[str]) -> Row:
 
 # -- turning a row into facts ----------------------------------------------------------------
 
-class _Fields:
-    """Looks fields up in one row (first present name wins) and keeps why a value is missing."""
+# Canonical keys (see smi_common) -> --query-gpu field names, newest names first.
+PATHS: Paths = {
+    "name": ("name",),
+    "uuid": ("uuid",),
+    "serial": ("serial",),
+    "vbios": ("vbios_version",),
+    "compute_capability": ("compute_cap",),
+    "persistence": ("persistence_mode",),
+    "compute_mode": ("compute_mode",),
+    "pstate": ("pstate",),
+    "driver_model": ("driver_model.current",),
+    "utilization": ("utilization.gpu",),
+    "mig_current": ("mig.mode.current",),
+    "mig_pending": ("mig.mode.pending",),
+    "memory_total": ("memory.total",),
+    "memory_used": ("memory.used",),
+    "memory_reserved": ("memory.reserved",),
+    "power_draw": ("power.draw", "power.draw.average", "power.draw.instant"),
+    "power_limit": ("power.limit",),
+    "power_enforced": ("enforced.power.limit",),
+    "power_default": ("power.default_limit",),
+    "power_min": ("power.min_limit",),
+    "power_max": ("power.max_limit",),
+    "bus_id": ("pci.bus_id",),
+    # "current" was renamed "gpucurrent" (same value); "max" is min(GPU, host).
+    "pcie_gen_current": ("pcie.link.gen.gpucurrent", "pcie.link.gen.current"),
+    "pcie_gen_max": ("pcie.link.gen.max",),
+    "pcie_gen_device_max": ("pcie.link.gen.gpumax",),
+    "pcie_gen_host_max": ("pcie.link.gen.hostmax",),
+    "pcie_width_current": ("pcie.link.width.current",),
+    "pcie_width_max": ("pcie.link.width.max",),
+    "clock_sm": ("clocks.current.sm",),
+    "clock_graphics": ("clocks.current.graphics",),
+    "clock_memory": ("clocks.current.memory",),
+    "clock_max_sm": ("clocks.max.sm",),
+    "clock_max_graphics": ("clocks.max.graphics",),
+    "clock_max_memory": ("clocks.max.memory",),
+    "clock_app_graphics": ("clocks.applications.graphics",),
+    "clock_default_app_graphics": ("clocks.default_applications.graphics",),
+    "temp_gpu": ("temperature.gpu",),
+    "temp_memory": ("temperature.memory",),
+    # Degrees below T.Limit; the slowdown offset (about -2 C) is not a --query-gpu field, so the
+    # margin errs on the safe side.
+    "temp_tlimit": ("temperature.gpu.tlimit",),
+    "ecc_current": ("ecc.mode.current",),
+    "ecc_pending": ("ecc.mode.pending",),
+    "volatile_corrected_parts": ("ecc.errors.corrected.volatile.total",),
+    "volatile_uncorrected_parts": ("ecc.errors.uncorrected.volatile.total",),
+    "aggregate_corrected_parts": ("ecc.errors.corrected.aggregate.total",),
+    "aggregate_uncorrected_parts": ("ecc.errors.uncorrected.aggregate.total",),
+    "retired_sbe": ("retired_pages.single_bit_ecc.count",),
+    "retired_dbe": ("retired_pages.double_bit.count",),
+    "retired_pending": ("retired_pages.pending",),
+    "remap_correctable": ("remapped_rows.correctable",),
+    "remap_uncorrectable": ("remapped_rows.uncorrectable",),
+    "remap_pending": ("remapped_rows.pending",),
+    "remap_failure": ("remapped_rows.failure",),
+}
+# Renamed from "throttle" to "event" reasons in the 535 drivers.
+for _reason in REASON_KEYS:
+    PATHS["reason_" + _reason] = (f"clocks_event_reasons.{_reason}", f"clocks_throttle_reasons.{_reason}")
 
-    def __init__(self, row: Row, gpu: Gpu | None = None):
-        self.row, self.gpu = row, gpu
 
-    def raw(self, *names: str) -> str | None:
-        present = [self.row[name] for name in names if name in self.row]
-        with_value = [raw for raw in present if v.missing_reason(raw) is None]
-        return (with_value or present or [None])[0]
+class _RowReport:
+    def __init__(self, row: Row):
+        self.row = row
 
-    def get(self, fact: str, names: tuple[str, ...] | str, convert: Callable = v.text):
-        raw = self.raw(*((names,) if isinstance(names, str) else names))
-        value = convert(raw)
-        if value is None and raw is not None and self.gpu is not None:
-            reason = v.missing_reason(raw)
-            if reason and reason not in _UNINFORMATIVE:
-                self.gpu.unavailable[fact] = reason
-        return value
+    def value(self, path: str) -> str | None:
+        return self.row.get(path)
 
 
 def _driver(row: Row) -> Driver:
-    f = _Fields(row)
-    # kmd_version replaces driver_version from the 595 drivers on; both name the same driver.
-    return Driver(version=f.get("version", ("kmd_version", "driver_version")))
+    # kmd_version replaces driver_version from the 610 drivers on; both name the same driver.
+    version = next((row[k] for k in ("kmd_version", "driver_version") if v.text(row.get(k))), None)
+    return Driver(version=v.text(version))
 
 
 def _gpu(row: Row, position: int) -> Gpu:
     index = v.integer(row.get("index"))
-    gpu = Gpu(index=position if index is None else index)
-    f = _Fields(row, gpu)
-    gpu.name = f.get("name", "name")
-    gpu.uuid = f.get("uuid", "uuid")
-    gpu.serial = f.get("serial", "serial")
-    gpu.vbios = f.get("vbios", "vbios_version")
-    gpu.compute_capability = f.get("compute_capability", "compute_cap")
-    gpu.pstate = f.get("pstate", "pstate", v.pstate)
-    gpu.persistence_mode = f.get("persistence_mode", "persistence_mode", v.flag)
-    gpu.compute_mode = f.get("compute_mode", "compute_mode")
-    gpu.driver_model = f.get("driver_model", "driver_model.current")
-    gpu.utilization_pct = f.get("utilization_pct", "utilization.gpu", v.integer)
-    gpu.memory_total_mib = f.get("memory_total_mib", "memory.total", v.mib)
-    gpu.memory_used_mib = f.get("memory_used_mib", "memory.used", v.mib)
-    gpu.memory_reserved_mib = f.get("memory_reserved_mib", "memory.reserved", v.mib)
-    gpu.mig_enabled = f.get("mig_enabled", "mig.mode.current", v.flag)
-    gpu.mig_pending = f.get("mig_pending", "mig.mode.pending", v.flag)
-    _power(f, gpu)
-    _pcie(f, gpu)
-    _clocks(f, gpu)
-    _thermal(f, gpu)
-    _ecc(f, gpu)
+    gpu = build_gpu(position if index is None else index, _RowReport(row), PATHS)
+    if gpu.clocks.event_reasons is None:  # a query that asked only for the bitmask
+        mask = v.hex_or_int(row.get("clocks_event_reasons.active") or row.get("clocks_throttle_reasons.active"))
+        gpu.clocks.event_reasons = None if mask is None else reasons_from_mask(mask)
     return gpu
-
-
-def _power(f: _Fields, gpu: Gpu) -> None:
-    p = gpu.power
-    p.draw_w = f.get("power.draw_w", ("power.draw", "power.draw.average", "power.draw.instant"), v.number)
-    p.limit_w = f.get("power.limit_w", "power.limit", v.number)
-    p.enforced_limit_w = f.get("power.enforced_limit_w", "enforced.power.limit", v.number)
-    p.default_limit_w = f.get("power.default_limit_w", "power.default_limit", v.number)
-    p.min_limit_w = f.get("power.min_limit_w", "power.min_limit", v.number)
-    p.max_limit_w = f.get("power.max_limit_w", "power.max_limit", v.number)
-
-
-def _pcie(f: _Fields, gpu: Gpu) -> None:
-    pcie = gpu.pcie
-    pcie.bus_id = v.bus_id(f.raw("pci.bus_id"))
-    link = PcieLink(
-        # "current" was renamed "gpucurrent" (same value); "max" is min(GPU, host).
-        current_gen=f.get("pcie.current_gen", ("pcie.link.gen.gpucurrent", "pcie.link.gen.current"), v.integer),
-        max_gen=f.get("pcie.max_gen", "pcie.link.gen.max", v.integer),
-        current_width=f.get("pcie.current_width", "pcie.link.width.current", v.integer),
-        max_width=f.get("pcie.max_width", "pcie.link.width.max", v.integer),
-        source="nvidia-smi",
-    )
-    if any(x is not None for x in (link.current_gen, link.max_gen, link.current_width, link.max_width)):
-        pcie.readings.append(link)
-    pcie.device_max_gen = f.get("pcie.device_max_gen", "pcie.link.gen.gpumax", v.integer)
-    pcie.host_max_gen = f.get("pcie.host_max_gen", "pcie.link.gen.hostmax", v.integer)
-
-
-def _clocks(f: _Fields, gpu: Gpu) -> None:
-    c = gpu.clocks
-    c.sm_mhz = f.get("clocks.sm_mhz", "clocks.current.sm", v.integer)
-    c.graphics_mhz = f.get("clocks.graphics_mhz", "clocks.current.graphics", v.integer)
-    c.memory_mhz = f.get("clocks.memory_mhz", "clocks.current.memory", v.integer)
-    c.max_sm_mhz = f.get("clocks.max_sm_mhz", "clocks.max.sm", v.integer)
-    c.max_graphics_mhz = f.get("clocks.max_graphics_mhz", "clocks.max.graphics", v.integer)
-    c.max_memory_mhz = f.get("clocks.max_memory_mhz", "clocks.max.memory", v.integer)
-    c.applications_graphics_mhz = f.get(
-        "clocks.applications_graphics_mhz", "clocks.applications.graphics", v.integer
-    )
-    c.default_applications_graphics_mhz = f.get(
-        "clocks.default_applications_graphics_mhz", "clocks.default_applications.graphics", v.integer
-    )
-    # Renamed from "throttle" to "event" reasons in the 535 drivers; the bitmask is the same.
-    mask = f.get("clocks.event_reasons", ("clocks_event_reasons.active", "clocks_throttle_reasons.active"),
-                 v.hex_or_int)
-    c.event_reasons = None if mask is None else reasons_from_mask(mask)
-
-
-def _thermal(f: _Fields, gpu: Gpu) -> None:
-    t = gpu.thermal
-    t.gpu_c = f.get("thermal.gpu_c", "temperature.gpu", v.number)
-    t.memory_c = f.get("thermal.memory_c", "temperature.memory", v.number)
-    # Degrees below T.Limit. Slowdown starts a little below T.Limit (its offset, about -2 C, is
-    # not a --query-gpu field), so this margin errs on the safe side, as the -q parsers do.
-    t.slowdown_margin_c = f.get("thermal.slowdown_margin_c", "temperature.gpu.tlimit", v.number)
-
-
-def _ecc(f: _Fields, gpu: Gpu) -> None:
-    e = gpu.ecc
-    e.enabled = f.get("ecc.enabled", "ecc.mode.current", v.flag)
-    e.pending_enabled = f.get("ecc.pending_enabled", "ecc.mode.pending", v.flag)
-    e.volatile_corrected = f.get("ecc.volatile_corrected", "ecc.errors.corrected.volatile.total", v.integer)
-    e.volatile_uncorrected = f.get("ecc.volatile_uncorrected", "ecc.errors.uncorrected.volatile.total", v.integer)
-    e.aggregate_corrected = f.get("ecc.aggregate_corrected", "ecc.errors.corrected.aggregate.total", v.integer)
-    e.aggregate_uncorrected = f.get(
-        "ecc.aggregate_uncorrected", "ecc.errors.uncorrected.aggregate.total", v.integer
-    )
-    e.retired_pages_sbe = f.get("ecc.retired_pages_sbe", "retired_pages.single_bit_ecc.count", v.integer)
-    e.retired_pages_dbe = f.get("ecc.retired_pages_dbe", "retired_pages.double_bit.count", v.integer)
-    e.retired_pages_pending = f.get("ecc.retired_pages_pending", "retired_pages.pending", v.flag)
-    e.remapped_rows_correctable = f.get("ecc.remapped_rows_correctable", "remapped_rows.correctable", v.integer)
-    e.remapped_rows_uncorrectable = f.get(
-        "ecc.remapped_rows_uncorrectable", "remapped_rows.uncorrectable", v.integer
-    )
-    e.remapped_rows_pending = f.get("ecc.remapped_rows_pending", "remapped_rows.pending", v.flag)
-    e.remapped_rows_failure = f.get("ecc.remapped_rows_failure", "remapped_rows.failure", v.flag)
