@@ -220,7 +220,7 @@ def test_inactive_nvlinks_fail_naming_the_links():
 def test_topology_alone_judges_nvlink():
     found = results(machine_from("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt"), "gpu.nvlink")
     assert len(found) == 8 and {f.status for f in found.values()} == {"pass"}
-    assert "NVLink to 7 of 7 other GPUs (84 links)" in found["gpu0"].summary
+    assert "NVLink to 7 of 7 other GPUs (12 links)" in found["gpu0"].summary  # NV12 to each peer: 12 links via NVSwitch
 
 
 def test_topology_with_a_weaker_gpu_fails_it():
@@ -229,6 +229,7 @@ def test_topology_with_a_weaker_gpu_fails_it():
     links["GPU5"]["GPU6"] = links["GPU6"]["GPU5"] = "NV11"  # edited: one link of the pair down
     found = results(machine, "gpu.nvlink")
     assert found["gpu5"].status == "fail" and found["gpu6"].status == "fail" and found["gpu0"].status == "pass"
+    assert "GPU6 NV11, where NV12 is usual" in found["gpu5"].summary
 
 
 def test_pcie_only_topology_without_model_warns_and_topo_mp_skips():

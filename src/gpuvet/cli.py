@@ -5,6 +5,7 @@ Exit codes: 0 nothing failed, 1 a check failed, 2 bad usage or unreadable input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -13,6 +14,7 @@ import click
 from rich.console import Console
 
 from . import __version__, runner
+from .bench.plan import ALL as BENCHMARKS
 from .probe.errors import CaptureError
 from .record import SCHEMA, RunRecord, exit_code
 from .report import terminal
@@ -39,13 +41,42 @@ def _output_options(fn):
 
 
 @cli.command()
-@click.option("--quick", is_flag=True, help="Facts only, no load (seconds). For now the default run is the same.")
+@click.option("--quick", is_flag=True, help="Facts only, no load (seconds).")
+@click.option("--soak", type=click.FloatRange(min=0.1), metavar="MINUTES", help="Hold the sustained load this long.")
+@click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
 @_output_options
-def run(quick: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool) -> None:
-    """Vet this machine: read its facts and judge them."""
+def run(quick: bool, soak: float | None, force: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool) -> None:
+    """Vet this machine: read its facts, benchmark its GPUs (about two minutes), judge it all."""
     _check_out_path(out)
-    record = runner.run_live(quick=quick, expect=expect)
+    with _progress(as_json) as progress:
+        record = runner.run_live(quick=quick and not soak, expect=expect, soak_minutes=soak, force=force, progress=progress)
     _emit(record, as_json, out, verbose)
+
+
+@cli.command(help=f"Run chosen benchmarks alone (NAME: {', '.join(BENCHMARKS)}), judged like in `gpuvet run`.")
+@click.argument("names", nargs=-1, required=True, type=click.Choice(BENCHMARKS), metavar="NAME...")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Run on the GPUs, or on the CPU (GEMM, memory copy, sustained and all-reduce measure it for real).")
+@click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
+@_output_options
+def bench(names: tuple[str, ...], device: str, force: bool, expect: str | None, as_json: bool, out: str | None,
+          verbose: bool) -> None:
+    _check_out_path(out)
+    with _progress(as_json) as progress:
+        record = runner.run_live(quick=True, expect=expect, benchmarks=list(dict.fromkeys(names)), device=device,
+                                 force=force, progress=progress)
+    _emit(record, as_json, out, verbose)
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool):
+    """A one-line status on stderr while benchmarks run (only on a terminal)."""
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        yield lambda message: None
+        return
+    with console.status("gpuvet: starting") as status:
+        yield lambda message: status.update(f"gpuvet: {message}")
 
 
 @cli.command()

@@ -54,6 +54,8 @@ class RunRecord:
     measurements: list[Measurement] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # what the user asked for (--expect ...)
+    # Time series (telemetry, throughput): {"name", "subject", "interval_s", "columns", "rows"}.
+    series: list[dict[str, Any]] = field(default_factory=list)
     tool: dict[str, str] = field(default_factory=lambda: {"name": "gpuvet", "version": __version__})
 
     @property
@@ -71,6 +73,7 @@ class RunRecord:
             "machine": to_dict(self.machine),
             "measurements": [to_dict(m) for m in self.measurements],
             "findings": [to_dict(f) for f in self.findings],
+            "series": self.series,
             "verdict": self.verdict,
         }
 
@@ -89,6 +92,7 @@ class RunRecord:
             measurements=[from_dict(Measurement, m) for m in data.get("measurements") or []],
             findings=[from_dict(Finding, f) for f in data.get("findings") or []],
             options=dict(data.get("options") or {}),
+            series=list(data.get("series") or []),
             tool=dict(data.get("tool") or {}),
         )
 

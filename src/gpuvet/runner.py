@@ -8,29 +8,59 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from . import judge
+from .bench import plan as bench_plan
+from .facts import from_dict
 from .probe import capture, live
 from .probe.errors import CaptureError
-from .record import SCHEMA, RunRecord
+from .record import SCHEMA, Measurement, RunRecord
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def run_live(quick: bool = True, expect: str | None = None, workdir: str | None = None) -> RunRecord:
+def run_live(
+    quick: bool = True,
+    expect: str | None = None,
+    workdir: str | None = None,
+    benchmarks: list[str] | None = None,
+    device: str = "cuda",
+    soak_minutes: float | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] = lambda message: None,
+) -> RunRecord:
+    """Facts, then (unless quick) benchmarks, judged. `benchmarks` picks some; None: all of them."""
     started, t0 = _now(), time.monotonic()
-    options: dict[str, Any] = {"profile": "quick" if quick else "default"}
+    names = [] if quick and benchmarks is None else list(benchmarks or bench_plan.ALL)
+    options: dict[str, Any] = {"profile": _profile(quick, benchmarks, soak_minutes), "benchmarks": names}
+    if names:
+        options["device"] = device
     if expect:
         options["expect"] = expect
+    if soak_minutes:
+        options["soak_minutes"] = soak_minutes
+    progress("reading the machine's facts")
     machine = live.collect(workdir=workdir)
     judge.annotate_references(machine)
     record = RunRecord(machine=machine, started_at=started, options=options)
+    if names:
+        outcome = bench_plan.run(machine, names, device=device, force=force, soak_minutes=soak_minutes, progress=progress)
+        record.measurements = [from_dict(Measurement, m) for m in outcome.measurements]
+        record.series = outcome.series
     record.findings = judge.judge(machine, record.measurements, options)
     record.duration_s = time.monotonic() - t0
     return record
+
+
+def _profile(quick: bool, benchmarks: list[str] | None, soak_minutes: float | None) -> str:
+    if benchmarks is not None:
+        return "bench"
+    if soak_minutes:
+        return "soak"
+    return "quick" if quick else "default"
 
 
 def inspect(paths: list[str], expect: str | None = None) -> RunRecord:

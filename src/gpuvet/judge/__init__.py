@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..facts import Machine
 from ..record import SKIP, Finding, Measurement
-from . import gpu_health, gpu_identity, gpu_links, gpu_power, host, reference, stack
+from . import bench_common, cpu_bench, gpu_bench, gpu_health, gpu_identity, gpu_links, gpu_multi, gpu_power, gpu_sustained, host, reference, stack
 from .common import Context, finding
 
 Rule = Callable[[Context], list[Finding]]
@@ -25,6 +25,17 @@ RULES: dict[str, Rule] = {
     "gpu.throttle": gpu_power.check_throttle,
     "gpu.temperature": gpu_power.check_temperature,
     "gpu.ecc": gpu_health.check_ecc,
+    # Benchmarks: only when the run planned them (record.options["benchmarks"]).
+    "gpu.gemm": gpu_bench.check_gemm,
+    "gpu.correctness": gpu_bench.check_correctness,
+    "gpu.memory_bandwidth": gpu_bench.check_memory_bandwidth,
+    "gpu.pcie_bandwidth": gpu_bench.check_pcie_bandwidth,
+    "gpu.context_init": gpu_bench.check_context_init,
+    "gpu.kernel_launch": gpu_bench.check_kernel_launch,
+    "gpu.sustained": gpu_sustained.check_sustained,
+    "gpu.p2p": gpu_multi.check_p2p,
+    "gpu.allreduce": gpu_multi.check_allreduce,
+    "cpu.benchmarks": cpu_bench.check_cpu_benchmarks,
     "stack.driver_cuda": stack.check_driver_cuda,
     "stack.arch_support": stack.check_arch_support,
     "host.cpu": host.check_cpu,
@@ -34,7 +45,10 @@ RULES: dict[str, Rule] = {
     "storage.workdir": host.check_workdir,
 }
 
-_PER_GPU = {check for check in RULES if check.startswith("gpu.") and check != "gpu.uniform"}
+# Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks
+# explain their own absence (bench.<name> notes), so they are not in this set.
+_PER_GPU = {"gpu.model", "gpu.isolation", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
+            "gpu.temperature", "gpu.ecc"}
 
 
 def judge(machine: Machine, measurements: list[Measurement] | None = None, options: dict[str, Any] | None = None) -> list[Finding]:
@@ -45,9 +59,20 @@ def judge(machine: Machine, measurements: list[Measurement] | None = None, optio
     return findings
 
 
+# Benchmark checks -> the benchmark that feeds them.
+_BENCH_OF = {"gpu.gemm": "gemm", "gpu.correctness": "gemm", "gpu.memory_bandwidth": "membw", "gpu.pcie_bandwidth": "pcie",
+             "gpu.context_init": "latency", "gpu.kernel_launch": "latency", "gpu.sustained": "sustained",
+             "gpu.p2p": "p2p", "gpu.allreduce": "allreduce"}
+
+
 def _run(check: str, rule: Rule, ctx: Context) -> list[Finding]:
     if check in _PER_GPU and not ctx.machine.gpus:
         return [finding(check, "gpu", SKIP, f"no GPU facts: {ctx.machine.gpu_error or 'no NVIDIA GPU found'}")]
+    bench = _BENCH_OF.get(check)
+    if bench and ctx.options.get("device") == "cpu":
+        return []  # CPU runs are reported by cpu.<benchmark>
+    if bench and not ctx.machine.gpus and bench_common.planned(ctx, bench):
+        return [bench_common.not_measured(ctx, bench, check, "gpu")]
     try:
         return rule(ctx)
     except Exception as err:  # one broken rule must not stop the others

@@ -115,8 +115,24 @@ def _nv_count(code: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def nvlinks_per_gpu(topology: Topology, label: str) -> int:
+    """How many NVLinks a GPU has, from its `topo -m` row.
+
+    Behind NVSwitches every peer shows the GPU's whole link count (DGX A100: NV12 to each of 7
+    peers, 12 links in all); in a direct mesh the links are split between peers (DGX-1: NV1/NV2
+    to four peers, 6 links), so they add up.
+    """
+    row = topology.links.get(label, {})
+    counts = [_nv_count(row.get(o, "")) for o in topology.gpus if o != label]
+    linked = [c for c in counts if c]
+    if len(linked) > 2 and len(linked) == len(counts) and len(set(linked)) == 1:
+        return linked[0]
+    return sum(linked)
+
+
 def _topology_totals(topology: Topology) -> dict[str, int]:
-    """NVLinks from each GPU to the other GPUs, summed over the topology row."""
+    """NVLinks summed over each GPU's row: not a link count behind switches, but a link that is
+    down lowers it, so GPUs can be compared."""
     gpus = topology.gpus
     return {g: sum(_nv_count(topology.links.get(g, {}).get(o, "")) for o in gpus if o != g) for g in gpus}
 
@@ -188,8 +204,11 @@ def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: 
                        measured=measured, expected="NV# links between GPUs", source=source,
                        remedy="check `nvidia-smi nvlink -s` and `nvidia-smi topo -m`; ask the provider")
     if total < most:
-        return finding("gpu.nvlink", s, FAIL, f"{total} NVLinks to the other GPUs where others have {most}: a link is down",
-                       measured=measured, expected=f"{most} links like the other GPUs", source="nvidia-smi topo -m",
+        usual = max((code for code in peers.values() if _nv_count(code)), key=_nv_count, default="NV#")
+        weak = ", ".join(f"{o} {code}" for o, code in peers.items() if _nv_count(code) < _nv_count(usual))
+        return finding("gpu.nvlink", s, FAIL, f"fewer NVLinks than the other GPUs ({weak}, where {usual} is usual): a link is down",
+                       measured=measured, expected="as many links as the other GPUs", source="nvidia-smi topo -m",
                        remedy=f"check `nvidia-smi nvlink -s -i {gpu.index}`; ask for a replacement")
     linked = sum(1 for code in peers.values() if _nv_count(code))
-    return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({total} links)", measured=measured, source=source)
+    links = nvlinks_per_gpu(topology, label)
+    return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured, source=source)

@@ -12,12 +12,13 @@ from ..facts import Machine
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
 STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim"}
-AREAS = (("gpu", "GPU"), ("stack", "Software stack"), ("host", "Host"), ("storage", "Storage"))
+AREAS = (("gpu", "GPU"), ("cpu", "CPU benchmarks"), ("stack", "Software stack"), ("host", "Host"), ("storage", "Storage"))
 _ORDER = {FAIL: 0, WARN: 1, PASS: 2, SKIP: 3}
 
 
 def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
     _header(record, console)
+    _measurements(record, console)
     findings = record.findings
     for prefix, title in AREAS:
         area = [f for f in findings if f.check.split(".")[0] == prefix]
@@ -87,6 +88,24 @@ def subject_range(subjects: list[str]) -> str:
             return f"gpu{idx[0]}-{idx[-1]}"
         return "gpu" + ",".join(str(i) for i in idx)
     return ",".join(dict.fromkeys(subjects))
+
+
+def measurement_lines(record: RunRecord) -> list[str]:
+    """One line per measured quantity, every subject on it: "gemm.bf16  gpu0 756.2, gpu1 760.1 TFLOPS"."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for m in record.measurements:
+        if m.value is None or not m.unit:
+            continue  # notes of skipped benchmarks and telemetry summaries: the findings tell those
+        rows.setdefault((m.name, m.unit), []).append(f"{m.subject} {m.value:.4g}")
+    return [f"{name:<22} {', '.join(values)} {unit}" for (name, unit), values in rows.items()]
+
+
+def _measurements(record: RunRecord, console: Console) -> None:
+    lines = measurement_lines(record)
+    if lines:
+        console.print("\n[bold]Measured[/]")
+        for line in lines:
+            console.print(f"  {escape(line)}")
 
 
 def _header(record: RunRecord, console: Console) -> None:

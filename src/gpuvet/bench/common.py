@@ -1,0 +1,136 @@
+"""What every benchmark shares: its contract, a time budget, device timing, and statistics.
+
+A benchmark module exposes
+
+    def run(ctx: BenchContext) -> list[dict]
+
+and returns measurement dicts (see `measurement()`). It runs inside the benchmark worker process
+(`bench/worker.py`), which has imported torch, so modules import torch at module level. The same
+code runs on "cpu" and "cuda:N": timing uses CUDA events on a GPU and a synchronised wall clock
+on the CPU. A benchmark that cannot run on the device raises `Skip` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class Skip(Exception):
+    """This benchmark does not apply here (no CUDA, dtype unsupported...); the message says why."""
+
+
+class OutOfTime(Exception):
+    """The benchmark's time budget ran out before it could measure anything."""
+
+
+@dataclass
+class Budget:
+    """A wall-clock allowance. Benchmarks size their loops to it and stop when it is spent."""
+
+    seconds: float
+    start: float = field(default_factory=time.monotonic)
+
+    def remaining(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def share(self, fraction: float) -> Budget:
+        """A sub-budget: `fraction` of what remains."""
+        return Budget(max(0.0, self.remaining() * fraction))
+
+
+@dataclass
+class BenchContext:
+    device: str  # "cpu" or "cuda:N"
+    subject: str  # "gpu0" ... or "cpu": the subject of the measurements
+    budget: Budget
+    params: dict[str, Any] = field(default_factory=dict)
+    progress: Callable[[str], None] = lambda message: None
+    # Time series a benchmark records (e.g. throughput per window), as telemetry.to_series makes them.
+    series: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+def measurement(name: str, value: float | None, unit: str, subject: str, **details: Any) -> dict[str, Any]:
+    """A measurement as the run record stores it (record.Measurement fields)."""
+    return {"name": name, "value": value, "unit": unit, "subject": subject, "details": details}
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def time_each(device: str, fn: Callable[[], Any], repeats: int, before: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds taken by each of `repeats` calls of `fn`. `before` runs ahead of every call, outside
+    the timed region (e.g. flushing the L2 cache so each call starts cold)."""
+    import torch
+
+    times = []
+    if device.startswith("cuda"):
+        stream = torch.cuda.current_stream(device)
+        pairs = []
+        for _ in range(repeats):
+            if before is not None:
+                before()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            pairs.append((start, end))
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) / 1000.0 for s, e in pairs]
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def calibrate_repeats(device: str, fn: Callable[[], Any], target_s: float, at_most: int = 1000, at_least: int = 3) -> int:
+    """How many calls of `fn` fit in `target_s` (one timed call, after it has run once)."""
+    fn()
+    synchronize(device)
+    (one,) = time_each(device, fn, 1)
+    if one <= 0:
+        return at_most
+    return max(at_least, min(at_most, int(target_s / one)))
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, min, max and the spread a reader needs to trust a figure."""
+    if not values:
+        return {}
+    med = statistics.median(values)
+    return {
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "spread_pct": 100.0 * (max(values) - min(values)) / med if med else math.nan,
+    }
+
+
+def free_memory_bytes(device: str) -> int:
+    """Memory a benchmark may use on `device` (CUDA: free now; CPU: available RAM)."""
+    import torch
+
+    if device.startswith("cuda"):
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)

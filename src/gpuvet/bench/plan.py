@@ -1,0 +1,253 @@
+"""Which benchmarks run where, in what order, with what time budget; and running them.
+
+Every benchmark ends as measurements, or as a `bench.<name>` entry saying why it skipped or
+failed, so the judge can say so. GPUs someone else is using are left alone unless forced.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import telemetry
+from ..facts import Gpu, Machine, PcieLink
+from .session import Worker, WorkerError
+
+ALL = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")
+PER_GPU = ("gemm", "membw", "pcie", "latency", "sustained")
+CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce")
+
+# Seconds each benchmark may use (per GPU, all GPUs at once where they run side by side).
+BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 4.0, "latency": 12.0, "sustained": 30.0, "p2p": 15.0, "allreduce": 30.0}
+CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0}
+SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline must not mistake that for a hang
+
+
+@dataclass
+class Outcome:
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    series: list[dict[str, Any]] = field(default_factory=list)
+
+    def note(self, name: str, subject: str, outcome: str, reason: str) -> None:
+        """A benchmark that did not measure: skipped (does not apply) or failed (broke, hung)."""
+        self.measurements.append({"name": f"bench.{name}", "value": None, "unit": "", "subject": subject,
+                                  "details": {"outcome": outcome, "reason": reason}})
+
+
+@dataclass
+class Target:
+    gpu: Gpu | None  # None: the CPU
+    device: str  # "cuda:N" / "cpu"
+    subject: str
+
+
+def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = False,
+        soak_minutes: float | None = None, progress: Callable[[str], None] = lambda m: None) -> Outcome:
+    outcome = Outcome()
+    reason = _cannot_run(machine, device)
+    if reason:
+        for name in names:
+            outcome.note(name, device if device == "cpu" else "gpu", "skipped", reason)
+        return outcome
+    progress("starting the benchmark worker (imports PyTorch)")
+    try:
+        worker = Worker(env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    except WorkerError as err:
+        for name in names:
+            outcome.note(name, "gpu" if device != "cpu" else "cpu", "failed", str(err))
+        return outcome
+    runner = None
+    try:
+        targets = _targets(machine, worker, device, force, outcome, names)
+        runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes)
+        for name in names:
+            runner.run(name)
+    finally:  # also on Ctrl-C: nothing may keep running on the GPUs
+        (runner.worker if runner else worker).close()
+    return outcome
+
+
+def _cannot_run(machine: Machine, device: str) -> str | None:
+    torch = machine.stack.torch if machine.stack else None
+    if torch is None or not torch.installed:
+        return "PyTorch is not installed: `pip install torch` (gpuvet never installs or replaces it for you)"
+    if device == "cpu":
+        return None
+    if not machine.gpus:
+        return f"no NVIDIA GPU: {machine.gpu_error or 'none found'}"
+    if torch.cuda is None:
+        return f"PyTorch {torch.version} is a CPU-only build: install a CUDA build to benchmark the GPUs"
+    return None
+
+
+def _targets(machine: Machine, worker: Worker, device: str, force: bool, outcome: Outcome, names: list[str]) -> list[Target]:
+    if device == "cpu":
+        return [Target(None, "cpu", "cpu")]
+    by_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
+    targets = []
+    for d in worker.info.get("devices", []):
+        gpu = by_bus.get(d.get("bus_id")) or next((g for g in machine.gpus if g.index == d["ordinal"]), None)
+        subject = f"gpu{gpu.index}" if gpu else f"cuda{d['ordinal']}"
+        busy = _someone_else_on(gpu) if gpu else None
+        if busy and not force:
+            for name in names:
+                outcome.note(name, subject, "skipped", f"{busy}: not loading it (use --force to benchmark anyway)")
+            continue
+        targets.append(Target(gpu, f"cuda:{d['ordinal']}", subject))
+    if not targets and not worker.info.get("devices"):
+        for name in names:
+            outcome.note(name, "gpu", "skipped", "PyTorch sees no CUDA device (torch.cuda.is_available() is False)")
+    return targets
+
+
+def _someone_else_on(gpu: Gpu) -> str | None:
+    """Why a GPU looks occupied before we start: compute processes or memory nobody accounts for."""
+    compute = [p for p in gpu.processes or [] if (p.type or "C") != "G"]
+    if compute:
+        return f"{len(compute)} compute process(es) already on {gpu.name or 'this GPU'}"
+    listed = sum(p.used_memory_mib or 0 for p in gpu.processes or [])
+    hidden = (gpu.memory_used_mib or 0) - listed
+    if hidden > max(1024, 0.02 * (gpu.memory_total_mib or 0)) or (gpu.utilization_pct or 0) >= 5:
+        return "memory or load in use by processes you cannot see"
+    return None
+
+
+class _Runner:
+    def __init__(self, machine, worker, targets, outcome, progress, soak_minutes):
+        self.machine, self.worker, self.targets = machine, worker, targets
+        self.outcome, self.progress, self.soak_minutes = outcome, progress, soak_minutes
+        self.cpu = bool(targets) and targets[0].device == "cpu"
+
+    def budget(self, name: str) -> float:
+        if name == "sustained" and self.soak_minutes:
+            return self.soak_minutes * 60.0 + 5.0
+        return (CPU_BUDGET_S if self.cpu else BUDGET_S)[name]
+
+    def run(self, name: str) -> None:
+        if not self.targets:
+            return
+        if self.cpu and name not in CPU_CAPABLE:
+            self.outcome.note(name, "cpu", "skipped", f"{name} measures GPU hardware: it needs a CUDA GPU")
+            return
+        self.progress(f"benchmark {name}")
+        if name in ("gemm", "membw", "sustained"):
+            self._side_by_side(name)
+        elif name == "pcie":
+            for target in self.targets:  # one at a time: they would share the host's bandwidth
+                self._with_link_readings(target, name)
+        elif name == "latency":
+            self._jobs([self._job(name, t) for t in self.targets[:1]] if self.targets else [], name)
+        elif name in ("p2p", "allreduce"):
+            self._multi_gpu(name)
+
+    def _job(self, name: str, target: Target, **params: Any) -> dict[str, Any]:
+        if name == "sustained" and self.soak_minutes:
+            params.setdefault("duration_s", self.soak_minutes * 60.0)
+        return {"module": name, "device": target.device, "subject": target.subject,
+                "budget_s": self.budget(name), "params": params}
+
+    def _jobs(self, jobs: list[dict[str, Any]], name: str) -> list[dict]:
+        """Run jobs side by side in the worker; a hang or crash ends them all as failed."""
+        if not jobs:
+            return []
+        timeout = self.budget(name) * 2 + SLACK_S
+        try:
+            results = self.worker.run({"parallel": jobs}, timeout_s=timeout, on_progress=lambda m: self.progress(m["progress"]))
+        except WorkerError as err:
+            for job in jobs:
+                self.outcome.note(name, job["subject"], "failed", str(err))
+            self._restart()
+            return []
+        for job, result in zip(jobs, results):
+            if result.get("ok"):
+                self.outcome.measurements += result.get("measurements") or []
+                self.outcome.series += result.get("series") or []
+            else:
+                kind = "skipped" if "skip" in result else "failed"
+                self.outcome.note(name, job["subject"], kind, result.get("skip") or result.get("error") or "unknown")
+        return results
+
+    def _restart(self) -> None:
+        self.worker.close()
+        try:
+            self.worker = Worker(env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        except WorkerError:
+            self.targets = []  # nothing more can run; later benchmarks note nothing
+
+    def _side_by_side(self, name: str) -> None:
+        sampler = self._sampler() if name == "sustained" else None
+        try:
+            self._jobs([self._job(name, t) for t in self.targets], name)
+        finally:
+            if sampler is not None:
+                self._telemetry(sampler, name)
+
+    def _with_link_readings(self, target: Target, name: str) -> None:
+        """PCIe copies, with the link's generation and width read by NVML while they run."""
+        sampler = self._sampler([target])
+        params = {"cpu_affinity": _numa_cpus(self.machine, target.gpu)} if target.gpu else {}
+        try:
+            self._jobs([self._job(name, target, **params)], name)
+        finally:
+            if sampler is not None:
+                _add_loaded_link(target.gpu, sampler.stop().get(target.gpu.index, []))
+
+    def _multi_gpu(self, name: str) -> None:
+        gpus = [t for t in self.targets if t.gpu is not None]
+        if self.cpu and name == "allreduce":
+            self._jobs([self._job(name, self.targets[0], world_size=2)], name)
+            return
+        if len(gpus) < 2:
+            self.outcome.note(name, "machine", "skipped", f"{name} needs at least two GPUs; this machine offers {len(gpus)}")
+            return
+        ordinals = [int(t.device.split(":")[1]) for t in gpus]
+        job = {"module": name, "device": gpus[0].device, "subject": "machine", "budget_s": self.budget(name),
+               "params": {"gpus": ordinals, "world_size": len(ordinals)}}
+        self._jobs([job], name)
+
+    def _sampler(self, targets: list[Target] | None = None) -> telemetry.Sampler | None:
+        indices = [t.gpu.index for t in (targets or self.targets) if t.gpu is not None]
+        if not indices:
+            return None
+        sampler = telemetry.Sampler(indices, interval_s=0.1)
+        sampler.start()
+        return sampler
+
+    def _telemetry(self, sampler: telemetry.Sampler, name: str) -> None:
+        by_gpu = sampler.stop()
+        for target in self.targets:
+            samples = by_gpu.get(target.gpu.index, []) if target.gpu else []
+            if not samples:
+                continue
+            self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, 0.1))
+            self.outcome.measurements.append({"name": f"{name}.telemetry", "value": None, "unit": "",
+                                              "subject": target.subject, "details": telemetry.summarize(samples)})
+
+
+def _numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:
+    """CPUs of the GPU's NUMA node (from `topo -m`'s CPU affinity), to place host buffers near it."""
+    if gpu is None or machine.topology is None:
+        return []
+    spec = machine.topology.cpu_affinity.get(f"GPU{gpu.index}", "")
+    cpus: list[int] = []
+    for part in spec.split(","):
+        if "-" in part:
+            low, high = part.split("-", 1)
+            if low.strip().isdigit() and high.strip().isdigit():
+                cpus += range(int(low), int(high) + 1)
+        elif part.strip().isdigit():
+            cpus.append(int(part))
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(cpus)
+    return [c for c in cpus if c in allowed]
+
+
+def _add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample]) -> None:
+    """The fastest link seen while copies ran is the link as trained under load."""
+    readings = [(s.pcie_gen, s.pcie_width) for s in samples if s.pcie_gen and s.pcie_width]
+    if gpu is None or not readings:
+        return
+    gen, width = max(readings)
+    idle = next((r for r in gpu.pcie.readings if r.source in ("nvml", "nvidia-smi")), None)
+    gpu.pcie.readings.insert(0, PcieLink(current_gen=gen, max_gen=idle.max_gen if idle else None, current_width=width,
+                                         max_width=idle.max_width if idle else None, source="nvml", under_load=True))

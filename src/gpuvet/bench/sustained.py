@@ -1,0 +1,98 @@
+"""B5 sustained load: a steady matmul stream for `duration_s`, throughput per window.
+
+The parent samples power, clocks, temperature and clock-event reasons (telemetry) meanwhile;
+this side reports what the GPU delivered over time, so a decay from the first to the last fifth
+(heat soaking in) shows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .common import BenchContext, Skip, free_memory_bytes, measurement, synchronize
+
+WINDOW_S = 0.25  # one throughput point per window: fine enough to see a drop, cheap to record
+
+
+def _dtype(ctx: BenchContext) -> torch.dtype:
+    if not ctx.is_cuda:
+        return torch.float32
+    major, _minor = torch.cuda.get_device_capability(ctx.device)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
+def _size(ctx: BenchContext, dtype: torch.dtype) -> int:
+    """Square matrices big enough to keep the GPU saturated, small enough for free memory."""
+    if not ctx.is_cuda:
+        return int(ctx.params.get("size", 1024))
+    size = int(ctx.params.get("size", 8192))
+    element = torch.tensor([], dtype=dtype).element_size()
+    while size > 1024 and 3 * size * size * element > free_memory_bytes(ctx.device) // 4:
+        size //= 2
+    return size
+
+
+def run(ctx: BenchContext) -> list[dict]:
+    duration = float(ctx.params.get("duration_s", 30.0 if ctx.is_cuda else 10.0))
+    duration = min(duration, max(1.0, ctx.budget.remaining() - 2.0))
+    if duration < 1.0:
+        raise Skip("no time left for a sustained load")
+    dtype = _dtype(ctx)
+    n = _size(ctx, dtype)
+    a = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    b = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    c = torch.empty(n, n, device=ctx.device, dtype=dtype)
+    flops_per_mm = 2.0 * n * n * n
+
+    batch = _batch_for_window(ctx, a, b, c)
+    ctx.progress("sustained")
+    windows: list[tuple[float, float]] = []  # (seconds since start, TFLOPS)
+    start = time.time()
+    while time.time() - start < duration:
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            torch.mm(a, b, out=c)
+        synchronize(ctx.device)
+        elapsed = time.perf_counter() - t0
+        windows.append((round(time.time() - start, 3), batch * flops_per_mm / elapsed / 1e12))
+    del a, b, c
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+    return _results(ctx, windows, dtype, n, start)
+
+
+def _batch_for_window(ctx: BenchContext, a, b, c) -> int:
+    torch.mm(a, b, out=c)
+    synchronize(ctx.device)
+    t0 = time.perf_counter()
+    torch.mm(a, b, out=c)
+    synchronize(ctx.device)
+    one = max(time.perf_counter() - t0, 1e-6)
+    return max(1, int(WINDOW_S / one))
+
+
+def _results(ctx: BenchContext, windows: list[tuple[float, float]], dtype, n: int, start: float) -> list[dict]:
+    rates = [rate for _, rate in windows]
+    fifth = max(1, len(rates) // 5)
+    first, last = statistics.mean(rates[:fifth]), statistics.mean(rates[-fifth:])
+    decay = 100.0 * (first - last) / first if first else 0.0
+    ctx.series.append({
+        "name": "sustained.throughput",
+        "subject": ctx.subject,
+        "interval_s": WINDOW_S,
+        "start": start,
+        "columns": ["t", "tflops"],
+        "rows": [[t, round(r, 3)] for t, r in windows],
+    })
+    details = {"dtype": str(dtype).removeprefix("torch."), "shape": [n, n, n], "windows": len(rates),
+               "duration_s": round(windows[-1][0], 1) if windows else 0.0}
+    return [
+        measurement("sustained.tflops", statistics.median(rates), "TFLOPS", ctx.subject,
+                    first_fifth=round(first, 3), last_fifth=round(last, 3), min=round(min(rates), 3),
+                    max=round(max(rates), 3), **details),
+        measurement("sustained.decay_pct", round(decay, 2), "%", ctx.subject,
+                    how="mean of the first fifth of the windows vs the last fifth", **details),
+    ]

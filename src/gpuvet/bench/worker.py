@@ -1,0 +1,128 @@
+"""The benchmark worker: a child process that imports torch once and runs benchmark jobs.
+
+Benchmarks run here, not in gpuvet's own process, so that a hung GPU, a CUDA error that poisons
+the context, or a crash in a library can be ended by killing this process, and the report still
+comes out. The protocol is one JSON object per line:
+
+    parent -> worker   {"id": 1, "module": "gemm", "device": "cuda:0", "subject": "gpu0",
+                        "budget_s": 20, "params": {...}}
+                       {"id": 2, "parallel": [job, job, ...]}   (one thread per job, e.g. per GPU)
+    worker -> parent   {"ready": true, "torch": "2.7.0", "cuda": true, "devices": [...]}
+                       {"id": 1, "progress": "pcie.h2d_pinned"}
+                       {"id": 1, "results": [{"ok": true, "measurements": [...], "series": [...]},
+                                             {"ok": false, "skip": "why"}, {"ok": false, "error": "why"}]}
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any, TextIO
+
+from .common import BenchContext, Budget, OutOfTime, Skip
+
+MODULES = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")
+
+
+def _devices(torch: Any) -> list[dict[str, Any]]:
+    """CUDA devices with their PCI bus id, so the parent can map them to NVML's GPUs."""
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for ordinal in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(ordinal)
+        bus = None
+        if hasattr(props, "pci_bus_id"):
+            bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        devices.append({"ordinal": ordinal, "name": props.name, "bus_id": bus,
+                        "capability": f"{props.major}.{props.minor}", "memory_bytes": props.total_memory})
+    return devices
+
+
+def run_job(job: dict[str, Any], emit) -> dict[str, Any]:
+    """One benchmark: its measurements, or why it skipped or failed. Never raises."""
+    name = job.get("module")
+    if name not in MODULES:
+        return {"ok": False, "error": f"unknown benchmark {name!r}"}
+    ctx = BenchContext(
+        device=job.get("device", "cpu"),
+        subject=job.get("subject", "cpu"),
+        budget=Budget(float(job.get("budget_s", 10))),
+        params=dict(job.get("params") or {}),
+        progress=lambda message: emit({"id": job.get("id"), "progress": message, "subject": job.get("subject")}),
+    )
+    try:
+        module = importlib.import_module(f"gpuvet.bench.{name}")
+        measurements = module.run(ctx)
+        return {"ok": True, "measurements": measurements, "series": ctx.series}
+    except Skip as why:
+        return {"ok": False, "skip": str(why)}
+    except OutOfTime as why:
+        return {"ok": False, "error": f"out of time: {why}"}
+    except Exception as err:  # a failing benchmark is a finding, not a crash of the worker
+        traceback.print_exc(file=sys.stderr)
+        return {"ok": False, "error": f"{type(err).__name__}: {err}"}
+
+
+def run_parallel(jobs: list[dict[str, Any]], emit) -> list[dict[str, Any]]:
+    """Jobs side by side, one thread each (one per GPU): CUDA work on different GPUs overlaps."""
+    results: list[dict[str, Any]] = [{} for _ in jobs]
+
+    def one(i: int) -> None:
+        results[i] = run_job(jobs[i], emit)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def serve(requests: TextIO, replies: TextIO) -> None:
+    lock = threading.Lock()
+
+    def emit(message: dict[str, Any]) -> None:
+        with lock:
+            replies.write(json.dumps(message, default=_jsonable) + "\n")
+            replies.flush()
+
+    try:
+        import torch
+    except Exception as err:
+        emit({"ready": False, "error": f"import torch failed: {type(err).__name__}: {err}"})
+        return
+    emit({"ready": True, "torch": torch.__version__, "cuda": torch.cuda.is_available(), "devices": _devices(torch)})
+    for line in requests:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        if "parallel" in job:
+            results = run_parallel(job["parallel"], emit)
+        else:
+            results = [run_job(job, emit)]
+        emit({"id": job.get("id"), "results": results})
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def main() -> None:
+    # Protocol lines go to the real stdout; anything else printed, by Python or by a C library
+    # writing to fd 1 (NCCL does), goes to stderr instead.
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(sys.stdin, replies)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""What the benchmark rules share: finding measurements, explaining ones that are missing,
+and comparing a GPU with the others in the same box."""
+
+from __future__ import annotations
+
+import statistics
+
+from ..record import Finding, Measurement
+from .common import FAIL, SKIP, Context, finding
+
+# A failure reason that points at the machine (a hang, a CUDA or NCCL error), not at gpuvet.
+_MACHINE_TROUBLE = ("CUDA", "NCCL", "hung", "no answer", "died", "ECC", "Xid", "illegal memory", "timed out", "did not finish")
+
+
+def planned(ctx: Context, bench: str) -> bool:
+    return bench in (ctx.options.get("benchmarks") or [])
+
+
+def measured(ctx: Context, name: str, subject: str | None = None) -> list[Measurement]:
+    return [m for m in ctx.measurements if m.name == name and (subject is None or m.subject == subject)]
+
+
+def one(ctx: Context, name: str, subject: str) -> Measurement | None:
+    found = [m for m in measured(ctx, name, subject) if m.value is not None]
+    return found[0] if found else None
+
+
+def not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding:
+    """Why a planned benchmark gave nothing for `subject`: skipped (does not apply) or failed."""
+    notes = [m for m in measured(ctx, f"bench.{bench}") if m.subject in (subject, "gpu", "machine")]
+    note = next((m for m in notes if m.subject == subject), notes[0] if notes else None)
+    if note is None:
+        return finding(check, subject, SKIP, f"{bench} was not measured")
+    reason = note.details.get("reason", "no reason given")
+    if note.details.get("outcome") == "failed" and any(word in reason for word in _MACHINE_TROUBLE):
+        return finding(check, subject, FAIL, f"the {bench} benchmark failed: {reason}",
+                       remedy=f"`nvidia-smi -q -i {subject.removeprefix('gpu')} -d PERFORMANCE,ECC`; `sudo dmesg | grep -i xid`; "
+                              "rerun `gpuvet bench " + bench + "`")
+    if note.details.get("outcome") == "failed":
+        return finding(check, subject, SKIP, f"the {bench} benchmark could not run: {reason}")
+    return finding(check, subject, SKIP, reason)
+
+
+def box_median(ctx: Context, name: str) -> float | None:
+    """The median of a measurement over the GPUs of this machine (None with fewer than two)."""
+    values = [m.value for m in measured(ctx, name) if m.value is not None and m.subject.startswith("gpu")]
+    return statistics.median(values) if len(values) >= 2 else None
+
+
+def against_box(value: float, median: float | None, warn_below: float, fail_below: float) -> tuple[str | None, str]:
+    """Status and words for a GPU compared with the box median (None: in line with the others)."""
+    if median is None or median <= 0:
+        return None, ""
+    share = value / median
+    words = f"{100 * share:.0f}% of the median of this machine's GPUs ({median:.4g})"
+    if share < fail_below:
+        return FAIL, words
+    if share < warn_below:
+        return "warn", words
+    return None, words
+
+
+def worst(*statuses: str | None) -> str:
+    order = {"fail": 3, "warn": 2, "pass": 1, "skip": 0}
+    present = [s for s in statuses if s]
+    return max(present, key=lambda s: order[s]) if present else "pass"

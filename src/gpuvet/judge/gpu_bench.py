@@ -1,0 +1,208 @@
+"""What the GPU benchmarks measured, against the model's figures and the box's other GPUs:
+gpu.gemm, gpu.correctness, gpu.memory_bandwidth, gpu.pcie_bandwidth, gpu.context_init,
+gpu.kernel_launch."""
+
+from __future__ import annotations
+
+from ..facts import Gpu
+from ..record import Finding
+from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
+from .common import FAIL, PASS, WARN, Context, finding, subject
+from .gpu_links import _GBS_PER_LANE
+
+DTYPE_PEAK = {"fp32": "fp32_tflops", "tf32": "tf32_tensor_tflops_dense", "fp16": "fp16_tensor_tflops_dense",
+              "bf16": "bf16_tensor_tflops_dense", "fp8": "fp8_tensor_tflops_dense"}
+DTYPE_BEST = {"bf16": "mamf_bf16_tflops", "fp8": "mamf_fp8_tflops"}  # measured best (mamf-finder)
+PRIMARY = ("bf16", "fp16", "tf32", "fp32")  # the dtype training runs on decides the verdict
+
+# Against the best achievable figure a healthy GPU lands within a few percent; a 10% shortfall
+# must show. Against the dense peak only, healthy GPUs land anywhere from 60% to 90%.
+BEST_WARN, BEST_FAIL = 0.92, 0.80
+PEAK_WARN, PEAK_FAIL = 0.60, 0.45
+BOX_WARN, BOX_FAIL = 0.92, 0.85
+CONFIRM_GEMM = ("check gpu.power_limit and gpu.throttle; watch clocks while it runs: "
+                "`nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv -l 1`; rerun `gpuvet bench gemm`")
+
+
+def check_gemm(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "gemm"):
+        return []
+    return [_gemm(ctx, gpu) for gpu in ctx.machine.gpus]
+
+
+def _gemm(ctx: Context, gpu: Gpu) -> Finding:
+    s = subject(gpu)
+    rates = {m.name.removeprefix("gemm."): m for m in ctx.measurements
+             if m.subject == s and m.name.startswith("gemm.") and m.value is not None and m.unit == "TFLOPS"}
+    if not rates:
+        return not_measured(ctx, "gemm", "gpu.gemm", s)
+    ref = ctx.ref(gpu)
+    dtype = next(d for d in PRIMARY + tuple(rates) if d in rates)
+    value = rates[dtype].value
+    listing = ", ".join(f"{d} {m.value:.1f}" + _of_peak(ref, d, m.value) for d, m in rates.items())
+    measured_text = f"TFLOPS: {listing}; {dtype} shape {rates[dtype].details.get('shape')}"
+    status, words, expected, source = PASS, f"{dtype} {value:.1f} TFLOPS", None, None
+    best = ref.number(DTYPE_BEST.get(dtype, "")) if ref and dtype in DTYPE_BEST else None
+    peak = ref.number(DTYPE_PEAK[dtype]) if ref and dtype in DTYPE_PEAK else None
+    if best:
+        share = value / best
+        status = PASS if share >= BEST_WARN else WARN if share >= BEST_FAIL else FAIL
+        words += f" = {100 * share:.0f}% of the best measured for {gpu.name} ({best:g})"
+        expected, source = f">= {100 * BEST_WARN:.0f}% of {best:g} TFLOPS", ref.cite(DTYPE_BEST[dtype])
+    elif peak:
+        share = value / peak
+        status = PASS if share >= PEAK_WARN else WARN if share >= PEAK_FAIL else FAIL
+        words += f" = {100 * share:.0f}% of the {peak:g} dense peak (no measured best for this model: judged loosely)"
+        expected, source = f">= {100 * PEAK_WARN:.0f}% of the {peak:g} TFLOPS dense peak", ref.cite(DTYPE_PEAK[dtype])
+    else:
+        words += f" (no reference figure for {gpu.name or 'this GPU'})"
+    box, box_words = against_box(value, box_median(ctx, f"gemm.{dtype}"), BOX_WARN, BOX_FAIL)
+    if box:
+        words += f"; {box_words}"
+    status = worst(status, box)
+    return finding("gpu.gemm", s, status, words, measured=measured_text, expected=expected, source=source,
+                   remedy=CONFIRM_GEMM if status != PASS else None)
+
+
+def _of_peak(ref, dtype: str, value: float) -> str:
+    peak = ref.number(DTYPE_PEAK[dtype]) if ref and dtype in DTYPE_PEAK else None
+    return f" ({100 * value / peak:.0f}% of {peak:g})" if peak else ""
+
+
+def check_correctness(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "gemm"):
+        return []
+    findings = []
+    for gpu in ctx.machine.gpus:
+        s = subject(gpu)
+        m = one(ctx, "gemm.check_failures", s)
+        if m is None:
+            findings.append(not_measured(ctx, "gemm", "gpu.correctness", s))
+        elif m.value:
+            failed = m.details.get("failed") or m.details
+            findings.append(finding(
+                "gpu.correctness", s, FAIL, f"wrong GEMM results (silent data corruption): {failed}",
+                measured=f"{m.value:.0f} dtype(s) failed the check", expected="results equal to a float64 reference",
+                source="gpuvet GEMM check against a CPU float64 product",
+                remedy=f"stop using GPU {gpu.index}; reset it (`sudo nvidia-smi -r -i {gpu.index}`), rerun `gpuvet bench gemm`; "
+                       "if it repeats, ask the provider to replace the GPU"))
+        else:
+            checked = ", ".join(x.name.removeprefix("gemm.") for x in ctx.measurements
+                                if x.subject == s and x.unit == "TFLOPS" and x.name.startswith("gemm."))
+            findings.append(finding("gpu.correctness", s, PASS, f"GEMM results match a float64 reference ({checked})"))
+    return findings
+
+
+def check_memory_bandwidth(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "membw"):
+        return []
+    findings = []
+    median = box_median(ctx, "membw.copy")
+    for gpu in ctx.machine.gpus:
+        s = subject(gpu)
+        m = one(ctx, "membw.copy", s)
+        if m is None:
+            findings.append(not_measured(ctx, "membw", "gpu.memory_bandwidth", s))
+            continue
+        ref = ctx.ref(gpu)
+        spec = ref.number("mem_bandwidth_gbs") if ref else None
+        words, status, expected, source = f"device copy {m.value:.0f} GB/s (read + write counted)", PASS, None, None
+        if spec:
+            share = m.value / spec
+            status = PASS if share >= 0.75 else WARN if share >= 0.55 else FAIL
+            words += f" = {100 * share:.0f}% of the {spec:g} GB/s spec"
+            expected, source = f">= 75% of {spec:g} GB/s (healthy HBM/GDDR copies reach 80-92%)", ref.cite("mem_bandwidth_gbs")
+        box, box_words = against_box(m.value, median, 0.90, 0.80)
+        if box:
+            words += f"; {box_words}"
+        status = worst(status, box)
+        findings.append(finding("gpu.memory_bandwidth", s, status, words, measured=f"{m.value:.0f} GB/s, {m.details.get('bytes_counted', '')}",
+                                expected=expected, source=source,
+                                remedy=None if status == PASS else "check clocks and throttling under load; rerun `gpuvet bench membw`"))
+    return findings
+
+
+def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "pcie"):
+        return []
+    findings = []
+    medians = {name: box_median(ctx, name) for name in ("pcie.h2d_pinned", "pcie.d2h_pinned")}
+    for gpu in ctx.machine.gpus:
+        s = subject(gpu)
+        h2d, d2h = one(ctx, "pcie.h2d_pinned", s), one(ctx, "pcie.d2h_pinned", s)
+        if h2d is None or d2h is None:
+            findings.append(not_measured(ctx, "pcie", "gpu.pcie_bandwidth", s))
+            continue
+        pageable = [one(ctx, f"pcie.{d}_pageable", s) for d in ("h2d", "d2h")]
+        measured_text = f"pinned H2D {h2d.value:.1f} / D2H {d2h.value:.1f} GB/s" + (
+            f"; pageable {pageable[0].value:.1f} / {pageable[1].value:.1f}" if all(pageable) else "")
+        gen, width, under_load = _link_for_bandwidth(gpu)
+        words, status, expected = f"H2D {h2d.value:.1f}, D2H {d2h.value:.1f} GB/s (pinned)", PASS, None
+        if gen in _GBS_PER_LANE and width:
+            carry = _GBS_PER_LANE[gen] * width
+            share = min(h2d.value, d2h.value) / carry
+            status = PASS if share >= 0.65 else WARN if share >= 0.40 else FAIL
+            link = f"Gen{gen} x{width}" + (" as read under load" if under_load else "")
+            words += f" = {100 * share:.0f}% of what {link} carries (~{carry:.0f} GB/s)"
+            expected = f">= 65% of ~{carry:.0f} GB/s (healthy links reach 80-90%)"
+        for m in (h2d, d2h):
+            box, box_words = against_box(m.value, medians[m.name], 0.85, 0.70)
+            if box:
+                words += f"; {m.name.split('.')[1].split('_')[0].upper()} {box_words}"
+                status = worst(status, box)
+        findings.append(finding(
+            "gpu.pcie_bandwidth", s, status, words, measured=measured_text, expected=expected,
+            source="PCIe line rate per lane and generation (after encoding)",
+            remedy=None if status == PASS else
+            f"compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
+            f"rerun `gpuvet bench pcie`"))
+    return findings
+
+
+def _link_for_bandwidth(gpu: Gpu) -> tuple[int | None, int | None, bool]:
+    loaded = [r for r in gpu.pcie.readings if r.under_load]
+    r = (loaded or gpu.pcie.readings or [None])[0]
+    if r is None:
+        return None, None, False
+    if r.under_load:
+        return r.current_gen, r.current_width, True
+    return r.max_gen, r.max_width, False  # an idle reading's current generation means nothing
+
+
+def check_context_init(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "latency"):
+        return []
+    found = [m for m in measured(ctx, "latency.context_init") if m.value is not None]
+    if not found:
+        return [not_measured(ctx, "latency", "gpu.context_init", "gpu0" if ctx.machine.gpus else "gpu")]
+    findings = []
+    for m in found:
+        gpu = next((g for g in ctx.machine.gpus if subject(g) == m.subject), None)
+        hint = ""
+        if gpu is not None and gpu.persistence_mode is False:
+            hint = "persistence mode is off: `sudo nvidia-smi -pm 1` keeps the driver loaded between processes; "
+        if gpu is not None and gpu.virtualization_mode == "vgpu":
+            hint += "a vGPU guest pays this on every new process; "
+        status = PASS if m.value <= 500 else WARN if m.value <= 2000 else FAIL
+        words = f"a new process needs {m.value:.0f} ms to get a CUDA context"
+        if status != PASS:
+            words += " (the seeds: ~100 ms passthrough, ~850 ms under vGPU): every new Python process or notebook kernel pays it"
+        findings.append(finding("gpu.context_init", m.subject, status, words,
+                                measured=f"median {m.value:.0f} ms of {len(m.details.get('runs', [])) or '?'} fresh processes",
+                                expected="<= 500 ms", source="seed 2: 95-120 ms on passthrough, 850 ms under vGPU",
+                                remedy=None if status == PASS else hint + "rerun `gpuvet bench latency`"))
+    return findings
+
+
+def check_kernel_launch(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "latency"):
+        return []
+    found = [m for m in measured(ctx, "latency.kernel_launch") if m.value is not None]
+    findings = []
+    for m in found:
+        status = PASS if m.value <= 20 else WARN
+        findings.append(finding("gpu.kernel_launch", m.subject, status, f"{m.value:.1f} us per kernel launch",
+                                measured=f"{m.value:.1f} us async, {m.details.get('sync_roundtrip_us', '?')} us with synchronize",
+                                expected="<= 20 us", source="SuperBench A100 baseline: 5.7 us event / 9.6 us wall",
+                                remedy=None if status == PASS else "a slow or oversubscribed host CPU, or vGPU: see host.steal"))
+    return findings

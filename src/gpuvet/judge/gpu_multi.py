@@ -1,0 +1,118 @@
+"""gpu.p2p and gpu.allreduce: how fast the GPUs of one machine talk to each other, against what
+their links (NVLink count and generation from the topology, or PCIe) can carry."""
+
+from __future__ import annotations
+
+import re
+
+from ..facts import Gpu, Machine
+from ..record import Finding
+from .bench_common import measured, not_measured, one, planned
+from .common import FAIL, PASS, WARN, Context, finding
+from .gpu_links import _GBS_PER_LANE, nvlinks_per_gpu
+
+# Per link and direction: NVLink 2.0-4.0 carry ~25 GB/s, NVLink 5 ~50 GB/s.
+_NVLINK_GBS = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+
+
+def _gpu(machine: Machine, index: int) -> Gpu | None:
+    return next((g for g in machine.gpus if g.index == index), None)
+
+
+def _per_link_gbs(ctx: Context, gpu: Gpu | None) -> float:
+    ref = ctx.ref(gpu) if gpu else None
+    gen = ref.number("nvlink_gen") if ref else None
+    return _NVLINK_GBS.get(int(gen), 25.0) if gen else 25.0
+
+
+def _pcie_gbs(gpu: Gpu | None) -> float | None:
+    for r in (gpu.pcie.readings if gpu else []):
+        gen = r.current_gen if r.under_load else r.max_gen
+        width = r.current_width if r.under_load else r.max_width
+        if gen in _GBS_PER_LANE and width:
+            return _GBS_PER_LANE[gen] * width
+    return None
+
+
+def _pair_expectation(ctx: Context, src: int, dst: int) -> tuple[float | None, str]:
+    """What a copy from GPU src to GPU dst should reach, and over what."""
+    topo = ctx.machine.topology
+    code = topo.links.get(f"GPU{src}", {}).get(f"GPU{dst}", "") if topo else ""
+    m = re.fullmatch(r"NV(\d+)", code)
+    gpu = _gpu(ctx.machine, src)
+    if m:
+        return int(m.group(1)) * _per_link_gbs(ctx, gpu), f"{code} (NVLink)"
+    pcie = _pcie_gbs(gpu)
+    return (pcie, f"PCIe ({code or 'topology unknown'})") if pcie else (None, code or "unknown link")
+
+
+def check_p2p(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "p2p"):
+        return []
+    pairs = [m for m in measured(ctx, "p2p.copy") if m.value is not None]
+    if not pairs:
+        return [not_measured(ctx, "p2p", "gpu.p2p", "machine")]
+    slow, no_peer, rows = [], [], []
+    for m in pairs:
+        src, dst = int(m.details.get("src", -1)), int(m.details.get("dst", -1))
+        expected, over = _pair_expectation(ctx, src, dst)
+        share = m.value / expected if expected else None
+        rows.append(f"gpu{src}->gpu{dst} {m.value:.0f} GB/s" + (f" ({100 * share:.0f}% of ~{expected:.0f} over {over})" if share else ""))
+        if m.details.get("peer_access") is False:
+            no_peer.append(f"gpu{src}->gpu{dst}")
+        if share is not None and share < 0.6:
+            slow.append((share, f"gpu{src}->gpu{dst} {m.value:.0f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}"))
+    slow.sort()
+    values = sorted(m.value for m in pairs)
+    median = values[len(values) // 2]
+    measured_text = "; ".join(rows[:12]) + (f"; ... {len(rows) - 12} more pairs" if len(rows) > 12 else "")
+    remedy = "compare `nvidia-smi topo -m` and `nvidia-smi topo -p2p r`; ask the provider whether P2P is disabled (ACS, IOMMU, VM)"
+    if slow:
+        status = FAIL if slow[0][0] < 0.3 else WARN
+        return [finding("gpu.p2p", "machine", status, f"{len(slow)} of {len(pairs)} GPU pairs copy slowly; slowest: {slow[0][1]}",
+                        measured=measured_text, expected=">= 60% of what the link between each pair carries",
+                        source="NVLink ~25 GB/s per link and direction (NVLink 5: 50); PCIe line rate", remedy=remedy)]
+    if no_peer:
+        return [finding("gpu.p2p", "machine", WARN, f"no peer access between {len(no_peer)} pairs (copies staged through host memory)",
+                        measured=measured_text, remedy=remedy)]
+    return [finding("gpu.p2p", "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text)]
+
+
+def check_allreduce(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "allreduce"):
+        return []
+    busbw = one(ctx, "allreduce.busbw", "machine")
+    if busbw is None:
+        return [not_measured(ctx, "allreduce", "gpu.allreduce", "machine")]
+    latency = one(ctx, "allreduce.latency_1mb", "machine")
+    d = busbw.details
+    measured_text = (f"busbw {busbw.value:.1f} GB/s at {d.get('largest_bytes', d.get('bytes', '?'))} bytes over {d.get('world_size')} ranks "
+                     f"({d.get('backend')})" + (f"; 1 MiB latency {latency.value:.0f} us" if latency else ""))
+    if d.get("check_ok") is False:
+        return [finding("gpu.allreduce", "machine", FAIL, "all-reduce returned wrong sums: data corrupted between GPUs",
+                        measured=measured_text, expected="every rank holds n(n+1)/2",
+                        remedy="rerun `gpuvet bench allreduce`; test pairs with `gpuvet bench p2p`; ask for another node")]
+    expected, over = _allreduce_expectation(ctx)
+    if expected is None:
+        return [finding("gpu.allreduce", "machine", PASS, f"bus bandwidth {busbw.value:.1f} GB/s (no link figure to compare with)",
+                        measured=measured_text)]
+    share = busbw.value / expected
+    status = PASS if share >= 0.6 else WARN if share >= 0.35 else FAIL
+    words = f"bus bandwidth {busbw.value:.1f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}"
+    return [finding("gpu.allreduce", "machine", status, words, measured=measured_text,
+                    expected=f">= 60% of ~{expected:.0f} GB/s", source="nccl-tests busbw = algbw x 2(n-1)/n, against the slowest link per GPU",
+                    remedy=None if status == PASS else "check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose")]
+
+
+def _allreduce_expectation(ctx: Context) -> tuple[float | None, str]:
+    """Per-GPU bandwidth of the slowest GPU's links to its peers: NVLink when every GPU has it, else PCIe."""
+    topo = ctx.machine.topology
+    gpus = [g for g in ctx.machine.gpus if g.name or g.pcie.readings]
+    if topo and topo.gpus:
+        totals = [nvlinks_per_gpu(topo, label) for label in topo.gpus]
+        if totals and min(totals) > 0:
+            per_link = _per_link_gbs(ctx, gpus[0] if gpus else None)
+            return min(totals) * per_link, f"{min(totals)} NVLinks per GPU"
+    pcie = [_pcie_gbs(g) for g in gpus]
+    pcie = [p for p in pcie if p]
+    return (min(pcie), "PCIe") if pcie else (None, "")

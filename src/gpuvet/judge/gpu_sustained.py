@@ -1,0 +1,116 @@
+"""gpu.sustained: does the GPU hold its speed under minutes of full load, and if not, why?
+
+Evidence comes from the benchmark's throughput per window and the NVML telemetry sampled while
+it ran (power, SM clock, temperature, clock-event reasons as combined flags).
+"""
+
+from __future__ import annotations
+
+from ..facts import Gpu
+from ..record import Finding
+from .bench_common import against_box, box_median, not_measured, one, planned, worst
+from .common import FAIL, PASS, WARN, Context, finding, subject
+
+DECAY_WARN_PCT, DECAY_FAIL_PCT = 7.0, 15.0
+FAULT_SHARE = 0.05  # a slowdown reason active in more than 5% of the samples is not a blip
+_FAULTS = {
+    "hw_slowdown": "HW slowdown",
+    "hw_thermal_slowdown": "HW thermal slowdown",
+    "sw_thermal_slowdown": "SW thermal slowdown",
+    "hw_power_brake_slowdown": "HW power brake",
+}
+
+
+def check_sustained(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "sustained"):
+        return []
+    median = box_median(ctx, "sustained.tflops")
+    return [_sustained(ctx, gpu, median) for gpu in ctx.machine.gpus]
+
+
+def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
+    s = subject(gpu)
+    rate, decay = one(ctx, "sustained.tflops", s), one(ctx, "sustained.decay_pct", s)
+    if rate is None:
+        return not_measured(ctx, "sustained", "gpu.sustained", s)
+    telemetry = next((m.details for m in ctx.measurements if m.name == "sustained.telemetry" and m.subject == s), {})
+    problems: list[tuple[str, str]] = []
+    if decay is not None and decay.value >= DECAY_WARN_PCT:
+        problems.append((FAIL if decay.value >= DECAY_FAIL_PCT else WARN,
+                         f"throughput fell {decay.value:.0f}% from the first to the last fifth"))
+    problems += _reasons(telemetry)
+    problems += _clocks(gpu, telemetry)
+    problems += _heat(gpu, telemetry)
+    box, box_words = against_box(rate.value, median, 0.95, 0.90)
+    if box:
+        problems.append((box, f"{rate.value:.1f} TFLOPS is {box_words}"))
+    measured = _evidence(rate, decay, telemetry)
+    duration = rate.details.get("duration_s")
+    if not problems:
+        return finding("gpu.sustained", s, PASS, f"held {rate.value:.1f} TFLOPS for {duration} s" + _power_words(telemetry),
+                       measured=measured)
+    status = worst(*(st for st, _ in problems))
+    return finding("gpu.sustained", s, status, "; ".join(text for _, text in problems), measured=measured,
+                   expected="steady throughput, clocks near max, no thermal or power-brake slowdown",
+                   source="NVML telemetry sampled at 10 Hz during the load",
+                   remedy=f"run longer to confirm: `gpuvet run --soak 10`; watch `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE`; "
+                          "check cooling and airflow, or ask for another node")
+
+
+def _reasons(telemetry: dict) -> list[tuple[str, str]]:
+    shares = telemetry.get("reasons") or {}
+    bad = [(name, share) for name, share in shares.items() if name in _FAULTS and share and share > FAULT_SHARE]
+    return [(FAIL, f"{_FAULTS[name]} during {100 * share:.0f}% of the load") for name, share in bad]
+
+
+def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
+    """Clocks well below max under load: power-limited (normal at the limit), or held back by something else."""
+    sm = (telemetry.get("sm_mhz") or {}).get("mean")
+    top = gpu.clocks.max_sm_mhz
+    power_pct = (telemetry.get("power") or {}).get("mean_pct_of_limit")
+    if not sm or not top or sm >= 0.85 * top:
+        return []
+    shares = telemetry.get("reasons") or {}
+    if any((shares.get(r) or 0) > FAULT_SHARE for r in _FAULTS):
+        return []  # already explained by the slowdown reason
+    if power_pct is not None and power_pct >= 90:
+        return []  # at the power limit: the limit itself is judged by gpu.power_limit
+    if power_pct is not None:
+        return [(WARN, f"SM clock {sm:.0f} of {top} MHz while drawing only {power_pct:.0f}% of the power limit, "
+                       "with no slowdown reason: something else holds it back (application clocks, PSU, firmware)")]
+    return []
+
+
+def _heat(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
+    hottest = (telemetry.get("temp_c") or {}).get("max")
+    slowdown = gpu.thermal.slowdown_c
+    if hottest is None or slowdown is None:
+        return []
+    margin = slowdown - hottest
+    if margin <= 3:
+        return [(FAIL, f"reached {hottest:.0f} C, {margin:.0f} C from slowdown ({slowdown:.0f} C)")]
+    if margin < 8:
+        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown")]
+    return []
+
+
+def _power_words(telemetry: dict) -> str:
+    power = telemetry.get("power") or {}
+    sm = telemetry.get("sm_mhz") or {}
+    hottest = (telemetry.get("temp_c") or {}).get("max")
+    parts = []
+    if power.get("mean_w") is not None:
+        parts.append(f"{power['mean_w']:.0f} W" + (f" ({power['mean_pct_of_limit']:.0f}% of limit)" if power.get("mean_pct_of_limit") else ""))
+    if sm.get("mean") is not None:
+        parts.append(f"SM {sm['mean']:.0f} MHz")
+    if hottest is not None:
+        parts.append(f"max {hottest:.0f} C")
+    return (": " + ", ".join(parts)) if parts else ""
+
+
+def _evidence(rate, decay, telemetry: dict) -> str:
+    text = (f"{rate.value:.1f} TFLOPS median ({rate.details.get('dtype')}, {rate.details.get('duration_s')} s), "
+            f"first fifth {rate.details.get('first_fifth')}, last fifth {rate.details.get('last_fifth')}")
+    if decay is not None:
+        text += f", decay {decay.value:.1f}%"
+    return text + _power_words(telemetry)
