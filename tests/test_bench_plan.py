@@ -1,0 +1,97 @@
+"""The benchmark worker and plan: jobs run in a child process, deadlines end hung jobs, and every
+benchmark ends as figures or as a reason. Runs for real on the CPU build of torch."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from gpuvet.bench import plan
+from gpuvet.bench.session import Worker, WorkerError
+from gpuvet.facts import Machine, Stack, Torch
+from gpuvet.probe import capture, live
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker()
+    yield w
+    w.close()
+
+
+def test_worker_reports_torch_and_runs_a_cpu_job(worker):
+    assert worker.info["ready"] and worker.info["cuda"] is False
+    (result,) = worker.run({"module": "sustained", "device": "cpu", "subject": "cpu", "budget_s": 10,
+                            "params": {"duration_s": 1.0, "size": 256}}, timeout_s=60)
+    assert result["ok"], result
+    names = {m["name"] for m in result["measurements"]}
+    assert names == {"sustained.tflops", "sustained.decay_pct"}
+    (series,) = result["series"]
+    assert series["name"] == "sustained.throughput" and len(series["rows"]) >= 2
+
+
+def test_unknown_benchmark_is_an_error_not_a_crash(worker):
+    (result,) = worker.run({"module": "nope", "device": "cpu", "subject": "cpu"}, timeout_s=30)
+    assert result == {"ok": False, "error": "unknown benchmark 'nope'"}
+
+
+def test_a_job_past_its_deadline_kills_the_worker():
+    w = Worker()
+    try:
+        with pytest.raises(WorkerError, match="no answer after"):
+            w.run({"module": "sustained", "device": "cpu", "subject": "cpu", "budget_s": 120,
+                   "params": {"duration_s": 100.0, "size": 256}}, timeout_s=2)
+        assert w.proc.poll() is not None  # nothing left running
+    finally:
+        w.close()
+
+
+def this_machine() -> Machine:
+    return live.collect(steal_window_s=0.05, import_torch=False)
+
+
+def test_cpu_plan_measures_what_a_cpu_can_and_explains_the_rest(monkeypatch):
+    monkeypatch.setitem(plan.CPU_BUDGET_S, "sustained", 3.0)  # a 1 s load is enough to check the plumbing
+    outcome = plan.run(this_machine(), ["sustained", "pcie"], device="cpu")
+    by_name = {m["name"]: m for m in outcome.measurements}
+    assert by_name["sustained.tflops"]["value"] > 0 and by_name["sustained.tflops"]["subject"] == "cpu"
+    note = by_name["bench.pcie"]
+    assert note["details"]["outcome"] == "skipped" and "needs a CUDA GPU" in note["details"]["reason"]
+
+
+def test_without_torch_every_benchmark_says_how_to_get_it():
+    m = Machine(stack=Stack(torch=Torch(installed=False)))
+    outcome = plan.run(m, ["gemm", "membw"], device="cuda")
+    assert [n["name"] for n in outcome.measurements] == ["bench.gemm", "bench.membw"]
+    assert all("pip install torch" in n["details"]["reason"] for n in outcome.measurements)
+
+
+def test_gpu_benchmarks_without_a_gpu_skip_with_the_driver_reason():
+    m = this_machine()
+    if m.gpus:
+        pytest.skip("this machine has a GPU")
+    outcome = plan.run(m, ["gemm"], device="cuda")
+    (note,) = outcome.measurements
+    assert note["details"]["outcome"] == "skipped" and "no NVIDIA GPU" in note["details"]["reason"]
+
+
+def test_a_gpu_already_in_use_is_left_alone():
+    busy = capture.merge(capture.read_captures(str(FIXTURES / "smi_text/q-h100-80gb-hbm3-vm-590.48.01-load.txt"))).gpus[0]
+    idle = capture.merge(capture.read_captures(str(FIXTURES / "smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt"))).gpus[0]
+    assert "compute process" in plan._someone_else_on(busy)
+    assert plan._someone_else_on(idle) is None
+    hidden = copy.deepcopy(idle)
+    hidden.memory_used_mib = 20000  # edited: memory held by a process nobody lists
+    assert "cannot see" in plan._someone_else_on(hidden)
+
+
+def test_numa_cpus_come_from_the_topology_affinity():
+    m = capture.merge(capture.read_captures(str(FIXTURES / "topo/asus-esc8000a-4x-rtx6000ada-node-sys-nics-spaces.txt")))
+    cpus = plan._numa_cpus(m, m.gpus[2])  # "32-63" on that machine, cut to the CPUs this process may use
+    import os
+
+    assert set(cpus) == set(range(32, 64)) & os.sched_getaffinity(0)

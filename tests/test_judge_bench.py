@@ -1,0 +1,176 @@
+"""Benchmark figures judged against reference figures and the box's other GPUs.
+
+The machines are real captures; the measurements are synthetic figures written here (no GPU on
+this machine), chosen around the thresholds a user would care about.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuvet.judge import judge
+from gpuvet.probe import capture
+from gpuvet.record import Measurement
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H100_8X = "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"
+RTX4090_8X = "smi_text/q-8x-rtx4090-all-idle-535.154.05.txt"
+
+
+def machine(*names: str):
+    captures = []
+    for name in names:
+        captures += capture.read_captures(str(FIXTURES / name))
+    return capture.merge(captures)
+
+
+def results(m, measurements, check, benchmarks):
+    findings = judge(m, measurements, {"benchmarks": benchmarks, "device": "cuda"})
+    return {f.subject: f for f in findings if f.check == check}
+
+
+def gemm(subject, bf16, failures=0):
+    return [Measurement("gemm.bf16", bf16, "TFLOPS", subject, {"shape": [8192, 8192, 8192]}),
+            Measurement("gemm.check_failures", failures, "count", subject, {"failed": ["bf16"] if failures else []})]
+
+
+@pytest.mark.parametrize("bf16, status", [(770.0, "pass"), (700.0, "warn"), (600.0, "fail")])
+def test_gemm_against_the_best_measured_for_h100(bf16, status):
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    f = results(m, gemm("gpu0", bf16), "gpu.gemm", ["gemm"])["gpu0"]
+    assert f.status == status
+    assert "of the best measured for NVIDIA H100 80GB HBM3 (794.5)" in f.summary
+    assert "mamf_bf16_tflops" in f.evidence.source
+
+
+def test_gemm_without_a_measured_best_is_judged_loosely_against_the_peak():
+    m = machine("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")
+    figures = [x for i in range(8) for x in gemm(f"gpu{i}", 150.0)]  # ~91% of 165.2: healthy
+    found = results(m, figures, "gpu.gemm", ["gemm"])
+    assert {f.status for f in found.values()} == {"pass"} and "dense peak" in found["gpu0"].summary
+
+
+def test_one_gpu_well_below_its_box_fails_even_when_all_pass_the_spec():
+    m = machine(H100_8X)
+    figures = [x for i in range(8) for x in gemm(f"gpu{i}", 780.0 if i != 5 else 650.0)]
+    found = results(m, figures, "gpu.gemm", ["gemm"])
+    assert found["gpu5"].status == "fail" and "median of this machine's GPUs" in found["gpu5"].summary
+    assert found["gpu0"].status == "pass"
+
+
+def test_wrong_results_are_silent_data_corruption():
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    found = results(m, gemm("gpu0", 780.0, failures=1), "gpu.correctness", ["gemm"])
+    assert found["gpu0"].status == "fail" and "silent data corruption" in found["gpu0"].summary
+    assert results(m, gemm("gpu0", 780.0), "gpu.correctness", ["gemm"])["gpu0"].status == "pass"
+
+
+def test_benchmark_checks_only_appear_when_the_benchmark_was_planned():
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    assert results(m, [], "gpu.gemm", []) == {}
+
+
+def test_a_hung_benchmark_fails_and_a_skipped_one_says_why():
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    hung = [Measurement("bench.gemm", None, "", "gpu0", {"outcome": "failed",
+                                                           "reason": "no answer after 85 s while running gemm on gpu0: the GPU or driver may be hung"})]
+    f = results(m, hung, "gpu.gemm", ["gemm"])["gpu0"]
+    assert f.status == "fail" and "hung" in f.summary
+    skipped = [Measurement("bench.gemm", None, "", "gpu0", {"outcome": "skipped", "reason": "1 compute process(es) already on it: not loading it (use --force)"})]
+    f = results(m, skipped, "gpu.gemm", ["gemm"])["gpu0"]
+    assert f.status == "skip" and "--force" in f.summary
+
+
+def test_no_gpu_means_each_planned_benchmark_check_skips_with_the_reason():
+    from gpuvet.facts import Machine
+
+    notes = [Measurement("bench.gemm", None, "", "gpu", {"outcome": "skipped", "reason": "no NVIDIA GPU: no driver"})]
+    found = results(Machine(gpu_error="no driver"), notes, "gpu.gemm", ["gemm"])
+    assert found["gpu"].status == "skip" and "no NVIDIA GPU" in found["gpu"].summary
+
+
+@pytest.mark.parametrize("copy, status", [(2900.0, "pass"), (2200.0, "warn"), (1500.0, "fail")])
+def test_memory_bandwidth_against_spec(copy, status):
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    figures = [Measurement("membw.copy", copy, "GB/s", "gpu0", {"bytes_counted": "read + write (2 x buffer per copy)"})]
+    f = results(m, figures, "gpu.memory_bandwidth", ["membw"])["gpu0"]
+    assert f.status == status and "3350 GB/s spec" in f.summary
+
+
+def test_pcie_bandwidth_uses_the_link_read_under_load():
+    m = machine("bundles/h100-80gb-hbm3-vm-590.48.01.txt")  # its load section read Gen5 x16
+    figures = [Measurement("pcie.h2d_pinned", 55.0, "GB/s", "gpu0"), Measurement("pcie.d2h_pinned", 54.0, "GB/s", "gpu0")]
+    f = results(m, figures, "gpu.pcie_bandwidth", ["pcie"])["gpu0"]
+    assert f.status == "pass" and "Gen5 x16 as read under load" in f.summary
+    slow = [Measurement("pcie.h2d_pinned", 14.2, "GB/s", "gpu0"), Measurement("pcie.d2h_pinned", 54.0, "GB/s", "gpu0")]
+    assert results(m, slow, "gpu.pcie_bandwidth", ["pcie"])["gpu0"].status == "fail"
+
+
+def test_one_gpu_with_a_slow_host_link_is_named_like_nvbandwidth_issue_6():
+    m = machine(H100_8X)
+    figures = []
+    for i in range(8):
+        figures += [Measurement("pcie.h2d_pinned", 14.2 if i == 0 else 55.0, "GB/s", f"gpu{i}"),
+                    Measurement("pcie.d2h_pinned", 54.0, "GB/s", f"gpu{i}")]
+    found = results(m, figures, "gpu.pcie_bandwidth", ["pcie"])
+    assert found["gpu0"].status == "fail" and found["gpu1"].status == "pass"
+
+
+@pytest.mark.parametrize("ms, status", [(110.0, "pass"), (850.0, "warn"), (4000.0, "fail")])
+def test_context_init_like_the_seed(ms, status):
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    figures = [Measurement("latency.context_init", ms, "ms", "gpu0", {"runs": [ms] * 5})]
+    assert results(m, figures, "gpu.context_init", ["latency"])["gpu0"].status == status
+
+
+def telemetry(reasons=None, sm=1980, power_pct=97.0, temp=70.0):
+    return {"reasons": reasons or {"sw_power_cap": 0.8}, "sm_mhz": {"mean": sm, "min": sm, "max": sm},
+            "power": {"mean_w": 680.0, "max_w": 700.0, "mean_pct_of_limit": power_pct}, "temp_c": {"max": temp}}
+
+
+def sustained(subject, tflops=700.0, decay=1.0, tele=None):
+    details = {"dtype": "bfloat16", "duration_s": 30.0, "first_fifth": tflops, "last_fifth": tflops}
+    return [Measurement("sustained.tflops", tflops, "TFLOPS", subject, details),
+            Measurement("sustained.decay_pct", decay, "%", subject, details),
+            Measurement("sustained.telemetry", None, "", subject, tele or telemetry())]
+
+
+def test_sustained_load_held_passes():
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    f = results(m, sustained("gpu0"), "gpu.sustained", ["sustained"])["gpu0"]
+    assert f.status == "pass" and "held 700.0 TFLOPS" in f.summary
+
+
+@pytest.mark.parametrize(
+    "figures, status, words",
+    [
+        (sustained("gpu0", decay=18.0), "fail", "fell 18%"),
+        (sustained("gpu0", tele=telemetry({"hw_thermal_slowdown": 0.3, "sw_power_cap": 0.2})), "fail", "HW thermal slowdown during 30%"),
+        (sustained("gpu0", tele=telemetry(sm=1200, power_pct=60.0, reasons={})), "warn", "something else holds it back"),
+        (sustained("gpu0", tele=telemetry(temp=88.0)), "warn", "from slowdown"),
+    ],
+)
+def test_sustained_problems_are_named(figures, status, words):
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")  # SM max 1980 MHz; slowdown via T.Limit only
+    m.gpus[0].thermal.slowdown_c = 92.0  # edited: the capture gives T.Limit-relative thresholds only
+    f = results(m, figures, "gpu.sustained", ["sustained"])["gpu0"]
+    assert f.status == status and words in f.summary
+
+
+def test_p2p_pairs_against_nvlink_from_the_topology():
+    m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    pairs = [Measurement("p2p.copy", 260.0 if (i, j) != (2, 3) else 40.0, "GB/s", f"gpu{i}", {"src": i, "dst": j, "peer_access": True})
+             for i in range(8) for j in range(8) if i != j]
+    f = results(m, pairs, "gpu.p2p", ["p2p"])["machine"]
+    assert f.status == "fail" and "gpu2->gpu3 40 GB/s" in f.summary and "NV12 (NVLink)" in f.summary
+
+
+def test_allreduce_busbw_against_nvlink_and_wrong_sums():
+    m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    good = [Measurement("allreduce.busbw", 230.0, "GB/s", "machine", {"world_size": 8, "backend": "nccl", "check_ok": True})]
+    f = results(m, good, "gpu.allreduce", ["allreduce"])["machine"]
+    assert f.status == "pass" and "12 NVLinks per GPU" in f.summary
+    bad = [Measurement("allreduce.busbw", 230.0, "GB/s", "machine", {"world_size": 8, "backend": "nccl", "check_ok": False})]
+    assert results(m, bad, "gpu.allreduce", ["allreduce"])["machine"].status == "fail"
