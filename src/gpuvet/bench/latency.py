@@ -1,0 +1,264 @@
+"""B4: CUDA context creation in a fresh process, and kernel launch latency.
+
+Context creation is what every new CUDA process pays before its first kernel. The seeds saw about
+95 ms with a passed-through GPU and about 850 ms under vGPU, so it exposes virtualisation that the
+GPU's name hides. It is measured in fresh child processes that call the driver API through ctypes
+(no PyTorch import: the figure is the driver's and the hypervisor's, not Python's), from just
+before cuInit to a synchronised primary context, the one the CUDA runtime and PyTorch use.
+
+Kernel launch latency is the host time per launch of a tiny kernel (a 1-element `add_`, PyTorch's
+dispatch included) when launches are queued back to back, plus the round trip of a launch followed
+by a synchronize. SuperBench's A100 reference: 5.7 us between events, 9.6 us wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .common import BenchContext, Budget, Skip, measurement, summary
+
+LIBCUDA = "libcuda.so.1"
+DEFAULT_CONTEXT_RUNS = 5
+CHILD_TIMEOUT_S = 30.0
+LAUNCHES_PER_ROUND = 2000
+LAUNCH_ROUNDS = 5
+ROUNDTRIPS = 300
+CONTEXT_INIT_WHAT = ("milliseconds from just before cuInit(0) to a current, synchronised primary context "
+                     "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent + cuCtxSynchronize), in a fresh Python "
+                     "process that loads libcuda with ctypes and imports no PyTorch")
+
+# The child: stdlib only. It prints one JSON line: the timings, or the failing call and its error.
+CHILD_SCRIPT = r"""
+import ctypes, json, sys, time
+
+def say(**fields):
+    print(json.dumps(fields), flush=True)
+    sys.exit(0)
+
+ordinal, libname = int(sys.argv[1]), sys.argv[2]
+t_load = time.perf_counter()
+try:
+    cuda = ctypes.CDLL(libname)
+except OSError as err:
+    say(ok=False, no_driver=True, error=f"no CUDA driver ({libname} not found: {err})")
+t_loaded = time.perf_counter()
+
+def error_name(code):
+    name = ctypes.c_char_p()
+    try:
+        if cuda.cuGetErrorName(code, ctypes.byref(name)) == 0 and name.value:
+            return name.value.decode()
+    except AttributeError:
+        pass
+    return "CUresult"
+
+def call(fn, *args):
+    code = getattr(cuda, fn)(*args)
+    if code != 0:
+        say(ok=False, call=fn, code=code, error=f"{fn} failed: {error_name(code)} ({code})")
+
+release = getattr(cuda, "cuDevicePrimaryCtxRelease_v2", None) or getattr(cuda, "cuDevicePrimaryCtxRelease", None)
+device, context = ctypes.c_int(), ctypes.c_void_p()
+t0 = time.perf_counter()
+call("cuInit", 0)
+t_init = time.perf_counter()
+call("cuDeviceGet", ctypes.byref(device), ordinal)
+call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+call("cuCtxSetCurrent", context)
+call("cuCtxSynchronize")
+t1 = time.perf_counter()
+if release is not None:
+    release(device)
+say(ok=True, load_ms=(t_loaded - t_load) * 1e3, cuinit_ms=(t_init - t0) * 1e3, context_ms=(t1 - t0) * 1e3)
+"""
+
+# CUDA errors that deserve a word of explanation in the report.
+ERROR_HINTS = {
+    "CUDA_ERROR_NO_DEVICE": "the driver sees no GPU (CUDA_VISIBLE_DEVICES, container runtime?)",
+    "CUDA_ERROR_INVALID_DEVICE": "no GPU with this ordinal",
+    "CUDA_ERROR_DEVICE_UNAVAILABLE": "the GPU is busy or in EXCLUSIVE_PROCESS compute mode (nvidia-smi -q, Compute Mode)",
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": "the kernel module and libcuda versions differ (reboot or reinstall the driver)",
+    "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE": "a CUDA forward-compatibility libcuda is used on a GPU that does not support it",
+}
+
+
+class ContextInitError(RuntimeError):
+    """A child could not create a CUDA context; the message says which call failed and why."""
+
+
+@dataclass
+class InitTiming:
+    cuinit_ms: float  # cuInit alone
+    context_ms: float  # cuInit through a usable context
+    load_ms: float | None = None  # dlopen of libcuda, before the clock starts
+
+
+def run(ctx: BenchContext) -> list[dict]:
+    if not ctx.is_cuda:
+        raise Skip("CUDA context and kernel launch latency need a CUDA GPU")
+    ordinal = torch.device(ctx.device).index or 0
+    ctx.progress("latency.context_init")
+    results = [_context_init_or_reason(ctx, ordinal)]
+    ctx.progress("latency.kernel_launch")
+    results.append(measure_kernel_launch(ctx.device, ctx.subject, ctx.budget))
+    return results
+
+
+def _context_init_or_reason(ctx: BenchContext, ordinal: int) -> dict:
+    """The context measurement; when it cannot be had, a measurement without a value that says why,
+    so the kernel launch figure is still reported."""
+    try:
+        return measure_context_init(
+            ordinal, ctx.subject,
+            runs=int(ctx.params.get("context_runs", DEFAULT_CONTEXT_RUNS)),
+            libcuda=ctx.params.get("libcuda", LIBCUDA),
+            budget=ctx.budget.share(0.7),
+        )
+    except Skip as why:
+        return measurement("latency.context_init", None, "ms", ctx.subject, gpu=ordinal, skipped=str(why))
+    except ContextInitError as err:
+        return measurement("latency.context_init", None, "ms", ctx.subject, gpu=ordinal, error=str(err))
+
+
+# --- context creation ------------------------------------------------------------------------
+
+
+def measure_context_init(ordinal: int, subject: str, runs: int = DEFAULT_CONTEXT_RUNS, libcuda: str = LIBCUDA,
+                         budget: Budget | None = None, timeout_s: float = CHILD_TIMEOUT_S,
+                         python: str = sys.executable) -> dict:
+    """Median over `runs` fresh processes (fewer when the budget runs out, at least one).
+    Raises Skip without a CUDA driver, ContextInitError when a child fails."""
+    timings: list[InitTiming] = []
+    for _ in range(max(1, runs)):
+        if timings and budget is not None and budget.remaining() < _expected_s(timings):
+            break
+        timings.append(run_child(ordinal, libcuda=libcuda, timeout_s=timeout_s, python=python))
+    context = [round(t.context_ms, 3) for t in timings]
+    cuinit = [round(t.cuinit_ms, 3) for t in timings]
+    loads = [t.load_ms for t in timings if t.load_ms is not None]
+    return measurement(
+        "latency.context_init", statistics.median(context), "ms", subject,
+        runs=context, summary=summary(context), gpu=ordinal, requested_runs=runs,
+        cuinit_ms=statistics.median(cuinit), cuinit_runs=cuinit,
+        libcuda_load_ms=round(statistics.median(loads), 3) if loads else None,
+        measures=CONTEXT_INIT_WHAT,
+    )
+
+
+def _expected_s(timings: list[InitTiming]) -> float:
+    """A generous guess at one more child: its context time plus a Python start."""
+    return max(t.context_ms for t in timings) / 1e3 + 0.2
+
+
+def run_child(ordinal: int, libcuda: str = LIBCUDA, timeout_s: float = CHILD_TIMEOUT_S,
+              python: str = sys.executable) -> InitTiming:
+    # -I: isolated from PYTHON* variables and site-packages; the child needs only the stdlib.
+    cmd = [python, "-I", "-c", CHILD_SCRIPT, str(ordinal), libcuda]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:  # a process stuck inside the driver may not even die; do not wait for it forever
+            proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        raise ContextInitError(f"creating a CUDA context on GPU {ordinal} did not finish in {timeout_s:.0f} s") from None
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return parse_child_output(stdout, returncode=proc.returncode, stderr=stderr)
+
+
+def parse_child_output(stdout: str, returncode: int = 0, stderr: str = "") -> InitTiming:
+    """The child's last JSON line as timings; raises Skip (no driver) or ContextInitError."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        report = None
+    if not isinstance(report, dict):
+        said = (stderr.strip().splitlines() or lines or ["no output"])[-1]
+        raise ContextInitError(f"the context-creation child exited with {returncode}: {said[:300]}")
+    if report.get("no_driver"):
+        raise Skip(str(report.get("error") or "no CUDA driver"))
+    if not report.get("ok"):
+        raise ContextInitError(_explained(str(report.get("error") or "unknown error")))
+    try:
+        timing = InitTiming(float(report["cuinit_ms"]), float(report["context_ms"]),
+                            float(report["load_ms"]) if report.get("load_ms") is not None else None)
+    except (KeyError, TypeError, ValueError):
+        raise ContextInitError(f"the context-creation child printed an unexpected report: {lines[-1][:300]}") from None
+    if not (0 <= timing.cuinit_ms <= timing.context_ms):
+        raise ContextInitError(f"the context-creation child printed inconsistent times: {lines[-1][:300]}")
+    return timing
+
+
+def _explained(error: str) -> str:
+    for name, hint in ERROR_HINTS.items():
+        if name in error:
+            return f"{error}: {hint}"
+    return error
+
+
+# --- kernel launch ---------------------------------------------------------------------------
+
+
+def measure_kernel_launch(device: str, subject: str, budget: Budget | None = None) -> dict:
+    if not device.startswith("cuda"):
+        raise Skip("kernel launch latency needs a CUDA GPU")
+    x = torch.zeros(1, device=device)
+    launches, rounds = LAUNCHES_PER_ROUND, LAUNCH_ROUNDS
+    _queued_launch_seconds(x, device, 200)  # warm-up: the add kernel loaded, the caches hot
+    if budget is not None:  # a slow virtualised launch (50 us) must still fit
+        one = _queued_launch_seconds(x, device, 200) / 200
+        launches = max(100, min(LAUNCHES_PER_ROUND, int(budget.remaining() * 0.3 / rounds / max(one, 1e-7))))
+    per_launch_us = [_queued_launch_seconds(x, device, launches) / launches * 1e6 for _ in range(rounds)]
+    roundtrip_us = _roundtrip_us(x, device, ROUNDTRIPS)
+    dispatch_us = _queued_launch_seconds(torch.zeros(1), "cpu", launches) / launches * 1e6
+    return measurement(
+        "latency.kernel_launch", statistics.median(per_launch_us), "us", subject,
+        summary=summary(per_launch_us), launches_per_round=launches, rounds=rounds,
+        sync_roundtrip_us=round(statistics.median(roundtrip_us), 3), sync_roundtrip_summary=summary(roundtrip_us),
+        cpu_dispatch_us=round(dispatch_us, 3),
+        measures="host time per launch of a 1-element add_ queued back to back (PyTorch dispatch included; "
+                 "cpu_dispatch_us is the same call on a CPU tensor); sync_roundtrip_us: one launch plus "
+                 "torch.cuda.synchronize, wall clock",
+    )
+
+
+def _queued_launch_seconds(x: torch.Tensor, device: str, launches: int) -> float:
+    """Host time to queue `launches` tiny kernels; the final synchronize is outside the clock so the
+    figure is the launch cost, not the GPU's execution."""
+    _synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(launches):
+        x.add_(1)
+    elapsed = time.perf_counter() - t0
+    _synchronize(device)
+    return elapsed
+
+
+def _roundtrip_us(x: torch.Tensor, device: str, count: int) -> list[float]:
+    times = []
+    _synchronize(device)
+    for _ in range(count):
+        t0 = time.perf_counter()
+        x.add_(1)
+        torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
