@@ -212,6 +212,26 @@ class Storage:
 
 
 @dataclass
+class Nic:
+    name: str
+    speed_mbps: int | None = None  # /sys/class/net/<nic>/speed; None when down or virtual
+    operstate: str | None = None  # up, down, unknown
+    mtu: int | None = None
+    driver: str | None = None
+    virtual: bool = False  # loopback, bridges, veth, docker0 ...
+
+
+@dataclass
+class RdmaPort:
+    device: str  # mlx5_0
+    port: int
+    state: str | None = None  # ACTIVE, DOWN ...
+    phys_state: str | None = None  # LinkUp, Disabled ...
+    rate_gbps: float | None = None
+    link_layer: str | None = None  # InfiniBand, Ethernet (RoCE)
+
+
+@dataclass
 class Host:
     hostname: str | None = None
     os: str | None = None
@@ -236,6 +256,8 @@ class Host:
     steal_since_boot_pct: float | None = None
     somaxconn: int | None = None
     workdir: Storage | None = None
+    nics: list[Nic] | None = None  # None: not read
+    rdma: list[RdmaPort] | None = None  # None: not read; []: no RDMA device
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
@@ -263,6 +285,33 @@ class Stack:
 
 
 @dataclass
+class Listener:
+    """A TCP server listening on this machine, and whether strangers could use it."""
+
+    address: str
+    port: int
+    pid: int | None = None
+    process: str | None = None
+    all_interfaces: bool = False  # bound to 0.0.0.0 / :: rather than loopback
+    kind: str | None = None  # jupyter, ssh, tensorboard, ... when recognised
+    protected: bool | None = None  # token/password known to be set (True) or known absent (False)
+    note: str | None = None
+
+
+@dataclass
+class Audit:
+    """Configuration that slows, breaks or exposes work on this machine (read-only advice)."""
+
+    ssh_client: dict[str, str] = field(default_factory=dict)  # ~/.ssh/config options for Host *
+    sshd: dict[str, str] = field(default_factory=dict)  # effective sshd_config options we care about
+    authorized_keys: list[dict[str, str]] = field(default_factory=list)  # {"type", "comment", "options", "restricted"}
+    listeners: list[Listener] = field(default_factory=list)
+    jupyter: dict[str, str] = field(default_factory=dict)  # config options found, and their file
+    environment: dict[str, str] = field(default_factory=dict)  # CUDA_MODULE_LOADING, ...
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Machine:
     source: str = "live"  # "live" or "capture"
     driver: Driver = field(default_factory=Driver)
@@ -271,6 +320,7 @@ class Machine:
     topology: Topology | None = None
     host: Host | None = None  # None: not captured
     stack: Stack | None = None  # None: not captured
+    audit: Audit | None = None  # None: not captured
     captures: list[dict[str, str]] = field(default_factory=list)  # {"path", "kind"}
     probe_errors: dict[str, str] = field(default_factory=dict)  # probe -> error, when one broke
 
