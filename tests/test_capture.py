@@ -11,7 +11,9 @@ from gpuvet.probe import capture
 from gpuvet.probe.errors import CaptureError
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ALL_FILES = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.name != "SOURCES.md")
+# Every real capture (records/ holds gpuvet run records made from them, not captures).
+ALL_FILES = sorted(p for p in FIXTURES.rglob("*")
+                   if p.is_file() and p.name != "SOURCES.md" and p.relative_to(FIXTURES).parts[0] != "records")
 
 # Files that are not captures of a working machine: each must give one clear error.
 NOT_CAPTURES = {

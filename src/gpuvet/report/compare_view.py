@@ -1,0 +1,250 @@
+"""Comparisons and history for people: a rich terminal table, Markdown, and a JSON-ready dict.
+
+Everything shown is computed in `compare.py`; this module only lays it out. Columns are runs,
+rows are quantities; each value carries its difference to the best run, which is marked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..compare import KEY_FIGURES, Comparison, FindingRow, Row, Trend
+from ..record import FAIL, PASS, SKIP, WARN
+from ..store import RunSummary
+
+SCHEMA = "gpuvet.compare/1"
+STATUS_STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim"}
+
+
+# -- formatting shared by the terminal and Markdown ------------------------------------------
+
+def _number(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "USD":
+        return f"${value:,.2f}" if abs(value) >= 0.1 else f"${value:.4f}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _relative(pct: float | None) -> str:
+    if pct is None or abs(pct) < 0.05:
+        return ""
+    if pct >= 900:  # "+118563%" reads worse than "1187x"
+        return f"{1 + pct / 100:,.0f}x"
+    return f"{pct:+.0f}%" if abs(pct) >= 1 else f"{pct:+.1f}%"
+
+
+def _hours(hours: float | None) -> str:
+    if hours is None:
+        return "—"
+    return f"{hours:,.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+
+
+def _price(price: float | None) -> str:
+    return f"${price:.2f}/h" if price is not None else "—"
+
+
+def _differing_findings(comparison: Comparison, verbose: bool) -> tuple[list[FindingRow], int]:
+    """The checks whose status differs between runs (all with `verbose`), and how many do not."""
+    differing = [r for r in comparison.findings if r.differs]
+    return (comparison.findings if verbose else differing), len(comparison.findings) - len(differing)
+
+
+# -- terminal ---------------------------------------------------------------------------------
+
+def render(comparison: Comparison, console: Console, verbose: bool = False) -> None:
+    """The comparison as one table (runs as columns), then the ranking and its one sentence."""
+    table = Table(show_header=True, header_style="bold", show_lines=False, pad_edge=False)
+    table.add_column("")
+    for run in comparison.runs:
+        table.add_column(escape(run.name), overflow="fold")
+    table.add_row("GPUs", *[escape(r.gpus) for r in comparison.runs])
+    table.add_row("started (UTC)", *[r.started_at.replace("T", " ")[:16] for r in comparison.runs])
+    table.add_row("verdict", *[f"[{STATUS_STYLE.get(r.verdict, '')}]{r.verdict.upper()}[/]" for r in comparison.runs])
+    table.add_row("price", *[_price(r.price_per_hour) for r in comparison.runs])
+    _section(table, "Measured (median over GPUs)", comparison.measurements)
+    _section(table, "Cost per unit of work", comparison.costs)
+    if comparison.job:
+        job = comparison.job
+        table.add_section()
+        table.add_row(f"[bold]Job: {escape(job.description)}[/]", *[""] * len(comparison.runs))
+        table.add_row("time", *[_hours(h) for h in job.hours])
+        table.add_row("cost", *[_number(c, "USD") for c in job.cost_usd])
+    rows, same = _differing_findings(comparison, verbose)
+    if rows:
+        table.add_section()
+        table.add_row("[bold]Findings that differ[/]" if not verbose else "[bold]Findings[/]", *[""] * len(comparison.runs))
+        for row in rows:
+            table.add_row(escape(row.check), *[_status_cell(s) for s in row.statuses])
+    console.print(table)
+    if same and not verbose:
+        console.print(f"[dim]{same} checks agree on every run that could check them (-v lists them).[/]")
+    if comparison.single_run_measurements:
+        console.print(f"[dim]{comparison.single_run_measurements} measurements only one run has are not compared.[/]")
+    _ranking(comparison, console)
+    for note in comparison.notes:
+        console.print(f"[dim]· {escape(note)}[/]")
+
+
+def _section(table: Table, title: str, rows: list[Row]) -> None:
+    if not rows:
+        return
+    table.add_section()
+    table.add_row(f"[bold]{title}[/]", *[""] * len(rows[0].values))
+    for row in rows:
+        unit = "" if row.unit == "USD" else f" {row.unit}"
+        label = escape(f"{row.label}{unit}") + (" [dim](lower is better)[/]" if row.lower_is_better and row.unit != "USD" else "")
+        table.add_row(label, *[_cell(row, i) for i in range(len(row.values))])
+
+
+def _cell(row: Row, i: int) -> str:
+    text = _number(row.values[i], row.unit)
+    if row.values[i] is None:
+        return f"[dim]{text}[/]"
+    if i == row.best and sum(v is not None for v in row.values) > 1:
+        return f"[bold green]{text}[/] [dim]best[/]"
+    relative = _relative(row.relative_pct[i] if row.relative_pct else None)
+    return f"{text} [dim]{relative}[/]" if relative else text
+
+
+def _status_cell(status: str | None) -> str:
+    return f"[{STATUS_STYLE.get(status, '')}]{status.upper()}[/]" if status else "[dim]—[/]"
+
+
+def _ranking(comparison: Comparison, console: Console) -> None:
+    if comparison.ranking:
+        console.print(f"\n[bold]Ranked by {escape(comparison.rank_unit or '')}[/] (cheapest result first)")
+        for n, entry in enumerate(comparison.ranking, 1):
+            console.print(f"  {n}. {escape(entry.name):<24} {_number(entry.cost, 'USD'):>12}   at {_price(entry.price_per_hour)}")
+    for name, why in comparison.unranked.items():
+        console.print(f"  [dim]{escape(name)}: not ranked ({escape(why)})[/]")
+    if comparison.verdict:
+        console.print(f"\n{escape(comparison.verdict)}")
+
+
+# -- Markdown ---------------------------------------------------------------------------------
+
+def to_markdown(comparison: Comparison, verbose: bool = False) -> str:
+    names = [r.name for r in comparison.runs]
+    lines = ["| | " + " | ".join(_md(n) for n in names) + " |", "|---|" + "---|" * len(names)]
+    lines.append("| GPUs | " + " | ".join(_md(r.gpus) for r in comparison.runs) + " |")
+    lines.append("| started (UTC) | " + " | ".join(r.started_at.replace("T", " ")[:16] for r in comparison.runs) + " |")
+    lines.append("| verdict | " + " | ".join(r.verdict.upper() for r in comparison.runs) + " |")
+    lines.append("| price | " + " | ".join(_price(r.price_per_hour) for r in comparison.runs) + " |")
+    for title, rows in (("Measured (median over GPUs)", comparison.measurements), ("Cost per unit of work", comparison.costs)):
+        if rows:
+            lines.append(f"| **{title}** |" + " |" * len(names))
+            lines += [_md_row(row) for row in rows]
+    if comparison.job:
+        job = comparison.job
+        lines.append(f"| **Job: {_md(job.description)}** |" + " |" * len(names))
+        lines.append("| time | " + " | ".join(_hours(h) for h in job.hours) + " |")
+        lines.append("| cost | " + " | ".join(_number(c, "USD") for c in job.cost_usd) + " |")
+    rows, same = _differing_findings(comparison, verbose)
+    if rows:
+        lines.append(f"| **{'Findings' if verbose else 'Findings that differ'}** |" + " |" * len(names))
+        lines += ["| " + _md(r.check) + " | " + " | ".join((s or "—").upper() for s in r.statuses) + " |" for r in rows]
+    out = ["\n".join(lines)]
+    if same and not verbose:
+        out.append(f"{same} checks agree on every run that could check them.")
+    if comparison.ranking:
+        ranked = [f"{n}. {_md(e.name)}: {_number(e.cost, 'USD')} at {_price(e.price_per_hour)}"
+                  for n, e in enumerate(comparison.ranking, 1)]
+        out.append(f"**Ranked by {_md(comparison.rank_unit or '')}** (cheapest result first)\n\n" + "\n".join(ranked))
+    if comparison.unranked:
+        out.append("\n".join(f"- {_md(name)}: not ranked ({_md(why)})" for name, why in comparison.unranked.items()))
+    if comparison.verdict:
+        out.append(_md(comparison.verdict))
+    if comparison.notes:
+        out.append("\n".join(f"- {_md(note)}" for note in comparison.notes))
+    return "\n\n".join(out) + "\n"
+
+
+def _md_row(row: Row) -> str:
+    cells = []
+    for i, value in enumerate(row.values):
+        text = _number(value, row.unit)
+        if value is not None and i == row.best and sum(v is not None for v in row.values) > 1:
+            text = f"**{text}** (best)"
+        elif value is not None:
+            relative = _relative(row.relative_pct[i] if row.relative_pct else None)
+            text = f"{text} ({relative})" if relative else text
+        cells.append(text)
+    unit = "" if row.unit == "USD" else f" {row.unit}"
+    return f"| {_md(row.label + unit)} | " + " | ".join(cells) + " |"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+def to_dict(comparison: Comparison) -> dict[str, Any]:
+    """The comparison as plain data (json.dumps-able), with its own schema name."""
+    return {"schema": SCHEMA, **dataclasses.asdict(comparison)}
+
+
+# -- history ----------------------------------------------------------------------------------
+
+def render_history(summaries: list[RunSummary], console: Console) -> None:
+    """`gpuvet history`: one line per run, newest first, with its key figures."""
+    if not summaries:
+        console.print("No runs stored yet (`gpuvet run` saves every run).")
+        return
+    present = [(name, label, unit) for name, label, unit in KEY_FIGURES if any(name in s.figures for s in summaries)]
+    table = Table(show_header=True, header_style="bold", pad_edge=False)
+    for column in ("id", "started (UTC)", "label", "GPUs", "verdict", "price", "machine"):
+        table.add_column(column, overflow="fold")
+    for _, label, unit in present:
+        table.add_column(f"{label} {unit}", justify="right")
+    for s in summaries:
+        table.add_row(str(s.id), s.started_at.replace("T", " ")[:16], escape(s.label or ""), escape(s.gpus),
+                      f"[{STATUS_STYLE.get(s.verdict, '')}]{s.verdict.upper()}[/]", _price(s.price_per_hour),
+                      s.machine_key, *[_number(s.figures.get(name), unit) for name, _, unit in present])
+    console.print(table)
+
+
+def render_machines(machines: list[tuple[str, str, int]], console: Console) -> None:
+    """`gpuvet history --machine` without a key: the machines the store knows."""
+    if not machines:
+        console.print("No runs stored yet (`gpuvet run` saves every run).")
+        return
+    table = Table(show_header=True, header_style="bold", pad_edge=False)
+    for column in ("machine", "runs", "what"):
+        table.add_column(column, overflow="fold")
+    for key, description, count in machines:
+        table.add_row(key, str(count), escape(description))
+    console.print(table)
+
+
+def render_trend(trend: Trend, console: Console) -> None:
+    """How one machine's figures moved: first, last, change, and day vs night."""
+    if not trend.figures:
+        console.print(f"{trend.runs} runs of this machine, none with benchmark figures to follow.")
+        return
+    first, last = (trend.first_at or "")[:16].replace("T", " "), (trend.last_at or "")[:16].replace("T", " ")
+    console.print(f"[bold]{trend.runs} runs[/] from {first} to {last} UTC")
+    table = Table(show_header=True, header_style="bold", pad_edge=False)
+    for column in ("figure", "runs", "first", "last", "change", "day", "night"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for f in trend.figures:
+        table.add_row(f"{f.label} {f.unit}", str(len(f.points)), _number(f.first, f.unit), _number(f.last, f.unit),
+                      _relative(f.change_pct) or "—", _number(f.day_median, f.unit), _number(f.night_median, f.unit))
+    console.print(table)
+    for f in trend.figures:
+        console.print(f"  {escape(f.sentence)}")
+    console.print(f"[dim]{escape(trend.clock)}[/]")
+
+
+def trend_to_dict(trend: Trend) -> dict[str, Any]:
+    return {"schema": "gpuvet.trend/1", **dataclasses.asdict(trend)}
+
+
+def summaries_to_dicts(summaries: list[RunSummary]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(s) for s in summaries]

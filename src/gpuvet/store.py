@@ -1,0 +1,518 @@
+"""The local history of runs (D1): one SQLite file, safe under concurrent and killed writers.
+
+Each run is stored whole, as its run record's JSON: that is the single source of truth. The
+other columns (when, label, price, GPUs, verdict, key figures, machine key) are derived from it
+for listing, and a migration can always rebuild them from the JSON.
+
+Robustness:
+* WAL journal and a busy timeout: several gpuvet processes can write at once, readers never
+  block writers; every write is one `BEGIN IMMEDIATE` transaction, so a process killed in the
+  middle leaves the last committed state (SQLite rolls the rest back on the next open).
+  WAL needs shared memory between the processes: a store on a network file system is not safe
+  for concurrent writers (keep it on local disk, the default).
+* The layout version is SQLite's `user_version` pragma; older layouts are migrated at open, in
+  one transaction, under the write lock (two processes opening an old store migrate it once).
+* A file that is not a readable gpuvet store raises `StoreError` naming the path, before
+  anything is written to it: gpuvet never overwrites or "repairs" a file it cannot read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+from .compare import gpu_summary, key_figures
+from .facts import Machine
+from .record import SCHEMA, RunRecord
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0  # a writer waits this long for another one to finish before giving up
+
+# Version 1. Everything but `id` and `record` is derived from `record`.
+_CREATE_V1 = """
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_hash TEXT NOT NULL UNIQUE,        -- identity of the run (see run_hash()): imports stay idempotent
+    started_at TEXT NOT NULL,             -- ISO 8601, UTC
+    saved_at TEXT NOT NULL,
+    label TEXT,
+    price_per_hour REAL,                  -- USD
+    machine_key TEXT NOT NULL,
+    machine_basis TEXT NOT NULL,          -- what the key was made of
+    gpus TEXT NOT NULL,                   -- "8 x NVIDIA H100 80GB HBM3"
+    hostname TEXT,
+    verdict TEXT NOT NULL,
+    tool_version TEXT,
+    figures TEXT NOT NULL,                -- JSON {measurement name: median over GPUs}
+    record TEXT NOT NULL                  -- the run record, whole (JSON)
+);
+CREATE INDEX runs_by_time ON runs (started_at);
+CREATE INDEX runs_by_machine ON runs (machine_key, started_at);
+-- Rows an old layout held whose record could not be read: kept, never dropped.
+CREATE TABLE unreadable_runs (id INTEGER PRIMARY KEY, record TEXT, reason TEXT);
+"""
+
+
+class StoreError(Exception):
+    """The store cannot be used; the message says which file and why (one line, no traceback)."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"run store {self.path}: {reason}")
+
+
+class UnknownRun(StoreError):
+    """No run with that id in this store."""
+
+
+# -- where, and which machine -----------------------------------------------------------------
+
+def default_path() -> Path:
+    """$GPUVET_DB, else $XDG_DATA_HOME/gpuvet/runs.sqlite3, else ~/.local/share/gpuvet/runs.sqlite3."""
+    if os.environ.get("GPUVET_DB"):
+        return Path(os.environ["GPUVET_DB"]).expanduser()
+    data_home = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(data_home) if os.path.isabs(data_home) else Path.home() / ".local" / "share"  # XDG: relative = unset
+    return base / "gpuvet" / "runs.sqlite3"
+
+
+@dataclass(frozen=True)
+class MachineIdentity:
+    key: str  # 12 hex digits
+    basis: str  # what it was made of, for a person
+
+
+_MASKED_UUID = re.compile(r"^(GPU-|MIG-)?[0-]+$", re.IGNORECASE)
+
+
+def machine_identity(machine: Machine) -> MachineIdentity:
+    """A stable key for "the same machine": the sorted GPU UUIDs when every GPU has a real one.
+    Captures masked by their collector (GPU-00000000-...) and sources without UUIDs fall back to
+    hostname + GPU models + bus ids, which machines of the same shape and name can share; a
+    machine without GPUs is its hostname and CPU."""
+    uuids = [g.uuid.strip() for g in machine.gpus if g.uuid and not _MASKED_UUID.match(g.uuid.strip())]
+    if machine.gpus and len(uuids) == len(machine.gpus):
+        return MachineIdentity(_digest("uuids", *sorted(uuids)), "the GPU UUID" if len(uuids) == 1 else f"the {len(uuids)} GPU UUIDs")
+    hostname = machine.host.hostname if machine.host else None
+    if machine.gpus:
+        parts = sorted(f"{g.pcie.bus_id or g.index}={g.name}" for g in machine.gpus)
+        why = "UUIDs masked or missing"
+        basis = f"hostname {hostname} + GPU bus ids; {why}" if hostname else f"GPU models + bus ids only; {why}, no hostname"
+        return MachineIdentity(_digest("bus", hostname or "", *parts), basis)
+    cpu = machine.host.cpu_model if machine.host else None
+    return MachineIdentity(_digest("host", hostname or "", cpu or ""), f"hostname {hostname or 'unknown'} + CPU model; no GPU")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def run_hash(data: dict[str, Any]) -> str:
+    """The identity of a run: its record without what can change after the run (the label and
+    price the user gives, and the findings, which newer rules may judge differently)."""
+    options = {k: v for k, v in (data.get("options") or {}).items() if k not in ("label", "price")}
+    core = {k: v for k, v in data.items() if k not in ("findings", "verdict", "options")}
+    text = json.dumps({"options": options, **core}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# -- listing ----------------------------------------------------------------------------------
+
+@dataclass
+class RunSummary:
+    id: int
+    started_at: str
+    label: str | None
+    price_per_hour: float | None
+    gpus: str
+    verdict: str
+    figures: dict[str, float]  # key figures by measurement name (compare.KEY_FIGURES), when measured
+    machine_key: str
+    machine_basis: str
+    hostname: str | None
+
+
+_LISTED = "id, started_at, label, price_per_hour, gpus, verdict, figures, machine_key, machine_basis, hostname"
+
+
+def _summary(row: sqlite3.Row) -> RunSummary:
+    return RunSummary(row["id"], row["started_at"], row["label"], row["price_per_hour"], row["gpus"], row["verdict"],
+                      json.loads(row["figures"]), row["machine_key"], row["machine_basis"], row["hostname"])
+
+
+@dataclass
+class _Row:
+    """A run as the `runs` table holds it: the record JSON and the columns derived from it."""
+
+    data: dict[str, Any]
+    record: str
+    run_hash: str
+    started_at: str
+    label: str | None
+    price_per_hour: float | None
+    machine_key: str
+    machine_basis: str
+    gpus: str
+    hostname: str | None
+    verdict: str
+    tool_version: str | None
+    figures: str
+
+    @classmethod
+    def of(cls, data: dict[str, Any], record: RunRecord) -> _Row:
+        identity = machine_identity(record.machine)
+        options = data.get("options") or {}
+        return cls(
+            data=data, record=_to_json(data), run_hash=run_hash(data), started_at=record.started_at,
+            label=options.get("label"), price_per_hour=options.get("price"),
+            machine_key=identity.key, machine_basis=identity.basis, gpus=gpu_summary(record.machine),
+            hostname=record.machine.host.hostname if record.machine.host else None, verdict=record.verdict,
+            tool_version=record.tool.get("version"), figures=json.dumps(key_figures(record)),
+        )
+
+
+# -- the store --------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _guarded(method: Callable[..., T]) -> Callable[..., T]:
+    """SQLite errors (a file damaged after open, a full disk) become one StoreError."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as err:
+            raise StoreError(self.path, _reason(err)) from None
+
+    return wrapper
+
+
+def _reason(err: sqlite3.Error) -> str:
+    text = str(err)
+    if "not a database" in text or "malformed" in text:
+        return f"not a readable gpuvet store ({text}); it is left as it is: move it aside or use --db"
+    if "locked" in text or "busy" in text:
+        return f"another gpuvet process held it for more than {BUSY_TIMEOUT_S:.0f} s ({text})"
+    return text
+
+
+class Store:
+    """Runs saved on this machine. Open it, use it, close it (or use `with Store(path) as s:`)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, create: bool = True):
+        self.path = Path(path) if path is not None else default_path()
+        self._db = self._connect(create)
+        try:
+            self._prepare()
+        except sqlite3.Error as err:
+            self._db.close()
+            raise StoreError(self.path, _reason(err)) from None
+        except StoreError:
+            self._db.close()
+            raise
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        if self.path.is_dir():
+            raise StoreError(self.path, "is a folder; give a file name")
+        if not self.path.exists():
+            if not create:
+                raise StoreError(self.path, "no store here yet (`gpuvet run` saves every run to it)")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(self.path, f"cannot create its folder ({err.strerror or err})") from None
+        try:
+            # isolation_level=None: transactions are begun and ended here, explicitly.
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as err:
+            raise StoreError(self.path, f"cannot open it ({err})") from None
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _prepare(self) -> None:
+        """Check what the file holds (reads only), then create or migrate it under the write lock,
+        then switch to WAL. Nothing is written to a file that is not a gpuvet store."""
+        version, tables = self._layout()
+        self._refuse_unknown(version, tables)
+        if version < SCHEMA_VERSION:
+            with self._transaction():
+                version, tables = self._layout()  # another process may have done it meanwhile
+                self._refuse_unknown(version, tables)
+                if version < SCHEMA_VERSION:
+                    self._upgrade(version, tables)
+        self._use_wal()
+        self._db.execute("PRAGMA synchronous = FULL")
+
+    def _layout(self) -> tuple[int, set[str]]:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+        return version, tables
+
+    def _refuse_unknown(self, version: int, tables: set[str]) -> None:
+        if version > SCHEMA_VERSION:
+            raise StoreError(self.path, f"written by a newer gpuvet (store layout {version}; this gpuvet reads up to "
+                                        f"{SCHEMA_VERSION}); upgrade gpuvet to use it. The file is left as it is.")
+        if version == 0 and tables and not self._is_v0(tables):
+            raise StoreError(self.path, f"an SQLite database, but not a gpuvet store (tables: {', '.join(sorted(tables))}); "
+                                        f"it is left as it is: choose another --db")
+
+    def _is_v0(self, tables: set[str]) -> bool:
+        if "runs" not in tables:
+            return False
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        return {"id", "record"} <= columns
+
+    def _use_wal(self) -> None:
+        try:
+            self._db.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as err:
+            if "readonly" not in str(err):  # a read-only store is still readable without WAL
+                raise
+
+    # -- migrations -----------------------------------------------------------------------
+
+    def _upgrade(self, version: int, tables: set[str]) -> None:
+        steps = {0: self._migrate_0_to_1}
+        while version < SCHEMA_VERSION:
+            steps[version](tables)
+            version += 1
+            self._db.execute(f"PRAGMA user_version = {version}")
+
+    def _migrate_0_to_1(self, tables: set[str]) -> None:
+        """Layout 0: a `runs` table with at least `id` and `record` (the run record JSON), as early
+        versions wrote it, or nothing at all (a new file). Its rows are rebuilt from their JSON
+        with their ids kept; a row whose JSON cannot be read moves to `unreadable_runs`."""
+        if "runs" in tables:
+            self._db.execute("ALTER TABLE runs RENAME TO runs_v0")
+        for statement in _CREATE_V1.split(";"):
+            if statement.strip():
+                self._db.execute(statement)
+        if "runs" not in tables:
+            return
+        for row in self._db.execute("SELECT id, record FROM runs_v0 ORDER BY id").fetchall():
+            try:
+                data, record = _parse_record(row["record"])
+            except ValueError as err:
+                self._db.execute("INSERT INTO unreadable_runs (id, record, reason) VALUES (?, ?, ?)",
+                                 (row["id"], row["record"], str(err)))
+                continue
+            self._insert(_Row.of(data, record), run_id=row["id"])
+        self._reserve_ids_up_to("runs_v0")
+        self._db.execute("DROP TABLE runs_v0")
+
+    def _reserve_ids_up_to(self, old_table: str) -> None:
+        """New runs get ids above every old one, unreadable ones too (an id names one run forever)."""
+        highest = self._db.execute(f"SELECT COALESCE(MAX(id), 0) FROM {old_table}").fetchone()[0]
+        self._db.execute("DELETE FROM sqlite_sequence WHERE name = 'runs'")
+        self._db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('runs', ?)", (highest,))
+
+    # -- writing --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction; the write lock is taken at the start, so two writers queue
+        instead of failing half-way."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:  # also after a failed COMMIT (disk full): never leave one open
+                self._db.execute("ROLLBACK")
+            raise
+
+    @_guarded
+    def save(self, record: RunRecord, label: str | None = None, price_per_hour: float | None = None) -> int:
+        """Store a run (label and price default to the record's options "label"/"price"); returns
+        its id. Saving the same run again returns the id it already has."""
+        data = record.to_dict()
+        _set_label_and_price(data, label, price_per_hour)
+        row = _Row.of(data, record)  # computed before the write lock: other writers wait less
+        with self._transaction():
+            return self._insert(row)
+
+    def _insert(self, row: _Row, run_id: int | None = None) -> int:
+        """Insert a run unless it is already stored (then fill a missing label or price); returns
+        its id. Runs inside a transaction."""
+        existing = self._db.execute("SELECT id, record FROM runs WHERE run_hash = ?", (row.run_hash,)).fetchone()
+        if existing:
+            self._fill_blanks(existing["id"], json.loads(existing["record"]), row.data)
+            return existing["id"]
+        cursor = self._db.execute(
+            "INSERT INTO runs (id, run_hash, started_at, saved_at, label, price_per_hour, machine_key, machine_basis,"
+            " gpus, hostname, verdict, tool_version, figures, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, row.run_hash, row.started_at, _now(), row.label, row.price_per_hour, row.machine_key,
+             row.machine_basis, row.gpus, row.hostname, row.verdict, row.tool_version, row.figures, row.record),
+        )
+        return int(cursor.lastrowid)
+
+    def _fill_blanks(self, run_id: int, stored: dict[str, Any], incoming: dict[str, Any]) -> None:
+        """The same run arriving again may carry a label or price the stored copy lacks."""
+        have, new = stored.get("options") or {}, incoming.get("options") or {}
+        label = have.get("label") if have.get("label") is not None else new.get("label")
+        price = have.get("price") if have.get("price") is not None else new.get("price")
+        if (label, price) == (have.get("label"), have.get("price")):
+            return
+        _set_label_and_price(stored, label, price)
+        self._db.execute("UPDATE runs SET label = ?, price_per_hour = ?, record = ? WHERE id = ?",
+                         (label, price, _to_json(stored), run_id))
+
+    @_guarded
+    def import_records(self, items: list[dict[str, Any]]) -> list[int]:
+        """Store exported run records (all or none); a run already here is kept once. Returns the
+        ids, in the order given."""
+        if not isinstance(items, list):
+            items = [items]  # one run record on its own, as `gpuvet run --out` writes it
+        rows = []
+        for n, item in enumerate(items, 1):
+            try:
+                rows.append(_Row.of(*_parse_record(item)))
+            except ValueError as err:
+                raise ValueError(f"item {n} of {len(items)}: {err}") from None
+        with self._transaction():
+            return [self._insert(row) for row in rows]
+
+    @_guarded
+    def set_label(self, run_id: int, label: str | None = None, price_per_hour: float | None = None) -> None:
+        """Give a stored run a label and/or a price afterwards (None leaves that one as it is)."""
+        with self._transaction():
+            data = self._record_dict(run_id)
+            options = data.get("options") or {}
+            _set_label_and_price(data, label if label is not None else options.get("label"),
+                                 price_per_hour if price_per_hour is not None else options.get("price"))
+            options = data["options"]
+            self._db.execute("UPDATE runs SET label = ?, price_per_hour = ?, record = ? WHERE id = ?",
+                             (options.get("label"), options.get("price"), _to_json(data), run_id))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _record_dict(self, run_id: int) -> dict[str, Any]:
+        row = self._db.execute("SELECT record FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise UnknownRun(self.path, f"no run {run_id} (gpuvet history lists them)")
+        return json.loads(row["record"])
+
+    @_guarded
+    def get(self, run_id: int) -> RunRecord:
+        """A stored run, as it was saved (its options carry "label"/"price" when it has them)."""
+        return RunRecord.from_dict(self._record_dict(run_id))
+
+    @_guarded
+    def latest(self) -> RunRecord | None:
+        row = self._db.execute("SELECT id FROM runs ORDER BY started_at DESC, id DESC LIMIT 1").fetchone()
+        return self.get(row["id"]) if row else None
+
+    @_guarded
+    def latest_id(self) -> int | None:
+        row = self._db.execute("SELECT id FROM runs ORDER BY started_at DESC, id DESC LIMIT 1").fetchone()
+        return row["id"] if row else None
+
+    @_guarded
+    def runs(self, machine_key: str | None = None, limit: int | None = None) -> list[RunSummary]:
+        """Stored runs, newest first; `machine_key` may be a prefix of the key (as in `git log`)."""
+        where, args = "", []
+        if machine_key:
+            where, args = "WHERE machine_key LIKE ? ESCAPE '\\'", [_like_prefix(machine_key)]
+        query = f"SELECT {_LISTED} FROM runs {where} ORDER BY started_at DESC, id DESC"
+        if limit is not None:
+            query += " LIMIT ?"
+            args.append(int(limit))
+        return [_summary(row) for row in self._db.execute(query, args)]
+
+    @_guarded
+    def records(self, machine_key: str) -> list[RunRecord]:
+        """Every run of one machine (key or prefix), oldest first: what `compare.history_trend` takes."""
+        rows = self._db.execute("SELECT record FROM runs WHERE machine_key LIKE ? ESCAPE '\\' ORDER BY started_at, id",
+                                (_like_prefix(machine_key),))
+        return [RunRecord.from_dict(json.loads(row["record"])) for row in rows]
+
+    @_guarded
+    def export(self, ids: list[int]) -> list[dict[str, Any]]:
+        """Whole run records (label and price in their options), in the order asked; each one a
+        valid gpuvet.run/1 record on its own."""
+        return [self._record_dict(int(run_id)) for run_id in ids]
+
+    @_guarded
+    def machines(self) -> list[tuple[str, str, int]]:
+        """(machine key, description, number of runs), the most recently seen machine first."""
+        rows = self._db.execute(
+            "SELECT machine_key, machine_basis, gpus, hostname, COUNT(*) AS n, MAX(started_at) AS last"
+            " FROM runs GROUP BY machine_key ORDER BY last DESC")
+        return [(row["machine_key"], _describe(row), row["n"]) for row in rows]
+
+    @_guarded
+    def integrity(self) -> str:
+        """SQLite's own check of the file: "ok", or what is damaged."""
+        return "; ".join(row[0] for row in self._db.execute("PRAGMA integrity_check"))
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def _set_label_and_price(data: dict[str, Any], label: str | None, price: float | None) -> None:
+    options = dict(data.get("options") or {})
+    if label is not None:
+        options["label"] = label
+    if price is not None:
+        if price <= 0:
+            raise ValueError(f"a price per hour must be positive, not {price}")
+        options["price"] = float(price)
+    data["options"] = options
+
+
+def _parse_record(item: Any) -> tuple[dict[str, Any], RunRecord]:
+    """A run record dict from JSON text or a dict, checked to be one this gpuvet can read; the
+    dict is what gets stored (fields a newer gpuvet added are kept)."""
+    if isinstance(item, str):
+        try:
+            item = json.loads(item)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not JSON ({err})") from None
+    if not isinstance(item, dict):
+        raise ValueError(f"not a gpuvet run record (a {type(item).__name__})")
+    if item.get("schema") != SCHEMA:
+        raise ValueError(f"not a gpuvet run record (schema {item.get('schema')!r}, expected {SCHEMA!r})")
+    try:
+        return item, RunRecord.from_dict(item)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise ValueError(f"a damaged gpuvet run record ({err})") from None
+
+
+def _describe(row: sqlite3.Row) -> str:
+    host = f" on {row['hostname']}" if row["hostname"] else ""
+    return f"{row['gpus']}{host} · key from {row['machine_basis']}"
+
+
+def _like_prefix(text: str) -> str:
+    return re.sub(r"([%_\\])", r"\\\1", text) + "%"
+
+
+def _to_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
