@@ -17,10 +17,13 @@ ROOT = Path(__file__).parent.parent
 
 
 def gpuvet(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
+    code = 0
+    try:
         main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
     out, err = capsys.readouterr()
-    return exit_.value.code, out, err
+    return code, out, err
 
 
 def test_run_quick_on_a_machine_without_gpu_judges_the_host_and_skips_gpu_checks(capsys):
@@ -126,3 +129,28 @@ def test_module_entry_point_runs_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "gpuvet", "inspect", str(FIXTURES / "topo/windows-topo-m-error-591.86.txt")],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "error message" in proc.stderr
+
+
+def test_runs_are_stored_listed_shown_exported_imported_and_compared(capsys, tmp_path):
+    db, other = str(tmp_path / "runs.sqlite3"), str(tmp_path / "other.sqlite3")
+    code, _, err = gpuvet(capsys, "run", "--quick", "--json", "--db", db, "--label", "box A", "--price", "2.5")
+    assert "saved as run 1" in err
+    code, out, _ = gpuvet(capsys, "inspect", str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt"), "--out", str(tmp_path / "titan.json"))
+    code, out, _ = gpuvet(capsys, "history", "--db", db, "--json")
+    (run,) = json.loads(out)
+    assert run["id"] == 1 and run["label"] == "box A" and run["price_per_hour"] == 2.5
+    code, out, _ = gpuvet(capsys, "show", "1", "--db", db, "--format", "json")
+    assert json.loads(out)["options"]["label"] == "box A"
+    code, out, _ = gpuvet(capsys, "export", "1", "--db", db)
+    (tmp_path / "export.json").write_text(out)
+    code, out, _ = gpuvet(capsys, "import", str(tmp_path / "export.json"), "--db", other)
+    assert "imported 1 run(s)" in out
+    code, out, _ = gpuvet(capsys, "compare", "1", str(tmp_path / "titan.json"), "--db", db, "--json")
+    assert json.loads(out)["schema"] == "gpuvet.compare/1"
+    code, _, err = gpuvet(capsys, "show", "99", "--db", db)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_history_without_a_store_says_so(capsys, tmp_path):
+    code, out, _ = gpuvet(capsys, "history", "--db", str(tmp_path / "none.sqlite3"))
+    assert "no runs yet" in out

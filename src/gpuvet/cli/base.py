@@ -1,7 +1,4 @@
-"""gpuvet's command line: thin commands over runner (probe -> judge) and report.
-
-Exit codes: 0 nothing failed, 1 a check failed, 2 bad usage or unreadable input.
-"""
+"""What every command shares: the group, output options, writing records, one-line errors."""
 
 from __future__ import annotations
 
@@ -13,11 +10,10 @@ import tempfile
 import click
 from rich.console import Console
 
-from . import __version__, runner
-from .bench.plan import ALL as BENCHMARKS
-from .probe.errors import CaptureError
-from .record import SCHEMA, RunRecord, exit_code
-from .report import terminal
+from .. import __version__
+from ..record import SCHEMA, RunRecord, exit_code
+from ..report import terminal
+from ..store import Store, StoreError
 
 EXIT_USAGE = 2
 
@@ -26,13 +22,20 @@ class UsageProblem(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+def open_store(db: str | None, create: bool = False) -> Store:
+    try:
+        return Store(db, create=create)
+    except StoreError as err:
+        raise UsageProblem(str(err)) from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuvet")
 def cli() -> None:
     """Find out what GPU machine you really rented: facts, measurements, verdicts with evidence."""
 
 
-def _output_options(fn):
+def output_options(fn):
     fn = click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")(fn)
     fn = click.option("--out", metavar="FILE", help="Also write the run record (JSON) to FILE.")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON instead of the report.")(fn)
@@ -40,36 +43,8 @@ def _output_options(fn):
     return fn
 
 
-@cli.command()
-@click.option("--quick", is_flag=True, help="Facts only, no load (seconds).")
-@click.option("--soak", type=click.FloatRange(min=0.1), metavar="MINUTES", help="Hold the sustained load this long.")
-@click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
-@_output_options
-def run(quick: bool, soak: float | None, force: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool) -> None:
-    """Vet this machine: read its facts, benchmark its GPUs (about two minutes), judge it all."""
-    _check_out_path(out)
-    with _progress(as_json) as progress:
-        record = runner.run_live(quick=quick and not soak, expect=expect, soak_minutes=soak, force=force, progress=progress)
-    _emit(record, as_json, out, verbose)
-
-
-@cli.command(help=f"Run chosen benchmarks alone (NAME: {', '.join(BENCHMARKS)}), judged like in `gpuvet run`.")
-@click.argument("names", nargs=-1, required=True, type=click.Choice(BENCHMARKS), metavar="NAME...")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="Run on the GPUs, or on the CPU (GEMM, memory copy, sustained and all-reduce measure it for real).")
-@click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
-@_output_options
-def bench(names: tuple[str, ...], device: str, force: bool, expect: str | None, as_json: bool, out: str | None,
-          verbose: bool) -> None:
-    _check_out_path(out)
-    with _progress(as_json) as progress:
-        record = runner.run_live(quick=True, expect=expect, benchmarks=list(dict.fromkeys(names)), device=device,
-                                 force=force, progress=progress)
-    _emit(record, as_json, out, verbose)
-
-
 @contextlib.contextmanager
-def _progress(quiet: bool):
+def progress_status(quiet: bool):
     """A one-line status on stderr while benchmarks run (only on a terminal)."""
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
@@ -79,23 +54,33 @@ def _progress(quiet: bool):
         yield lambda message: status.update(f"gpuvet: {message}")
 
 
-@cli.command()
-@click.argument("files", nargs=-1, required=True, metavar="FILE...")
-@_output_options
-def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str | None, verbose: bool) -> None:
-    """Judge captures taken elsewhere: nvidia-smi -q -x / -q, topo -m, nvlink -s, lspci -vv,
-    capture bundles (several files of one machine merge), or a stored gpuvet run record."""
-    _check_out_path(out)
+def store_options(fn):
+    fn = click.option("--price", type=click.FloatRange(min=0), metavar="USD_PER_HOUR", help="What this machine costs per hour.")(fn)
+    fn = click.option("--label", metavar="TEXT", help='Where this run was taken, e.g. "provider A, region x".')(fn)
+    fn = click.option("--no-save", is_flag=True, help="Do not keep this run in the local history.")(fn)
+    fn = click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")(fn)
+    return fn
+
+
+def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, price: float | None) -> None:
+    """Keep the run in the history; a store that cannot be written warns and never loses the report."""
+    if label:
+        record.options["label"] = label
+    if price is not None:
+        record.options["price"] = price
+    if no_save:
+        return
     try:
-        record = runner.inspect(list(files), expect=expect)
-    except CaptureError as err:
-        raise UsageProblem(str(err)) from None
-    _emit(record, as_json, out, verbose)
+        with Store(db) as store:
+            run_id = store.save(record, label=label, price_per_hour=price)
+        click.echo(f"gpuvet: saved as run {run_id} (gpuvet show {run_id})", err=True)
+    except StoreError as err:
+        click.echo(f"gpuvet: warning: run not saved: {err}", err=True)
 
 
-def _emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool) -> None:
+def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool) -> None:
     if out:
-        _write_atomically(out, record.to_json() + "\n")
+        write_atomically(out, record.to_json() + "\n")
     if as_json:
         click.echo(record.to_json())
     else:
@@ -105,7 +90,7 @@ def _emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool) -> N
     sys.exit(exit_code(record.findings))
 
 
-def _check_out_path(out: str | None) -> None:
+def check_out_path(out: str | None) -> None:
     """Refuse before any work: a missing folder, or a file that is not ours (a typo must not eat
     the user's `train.py`)."""
     if not out:
@@ -128,7 +113,7 @@ def _is_gpuvet_json(path: str) -> bool:
     return not head.strip() or (head.lstrip().startswith(b"{") and SCHEMA.encode() in head)
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_atomically(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)
