@@ -1,0 +1,689 @@
+"""B1: GEMM throughput per dtype, and a check that the products are right.
+
+Method (stas00's mamf-finder, squeezed from half an hour into seconds): `A @ B.T` on random inputs,
+the L2 cache flushed (a 256 MiB buffer zeroed) before every timed call, each call timed on its own
+(CUDA events), a short scouting pass over candidate shapes, then the best two timed longer. The
+value is the best shape's MEDIAN per-call rate, in TFLOPS (2*m*n*k flops per call).
+
+Every long run is also checked, because a GPU that is fast but wrong must fail (gpu-burn's point):
+two blocks of the product against a float64 reference computed on the CPU from the same inputs, a
+checksum of the whole product (Freivalds), NaN/Inf anywhere, and the last call's output against the
+first call's (same inputs, same output on a healthy device).
+
+On the CPU device only fp32 runs (wall clock per call, nothing to flush): the same code, measured
+for real, which is what the tests exercise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .common import BenchContext, Budget, OutOfTime, Skip, free_memory_bytes, measurement, summary, synchronize, time_each
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+# bf16 and fp8 are what training and inference run on, so they get the larger share of the time.
+BUDGET_WEIGHT = {"fp32": 1.0, "tf32": 1.0, "fp16": 1.0, "bf16": 2.0, "fp8": 2.0}
+# Largest error a healthy device may show, relative to the RMS of the product. Healthy errors, from
+# simulations with k up to 16384: fp32 ~1e-6; tf32 ~3e-3 (inputs cut to 10 mantissa bits); fp16
+# ~1e-3, ~4e-3 with reduced-precision split-K; bf16 ~1e-2, ~3e-2 with reduced-precision split-K
+# (output rounding to 8 bits); fp8 ~1e-2 (bf16 output; the reference uses the same fp8 inputs).
+# A flipped exponent or high mantissa bit, or a garbage tile, is far above these.
+TOLERANCE = {"fp32": 1e-4, "tf32": 2e-2, "fp16": 2e-2, "bf16": 0.1, "fp8": 0.15}
+# A healthy device repeats a product bit for bit (cuBLAS and MKL are deterministic on one stream and
+# thread count); the allowance is a margin, a tenth of the accuracy tolerance.
+REPEAT_TOLERANCE_FRACTION = 0.1
+INPUT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+OUTPUT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}  # fp8 products come out in bf16
+
+# What the default plan should give this benchmark (all dtypes together).
+SUGGESTED_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
+
+FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 (H100 50 MiB, B200 126 MiB)
+CHECK_BLOCK = 64  # side of the product blocks compared with the float64 reference
+CHUNK_ELEMENTS = 1 << 24  # checks read the product in chunks of this many elements (64 MiB in fp32)
+SCOUT_FRACTION = 0.5  # of a dtype's time: the first pass over all candidates
+FINALISTS = 2  # shapes timed longer after scouting
+WARM_UP_FRACTION = 0.2  # of a shape's time, spent on untimed calls
+MIN_TIMED_CALLS = 3
+MAX_WARM_UP_CALLS = 200
+SCOUT_MAX_CALLS = 25
+FINAL_MAX_CALLS = 1000
+
+
+@dataclass(frozen=True)
+class Shape:
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def as_list(self) -> list[int]:
+        return [self.m, self.n, self.k]
+
+    def __str__(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+
+# GPUs: squares up to where the rate stops growing, plus long-K shapes that keep the tensor cores
+# fed with fewer output tiles.
+CUDA_SQUARES = tuple(range(2048, 16384 + 1, 2048))
+CUDA_LONG_K = (Shape(4096, 4096, 16384), Shape(8192, 8192, 16384))
+# CPUs: calls of 10 ms and more. Shorter ones (512^3 takes ~1.5 ms on two cores) are bimodal on a
+# shared VM: when a co-tenant preempts one OpenMP thread, every call waits a scheduler slice (~16 ms).
+CPU_SQUARES = (1024, 1536, 2048)
+CPU_LONG_K = (Shape(1024, 1024, 4096),)
+WAVE_TILE = (128, 256)  # a typical cuBLAS output tile on Hopper/Blackwell; only used to propose shapes
+
+
+def wave_filling_shapes(sm_count: int, k: int = 16384) -> list[Shape]:
+    """Outputs whose 128x256 tiles fill exactly one and two waves of the SMs, the most square of each.
+
+    A shape that leaves the last wave part-empty idles SMs; mamf-finder's best H100/H200 shapes are
+    of this kind (e.g. 2816x1536 on 132 SMs)."""
+    if sm_count < 16:
+        return []
+    tile_m, tile_n = WAVE_TILE
+    shapes = []
+    for waves in (1, 2):
+        tiles = sm_count * waves
+        grids = [(tiles // cols, cols) for cols in range(1, tiles + 1) if tiles % cols == 0]
+        rows, cols = min(grids, key=lambda grid: abs(tile_m * grid[0] - tile_n * grid[1]))
+        shapes.append(Shape(tile_m * rows, tile_n * cols, k))
+    return shapes
+
+
+def default_candidates(device: str) -> list[Shape]:
+    if not device.startswith("cuda"):
+        return [Shape(s, s, s) for s in CPU_SQUARES] + list(CPU_LONG_K)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    return [Shape(s, s, s) for s in CUDA_SQUARES] + list(CUDA_LONG_K) + wave_filling_shapes(sm_count)
+
+
+@dataclass
+class BufferSizes:
+    """Elements of the flat buffers a set of shapes needs (each shape uses prefixes of them)."""
+
+    a: int = 0
+    b: int = 0
+    out: int = 0
+
+    def including(self, shape: Shape) -> BufferSizes:
+        return BufferSizes(max(self.a, shape.m * shape.k), max(self.b, shape.n * shape.k), max(self.out, shape.m * shape.n))
+
+    def bytes(self, dtype: str) -> int:
+        # The output twice: the product and the first call's copy the check compares it with.
+        return (self.a + self.b) * INPUT_BYTES[dtype] + 2 * self.out * OUTPUT_BYTES[dtype]
+
+
+def fitting_shapes(shapes: list[Shape], dtype: str, memory_limit: int) -> list[Shape]:
+    """The shapes, smallest first, as long as all their buffers together fit in `memory_limit` bytes."""
+    fitting, sizes = [], BufferSizes()
+    for shape in sorted(set(shapes), key=lambda s: (s.flops, s.m, s.n)):
+        grown = sizes.including(shape)
+        if grown.bytes(dtype) <= memory_limit:
+            fitting.append(shape)
+            sizes = grown
+    return fitting
+
+
+def parse_shapes(requested: Any) -> list[Shape] | None:
+    """params["shapes"]: [[m, n, k], ...] replaces the default candidates (tests, tuning)."""
+    if not requested:
+        return None
+    return [Shape(int(m), int(n), int(k)) for m, n, k in requested]
+
+
+# ---------------------------------------------------------------- which dtypes run here
+
+
+def requested_dtypes(params: dict[str, Any]) -> list[str]:
+    """params["dtypes"]: a list or a comma-separated string; default all."""
+    wanted = params.get("dtypes") or DTYPES
+    if isinstance(wanted, str):
+        wanted = [name.strip() for name in wanted.split(",") if name.strip()]
+    return list(dict.fromkeys(wanted))
+
+
+def unsupported_reason(device: str, dtype: str) -> str | None:
+    """Why `dtype` cannot be measured on `device`, or None if it can."""
+    if dtype not in DTYPES:
+        return f"unknown GEMM dtype (known: {', '.join(DTYPES)})"
+    if not device.startswith("cuda"):
+        return None if dtype == "fp32" else "the CPU device is measured in fp32 only"
+    major, minor = torch.cuda.get_device_capability(device)
+    if dtype in ("tf32", "bf16") and (major, minor) < (8, 0):
+        return f"{dtype} needs compute capability 8.0 or newer; this GPU is {major}.{minor}"
+    if dtype == "fp8":
+        return fp8_unsupported_reason(device, (major, minor))
+    return None
+
+
+def fp8_unsupported_reason(device: str, capability: tuple[int, int]) -> str | None:
+    if capability < (8, 9):
+        return f"fp8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); this GPU is {capability[0]}.{capability[1]}"
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no fp8 matmul (torch._scaled_mm)"
+    try:  # builds against an old CUDA, or ROCm, lack the e4m3 kernels: try one
+        workspace = Workspace.allocate(device, "fp8", BufferSizes(16 * 16, 16 * 16, 16 * 16))
+        multiply(workspace.operands(Shape(16, 16, 16)))
+        synchronize(device)
+    except Exception as error:  # whatever breaks the probe means no fp8 GEMM here
+        return f"torch._scaled_mm does not run here: {(str(error).strip().splitlines() or [type(error).__name__])[0]}"
+    return None
+
+
+def plan_dtypes(device: str, requested: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The dtypes to measure, in the standard order, and the others with the reason why not."""
+    plan, skipped = [], {}
+    for dtype in requested:
+        reason = unsupported_reason(device, dtype)
+        if reason:
+            skipped[dtype] = reason
+        else:
+            plan.append(dtype)
+    plan.sort(key=DTYPES.index)
+    return plan, skipped
+
+
+# ---------------------------------------------------------------- fp32 math mode
+
+
+def cublas_fp32_setting() -> str | bool:
+    """How cuBLAS does fp32 matmuls now, read without tripping torch's check for mixed use of its
+    old and new APIs: "ieee", "tf32" or "none" (torch >= 2.9), else the old allow_tf32 flag."""
+    try:
+        return torch.backends.cuda.matmul.fp32_precision
+    except AttributeError:
+        return torch.backends.cuda.matmul.allow_tf32
+
+
+def tf32_enabled() -> bool:
+    setting = cublas_fp32_setting()
+    if setting == "none":  # inherits the global setting
+        setting = getattr(torch.backends, "fp32_precision", "ieee")
+    return setting in (True, "tf32")
+
+
+def set_cublas_tf32(enabled: bool) -> None:
+    # The old flag sets torch's old and new fields alike; setting only the new one can leave them
+    # disagreeing, and then torch refuses every cuBLAS call.
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+
+
+def restore_cublas_fp32(setting: str | bool) -> None:
+    set_cublas_tf32(setting in (True, "tf32"))
+    if isinstance(setting, str) and setting not in ("tf32", "ieee"):
+        torch.backends.cuda.matmul.fp32_precision = setting
+
+
+class Fp32MathMode:
+    """Whether fp32 matmuls use TF32: a setting global to the process. GEMM jobs of several GPUs
+    run in threads side by side, so a thread holds the mode while it measures fp32 or tf32; threads
+    wanting the same mode share it, a thread wanting the other one waits. The setting from before
+    comes back when the last holder leaves."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._tf32: bool | None = None
+        self._holders = 0
+        self._saved: str | bool = False
+
+    @contextmanager
+    def hold(self, tf32: bool, timeout_s: float) -> Iterator[bool]:
+        """Yields False if the other mode was still held after `timeout_s`."""
+        with self._changed:
+            held = self._changed.wait_for(lambda: self._holders == 0 or self._tf32 == tf32, timeout=max(0.0, timeout_s))
+            if held:
+                if self._holders == 0:
+                    self._saved = cublas_fp32_setting()
+                    set_cublas_tf32(tf32)
+                    self._tf32 = tf32
+                self._holders += 1
+        if not held:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._changed:
+                self._holders -= 1
+                if self._holders == 0:
+                    restore_cublas_fp32(self._saved)
+                    self._tf32 = None
+                    self._changed.notify_all()
+
+
+FP32_MATH = Fp32MathMode()
+
+
+@contextmanager
+def math_mode(dtype: str, timeout_s: float) -> Iterator[bool]:
+    if dtype not in ("fp32", "tf32"):
+        yield True
+        return
+    with FP32_MATH.hold(dtype == "tf32", timeout_s) as held:
+        yield held
+
+
+# ---------------------------------------------------------------- operands and the product
+
+
+@dataclass
+class Operands:
+    """One product: out = a @ b.T (b.T is column-major, as cuBLAS and torch._scaled_mm want it)."""
+
+    dtype: str
+    a: torch.Tensor  # (m, k), row-major
+    b: torch.Tensor  # (n, k), row-major
+    out: torch.Tensor  # (m, n)
+    first_out: torch.Tensor  # (m, n): the first call's product, for the repeat check
+    scale: torch.Tensor | None  # fp8: the tensor-wise scale of a and of b (float32, 1.0)
+
+
+def multiply(ops: Operands) -> None:
+    """ops.out = ops.a @ ops.b.T in the dtype's arithmetic. (The tests replace it to corrupt products.)"""
+    if ops.dtype == "fp8":
+        torch._scaled_mm(ops.a, ops.b.t(), ops.scale, ops.scale, out_dtype=torch.bfloat16, out=ops.out)
+    else:
+        torch.mm(ops.a, ops.b.t(), out=ops.out)
+
+
+TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Workspace:
+    """Flat random buffers for one dtype, sized for its largest shape. Every shape multiplies
+    contiguous prefixes of them, so a sweep allocates once: no allocator churn between shapes, and
+    nothing that would make the threads of other GPUs wait on a cudaFree."""
+
+    dtype: str
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+    first_out: torch.Tensor
+    scale: torch.Tensor | None
+
+    @classmethod
+    def allocate(cls, device: str, dtype: str, sizes: BufferSizes, seed: int = 0) -> Workspace:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        input_dtype = torch.float8_e4m3fn if dtype == "fp8" else TORCH_DTYPE[dtype]
+        output_dtype = torch.bfloat16 if dtype == "fp8" else TORCH_DTYPE[dtype]
+        a = fill_random(torch.empty(sizes.a, dtype=input_dtype, device=device), generator)
+        b = fill_random(torch.empty(sizes.b, dtype=input_dtype, device=device), generator)
+        out = torch.empty(sizes.out, dtype=output_dtype, device=device)
+        first_out = torch.empty_like(out)
+        scale = torch.ones((), dtype=torch.float32, device=device) if dtype == "fp8" else None
+        return cls(dtype, a, b, out, first_out, scale)
+
+    def operands(self, shape: Shape) -> Operands:
+        m, n, k = shape.m, shape.n, shape.k
+        return Operands(self.dtype, self.a[: m * k].view(m, k), self.b[: n * k].view(n, k),
+                        self.out[: m * n].view(m, n), self.first_out[: m * n].view(m, n), self.scale)
+
+
+def fill_random(buffer: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Standard normal values (fp8: drawn in bf16, converted chunk by chunk to bound the memory)."""
+    if buffer.dtype.itemsize > 1:
+        return buffer.normal_(generator=generator)
+    for start in range(0, buffer.numel(), CHUNK_ELEMENTS):
+        chunk = buffer[start : start + CHUNK_ELEMENTS]
+        chunk.copy_(torch.randn(chunk.numel(), dtype=torch.bfloat16, device=buffer.device, generator=generator))
+    return buffer
+
+
+# ---------------------------------------------------------------- the check
+
+
+def row_chunks(rows: int, columns: int) -> Iterator[slice]:
+    """Slices of `rows` rows of about CHUNK_ELEMENTS elements each, for checks that bound their memory."""
+    step = max(1, CHUNK_ELEMENTS // max(1, columns))
+    for start in range(0, rows, step):
+        yield slice(start, start + step)
+
+
+def worse(a: float, b: float) -> float:
+    """max() that keeps NaN: an error that is not a number is the worst error."""
+    return b if math.isnan(b) or b > a else a
+
+
+def to_cpu_float64(t: torch.Tensor) -> torch.Tensor:
+    # float32 holds every fp8/fp16/bf16/fp32 value exactly, and every device converts to it.
+    return t.to(torch.float32).cpu().to(torch.float64)
+
+
+def scale_factor(ops: Operands) -> float:
+    return float(ops.scale) ** 2 if ops.scale is not None else 1.0
+
+
+def reference_block_error(ops: Operands) -> tuple[float, float]:
+    """(RMS of the product, largest error relative to it) over two corner blocks of the product,
+    against float64 from the same inputs."""
+    m, n = ops.out.shape
+    size = min(CHECK_BLOCK, m, n)
+    sum_squares, count, worst = 0.0, 0, 0.0
+    for rows, cols in ((slice(0, size), slice(0, size)), (slice(m - size, m), slice(n - size, n))):
+        want = to_cpu_float64(ops.a[rows]) @ to_cpu_float64(ops.b[cols]).T * scale_factor(ops)
+        got = to_cpu_float64(ops.out[rows, cols])
+        sum_squares += float(want.square().sum())
+        count += want.numel()
+        worst = worse(worst, float((got - want).abs().max()))
+    rms = math.sqrt(sum_squares / count) or 1.0
+    return rms, worst / rms
+
+
+def checksum_error(ops: Operands, rms: float) -> float:
+    """Freivalds: out @ x against a @ (b.T @ x) for a random +-1 vector x. Covers every element of
+    the product at the cost of three reads; relative to rms * sqrt(n), the size of the sum, so a
+    healthy device's rounding gives about the same figure as the block check."""
+    m, n = ops.out.shape
+    generator = torch.Generator(device=ops.out.device).manual_seed(1)
+    x = torch.randint(0, 2, (n,), device=ops.out.device, generator=generator).to(torch.float32) * 2 - 1
+    b_t_x = torch.zeros(ops.a.shape[1], dtype=torch.float32, device=ops.out.device)
+    for rows in row_chunks(n, ops.b.shape[1]):
+        b_t_x += ops.b[rows].to(torch.float32).t() @ x[rows]
+    b_t_x *= scale_factor(ops)
+    worst = 0.0
+    for rows in row_chunks(m, max(n, ops.a.shape[1])):
+        want = ops.a[rows].to(torch.float32) @ b_t_x
+        got = ops.out[rows].to(torch.float32) @ x
+        worst = worse(worst, float((got - want).abs().max()))
+    return worst / (rms * math.sqrt(n))
+
+
+def repeat_error(out: torch.Tensor, first_out: torch.Tensor, rms: float) -> float:
+    """Largest difference between the last and the first product of the same inputs, relative to rms."""
+    worst = 0.0
+    for rows in row_chunks(*out.shape):
+        worst = worse(worst, float((out[rows].to(torch.float32) - first_out[rows].to(torch.float32)).abs().max()))
+    return worst / rms
+
+
+def has_nan_or_inf(out: torch.Tensor) -> bool:
+    return any(not bool(torch.isfinite(out[rows]).all()) for rows in row_chunks(*out.shape))
+
+
+def finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # the record is JSON: no NaN there
+
+
+def check_product(ops: Operands, tolerance: float) -> dict[str, Any]:
+    """Is ops.out right? ops.first_out must hold the first product of the same inputs."""
+    rms, block = reference_block_error(ops)
+    checksum = checksum_error(ops, rms)
+    repeat = repeat_error(ops.out, ops.first_out, rms)
+    repeat_tolerance = tolerance * REPEAT_TOLERANCE_FRACTION
+    nan_or_inf = has_nan_or_inf(ops.out)
+    repeat_mismatch = not repeat <= repeat_tolerance  # NaN counts as a mismatch
+    ok = not nan_or_inf and block <= tolerance and checksum <= tolerance and not repeat_mismatch
+    return {"ok": ok, "max_error": finite_or_none(block), "tolerance": tolerance, "nan_or_inf": nan_or_inf,
+            "repeat_mismatch": repeat_mismatch, "repeat_error": finite_or_none(repeat),
+            "repeat_tolerance": repeat_tolerance, "checksum_error": finite_or_none(checksum)}
+
+
+def merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One verdict over several checked runs: the worst of each figure (None, not finite, is worst)."""
+
+    def worst(key: str) -> float | None:
+        values = [c[key] for c in checks]
+        return None if None in values else max(values)
+
+    merged = dict(checks[0])
+    merged.update(ok=all(c["ok"] for c in checks), nan_or_inf=any(c["nan_or_inf"] for c in checks),
+                  repeat_mismatch=any(c["repeat_mismatch"] for c in checks), runs_checked=len(checks))
+    for key in ("max_error", "repeat_error", "checksum_error"):
+        merged[key] = worst(key)
+    return merged
+
+
+# ---------------------------------------------------------------- timing
+
+
+@dataclass
+class ShapeRun:
+    shape: Shape
+    seconds: list[float]  # one per timed call
+    check: dict[str, Any] | None = None
+
+    @property
+    def tflops(self) -> list[float]:
+        return [self.shape.flops / t / 1e12 for t in self.seconds if t > 0]
+
+    @property
+    def median_tflops(self) -> float:
+        rates = self.tflops
+        return statistics.median(rates) if rates else 0.0
+
+
+def cache_flush(device: str) -> Callable[[], Any] | None:
+    """What to run before each timed call so it starts with a cold L2: zeroing a 256 MiB buffer
+    (the bound method keeps the buffer alive). The CPU flushes nothing."""
+    if not device.startswith("cuda"):
+        return None
+    return torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device).zero_
+
+
+def warm_up(device: str, call: Callable[[], Any], flush: Callable[[], Any] | None, seconds: float) -> float:
+    """Untimed calls, doubling their number until `seconds` have passed; wall seconds per call (flush included)."""
+    done, batch, start = 0, 1, time.perf_counter()
+    while True:
+        for _ in range(batch):
+            if flush is not None:
+                flush()
+            call()
+        done += batch
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds or done >= MAX_WARM_UP_CALLS:
+            return elapsed / done
+        batch = done
+
+
+def run_shape(device: str, workspace: Workspace, shape: Shape, seconds: float, flush: Callable[[], Any] | None,
+              *, max_calls: int, check: bool) -> ShapeRun:
+    """Times calls of one shape for about `seconds` (at least a few calls, whatever the time)."""
+    deadline = time.monotonic() + seconds
+    ops = workspace.operands(shape)
+
+    def call() -> None:
+        multiply(ops)  # looked up at every call, so a test can swap it
+
+    call()  # the library picks and loads its kernel: not timed
+    synchronize(device)
+    if check:
+        ops.first_out.copy_(ops.out)
+    per_call = warm_up(device, call, flush, seconds * WARM_UP_FRACTION)
+    calls = int((deadline - time.monotonic()) / per_call) if per_call > 0 else max_calls
+    times = time_each(device, call, max(MIN_TIMED_CALLS, min(max_calls, calls)), before=flush)
+    result = ShapeRun(shape, times)
+    if check:  # ops.out now holds the last timed call's product
+        result.check = check_product(ops, TOLERANCE[workspace.dtype])
+    return result
+
+
+# ---------------------------------------------------------------- the sweep of one dtype
+
+
+@dataclass
+class DtypeResult:
+    dtype: str
+    device: str
+    scouted: list[ShapeRun]
+    confirmed: list[ShapeRun]  # the finalists, timed longer and checked
+    not_tried: list[Shape] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def best(self) -> ShapeRun:
+        return max(self.confirmed, key=lambda run: run.median_tflops)
+
+    @property
+    def check(self) -> dict[str, Any]:
+        return merge_checks([run.check for run in self.confirmed if run.check is not None])
+
+
+def too_slow(shape: Shape, best_flops_per_s: float, seconds_left: float) -> bool:
+    """Whether the fewest calls a shape needs (first, warm-up, timed) would overrun the time left,
+    at the best rate seen so far (larger shapes usually run faster, so this errs on trying)."""
+    if best_flops_per_s <= 0:
+        return False
+    return (2 + MIN_TIMED_CALLS) * shape.flops / best_flops_per_s > seconds_left
+
+
+def scout(device: str, workspace: Workspace, candidates: list[Shape], budget: Budget, flush: Callable[[], Any] | None,
+          progress: Callable[[str], None]) -> tuple[list[ShapeRun], list[Shape]]:
+    """A brief run of each candidate, smallest first, each with an even share of the time left; the
+    rest are left out once the time is spent or the next shape could not fit in it. Always runs at
+    least the first."""
+    runs: list[ShapeRun] = []
+    best_rate = 0.0
+    for index, shape in enumerate(candidates):
+        if runs and (budget.expired() or too_slow(shape, best_rate, budget.remaining())):
+            return runs, candidates[index:]
+        seconds = max(0.0, budget.remaining() / (len(candidates) - index))
+        run = run_shape(device, workspace, shape, seconds, flush, max_calls=SCOUT_MAX_CALLS, check=False)
+        runs.append(run)
+        best_rate = max(best_rate, run.median_tflops * 1e12)
+        progress(f"gemm.{workspace.dtype} {shape}: {run.median_tflops:.4g} TFLOPS")
+    return runs, []
+
+
+def finalists(scouted: list[ShapeRun]) -> list[Shape]:
+    """The shapes with the best median rates while scouting, best first."""
+    ranked = sorted(scouted, key=lambda run: run.median_tflops, reverse=True)
+    return [run.shape for run in ranked[:FINALISTS]]
+
+
+def confirm(device: str, workspace: Workspace, shapes: list[Shape], budget: Budget, flush: Callable[[], Any] | None,
+            progress: Callable[[str], None]) -> list[ShapeRun]:
+    """The finalists timed with the rest of the time, and checked. Always runs at least the first."""
+    runs: list[ShapeRun] = []
+    for index, shape in enumerate(shapes):
+        seconds = budget.remaining() / (len(shapes) - index)
+        if runs and seconds <= 0:
+            break
+        run = run_shape(device, workspace, shape, max(0.0, seconds), flush, max_calls=FINAL_MAX_CALLS, check=True)
+        runs.append(run)
+        progress(f"gemm.{workspace.dtype} {shape}: {run.median_tflops:.4g} TFLOPS over {len(run.seconds)} calls")
+    return runs
+
+
+def measure_dtype(device: str, dtype: str, budget: Budget, candidates: list[Shape],
+                  flush: Callable[[], Any] | None = None, progress: Callable[[str], None] = lambda message: None) -> DtypeResult:
+    """Scout the candidates (they must fit in memory), time the best ones longer, check them."""
+    start = time.monotonic()
+    sizes = BufferSizes()
+    for shape in candidates:
+        sizes = sizes.including(shape)
+    workspace = Workspace.allocate(device, dtype, sizes)
+    try:
+        scouted, not_tried = scout(device, workspace, candidates, budget.share(SCOUT_FRACTION), flush, progress)
+        confirmed = confirm(device, workspace, finalists(scouted), budget, flush, progress)
+    finally:
+        del workspace
+    return DtypeResult(dtype, device, scouted, confirmed, not_tried, time.monotonic() - start)
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def run(ctx: BenchContext) -> list[dict]:
+    with torch.cuda.device(ctx.device) if ctx.is_cuda else nullcontext():
+        plan, skipped = plan_dtypes(ctx.device, requested_dtypes(ctx.params))
+        if not plan:
+            raise Skip(f"no GEMM dtype to measure on {ctx.device}: " + "; ".join(f"{d}: {why}" for d, why in skipped.items()))
+        if ctx.budget.expired():
+            raise OutOfTime("no time left to measure GEMM")
+        flush_bytes = FLUSH_BYTES if ctx.is_cuda else 0
+        memory_limit = free_memory_bytes(ctx.device) // 4 - flush_bytes  # never more than a quarter of free memory
+        candidates = parse_shapes(ctx.params.get("shapes")) or default_candidates(ctx.device)
+        results: list[DtypeResult] = []
+        flush = cache_flush(ctx.device)
+        try:
+            for index, dtype in enumerate(plan):
+                result = measure_in_turn(ctx, dtype, plan[index:], candidates, memory_limit, flush, skipped)
+                if result is not None:
+                    results.append(result)
+        finally:
+            del flush
+            if ctx.is_cuda:
+                torch.cuda.empty_cache()
+    if not results:
+        reasons = "; ".join(f"{d}: {skipped[d]}" for d in plan)
+        if ctx.budget.expired():
+            raise OutOfTime(f"the time budget ran out before any GEMM was measured ({reasons})")
+        raise Skip(f"no GEMM could be measured on {ctx.device}: {reasons}")
+    return [dtype_measurement(result, ctx.subject, skipped) for result in results] + [check_failures(results, ctx.subject)]
+
+
+def measure_in_turn(ctx: BenchContext, dtype: str, dtypes_left: list[str], candidates: list[Shape], memory_limit: int,
+                    flush: Callable[[], Any] | None, skipped: dict[str, str]) -> DtypeResult | None:
+    """One dtype with its share of what is left of the time; None (and the reason in `skipped`) if it cannot run."""
+    shapes = fitting_shapes(candidates, dtype, memory_limit)
+    if not shapes:
+        skipped[dtype] = f"no candidate shape fits in a quarter of free memory ({memory_limit / 2**30:.1f} GiB)"
+        return None
+    with math_mode(dtype, ctx.budget.remaining()) as held:
+        if not held:
+            skipped[dtype] = "the time ran out waiting for other GPUs to finish with the other fp32 math mode"
+            return None
+        weights_left = sum(BUDGET_WEIGHT[d] for d in dtypes_left)
+        budget = ctx.budget.share(BUDGET_WEIGHT[dtype] / weights_left)
+        if budget.expired():
+            skipped[dtype] = "the time budget was spent before its turn"
+            return None
+        try:
+            return measure_dtype(ctx.device, dtype, budget, shapes, flush, ctx.progress)
+        except torch.cuda.OutOfMemoryError as error:  # someone else took the memory meanwhile
+            skipped[dtype] = f"out of memory: {str(error).splitlines()[0]}"
+            return None
+
+
+def timing_words(device: str) -> str:
+    if device.startswith("cuda"):
+        return "CUDA events around each call; the L2 cache flushed (256 MiB zeroed) before each"
+    return "wall clock around each call (synchronised); nothing flushed"
+
+
+def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]) -> dict[str, Any]:
+    best = result.best
+    rates = best.tflops
+    return measurement(
+        f"gemm.{result.dtype}", statistics.median(rates), "TFLOPS", subject,
+        dtype=result.dtype,
+        shape=best.shape.as_list(),
+        iterations=len(rates),
+        summary=summary(rates),
+        shapes_tried=[[*run.shape.as_list(), run.median_tflops] for run in result.scouted],
+        finalists=[[*run.shape.as_list(), run.median_tflops] for run in result.confirmed],
+        shapes_not_tried=[shape.as_list() for shape in result.not_tried],
+        check=result.check,
+        skipped_dtypes=dict(skipped),
+        timing=timing_words(result.device),
+        method="A @ B.T on normal random inputs (fp8: torch._scaled_mm, e4m3 inputs, scales 1.0, bf16 output); "
+               "value = median of the per-call rates of the best shape",
+        wall_s=result.wall_s,
+    )
+
+
+def check_failures(results: list[DtypeResult], subject: str) -> dict[str, Any]:
+    failed = [result.dtype for result in results if not result.check["ok"]]
+    return measurement(
+        "gemm.check_failures", len(failed), "count", subject,
+        failed=failed,
+        checked=[result.dtype for result in results],
+        checks={result.dtype: result.check for result in results},
+        method="two 64x64 blocks against a float64 CPU reference, a Freivalds checksum of the whole product, "
+               "NaN/Inf, and the last call against the first",
+    )

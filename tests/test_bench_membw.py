@@ -1,0 +1,76 @@
+"""B2 memory bandwidth benchmark on the CPU build of torch."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gpuvet.bench import membw  # noqa: E402
+from gpuvet.bench.common import BenchContext, Budget, OutOfTime, Skip  # noqa: E402
+
+MiB = 2**20
+
+
+def run_cpu(seconds: float, **params):
+    ctx = BenchContext(device="cpu", subject="cpu", budget=Budget(seconds), params=params)
+    start = time.monotonic()
+    measurements = membw.run(ctx)
+    return measurements, time.monotonic() - start
+
+
+def test_cpu_run_measures_host_copy_bandwidth():
+    (m,), elapsed = run_cpu(0.5, buffer_bytes=32 * MiB)
+    assert (m["name"], m["unit"], m["subject"]) == ("membw.copy", "GB/s", "cpu")
+    assert m["value"] > 0
+    d = m["details"]
+    assert d["buffer_bytes"] == 32 * MiB and d["bytes_per_copy"] == 64 * MiB
+    assert d["bytes_counted"] == "read + write (2 x buffer per copy)"
+    assert d["summary"]["n"] == d["iterations"] >= 3
+    assert d["summary"]["min"] <= m["value"] <= d["summary"]["max"]
+    assert elapsed < 3 * 0.5 + 2
+
+
+def test_bandwidth_counts_read_and_write(monkeypatch):
+    captured = []
+    real_time_each = membw.time_each
+
+    def spy(device, fn, repeats, before=None):
+        times = real_time_each(device, fn, repeats, before=before)
+        captured.append(times)
+        return times
+
+    monkeypatch.setattr(membw, "time_each", spy)
+    (m,), _ = run_cpu(0.3, buffer_bytes=8 * MiB)
+    (times,) = captured
+    assert len(times) == m["details"]["iterations"]  # one time per copy
+    assert m["value"] == pytest.approx(statistics.median(2 * 8 * MiB / t / 1e9 for t in times))
+
+
+def test_buffers_are_1_gib_on_a_gpu_256_mib_on_the_cpu_and_within_a_quarter_of_free_memory(monkeypatch):
+    monkeypatch.setattr(membw, "free_memory_bytes", lambda device: 100 * 2**30)
+    assert membw.buffer_bytes("cuda:0") == 2**30
+    assert membw.buffer_bytes("cpu") == 256 * MiB
+    assert membw.buffer_bytes("cpu", requested=4 * MiB) == 4 * MiB
+    monkeypatch.setattr(membw, "free_memory_bytes", lambda device: 80 * MiB)
+    assert membw.buffer_bytes("cuda:0") == 10 * MiB  # source + destination = a quarter of free memory
+
+
+def test_too_little_memory_skips(monkeypatch):
+    monkeypatch.setattr(membw, "free_memory_bytes", lambda device: 4 * MiB)
+    with pytest.raises(Skip, match="not enough free memory"):
+        run_cpu(1.0)
+
+
+def test_no_budget_raises_out_of_time():
+    with pytest.raises(OutOfTime):
+        run_cpu(0.0, buffer_bytes=MiB)
+
+
+def test_a_small_budget_still_times_a_few_copies_quickly():
+    (m,), elapsed = run_cpu(0.05, buffer_bytes=4 * MiB)
+    assert m["details"]["iterations"] >= 3
+    assert elapsed < 3 * 0.05 + 2
