@@ -1,8 +1,8 @@
-"""The terminal report: problems in full, passes in one line each, the verdict last."""
+"""The terminal report: the seeds' checklist first, then the problems in full (failures first),
+passes in one line per check, the measurements, and the verdict last."""
 
 from __future__ import annotations
 
-import re
 from itertools import groupby
 
 from rich.console import Console
@@ -10,32 +10,72 @@ from rich.markup import escape
 
 from ..facts import Machine
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, checklist, grouped
+from .checklist import subject_range as subject_range  # re-exported: other reports use it from here
 
 STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim"}
-AREAS = (("gpu", "GPU"), ("cpu", "CPU benchmarks"), ("stack", "Software stack"), ("host", "Host"), ("storage", "Storage"))
+MARK_STYLE = {TICKED: "bold green", CROSSED: "bold red", WARNED: "bold yellow", UNKNOWN: "dim"}
+# Known areas in report order; a check from an area not listed here (a newer rule) still shows,
+# under a title made from its prefix.
+AREAS = (("gpu", "GPU"), ("cpu", "CPU benchmarks"), ("stack", "Software stack"), ("host", "Host"),
+         ("storage", "Storage"), ("net", "Network"), ("workload", "Reference workload"), ("env", "Environment"))
 _ORDER = {FAIL: 0, WARN: 1, PASS: 2, SKIP: 3}
+VERDICT_TEXT = {FAIL: "FAIL: something is wrong with this machine", WARN: "WARN: usable, with caveats",
+                PASS: "PASS: nothing wrong found"}
 
 
 def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
     _header(record, console)
+    _checklist(record, console)
+    _problems(record.findings, console)
+    _passes_and_skips(record.findings, console, verbose)
     _measurements(record, console)
-    findings = record.findings
-    for prefix, title in AREAS:
-        area = [f for f in findings if f.check.split(".")[0] == prefix]
-        if not area:
-            continue
-        console.print(f"\n[bold]{title}[/]")
-        # Findings arrive in rule order; a stable sort puts failures first and keeps that order.
-        for f in sorted(area, key=lambda f: _ORDER.get(f.status, 9)):
-            if f.status in (FAIL, WARN):
-                _problem(f, console)
-        for status in (PASS, SKIP):
-            _quiet([f for f in area if f.status == status], console, verbose)
     _verdict(record, console)
 
 
 def _badge(status: str) -> str:
     return f"[{STYLE.get(status, '')}]{status.upper():4}[/]"
+
+
+# -- checklist -------------------------------------------------------------------------------------
+
+def _checklist(record: RunRecord, console: Console) -> None:
+    for group, lines in grouped(checklist(record)):
+        console.print(f"\n[bold]{GROUP_TITLES[group]}[/] [dim]({GROUP_SOURCES[group]})[/]")
+        for line in lines:
+            style = MARK_STYLE[line.state]
+            figure = escape(line.figure)
+            console.print(f"  [{style}]{line.mark}[/]  {line.item.title:<37} " + (f"[dim]{figure}[/]" if line.state == UNKNOWN else figure))
+
+
+# -- findings --------------------------------------------------------------------------------------
+
+def area_title(check: str) -> str:
+    prefix = check.split(".")[0]
+    return dict(AREAS).get(prefix, prefix.capitalize())
+
+
+def by_area(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
+    """Findings grouped by area: known areas in AREAS order, then any other in order of appearance."""
+    known = [title for _, title in AREAS]
+    titles = list(dict.fromkeys(area_title(f.check) for f in findings))
+    titles.sort(key=lambda t: known.index(t) if t in known else len(known))
+    return [(t, [f for f in findings if area_title(f.check) == t]) for t in titles]
+
+
+def problems(findings: list[Finding]) -> list[Finding]:
+    """Failures, then warnings; each in rule order (a stable sort keeps it)."""
+    return sorted((f for f in findings if f.status in (FAIL, WARN)), key=lambda f: _ORDER[f.status])
+
+
+def _problems(findings: list[Finding], console: Console) -> None:
+    found = problems(findings)
+    if not found:
+        return
+    failed, warned = sum(f.status == FAIL for f in found), sum(f.status == WARN for f in found)
+    console.print(f"\n[bold]Problems[/] [dim]({failed} failed, {warned} warning{'' if warned == 1 else 's'})[/]")
+    for f in found:
+        _problem(f, console)
 
 
 def _problem(f: Finding, console: Console) -> None:
@@ -52,6 +92,16 @@ def _problem(f: Finding, console: Console) -> None:
         console.print(f"        [dim]source: {escape(e.source)}[/]")
     if f.remedy:
         console.print(f"        [cyan]fix/confirm:[/] {escape(f.remedy)}")
+
+
+def _passes_and_skips(findings: list[Finding], console: Console, verbose: bool) -> None:
+    for title, area in by_area(findings):
+        quiet = [f for f in area if f.status not in (FAIL, WARN)]
+        if not quiet:
+            continue
+        console.print(f"\n[bold]{title}[/]")
+        for status in (PASS, SKIP):
+            _quiet([f for f in quiet if f.status == status], console, verbose)
 
 
 def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
@@ -77,18 +127,7 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
             console.print(f"  {_badge(PASS)}  {check:<18} {subject_range(subjects):<8} {escape(summary)}{extra}")
 
 
-def subject_range(subjects: list[str]) -> str:
-    """["gpu0", "gpu1", "gpu2"] -> "gpu0-2"."""
-    if len(subjects) == 1:
-        return subjects[0]
-    numbers = [re.fullmatch(r"gpu(\d+)", s) for s in subjects]
-    if all(numbers):
-        idx = sorted(int(m.group(1)) for m in numbers)
-        if idx == list(range(idx[0], idx[-1] + 1)):
-            return f"gpu{idx[0]}-{idx[-1]}"
-        return "gpu" + ",".join(str(i) for i in idx)
-    return ",".join(dict.fromkeys(subjects))
-
+# -- measurements, header, verdict -----------------------------------------------------------------
 
 def measurement_lines(record: RunRecord) -> list[str]:
     """One line per measured quantity, every subject on it: "gemm.bf16  gpu0 756.2, gpu1 760.1 TFLOPS"."""
@@ -108,12 +147,28 @@ def _measurements(record: RunRecord, console: Console) -> None:
             console.print(f"  {escape(line)}")
 
 
-def _header(record: RunRecord, console: Console) -> None:
-    m = record.machine
+def header_line(record: RunRecord) -> str:
     when = record.started_at.replace("T", " ")[:16]
-    console.print(f"[bold]gpuvet {record.tool.get('version', '')}[/] · {m.source} · {when} UTC · {record.duration_s:.1f} s")
-    for line in machine_lines(m):
-        console.print(f"  {escape(line)}")
+    redacted = " · redacted" if record.options.get("redacted") else ""
+    return f"gpuvet {record.tool.get('version', '')} · {record.machine.source} · {when} UTC · {record.duration_s:.1f} s{redacted}"
+
+
+def options_line(record: RunRecord) -> str:
+    """What the run was asked to do ("" when nothing was asked); a synthetic record says so here."""
+    parts = []
+    for key, value in record.options.items():
+        if key == "redacted" or value in (None, "", [], {}):
+            continue
+        shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+        parts.append(f"{key} {shown!r}" if key == "expect" else f"{key}: {shown}" if key == "synthetic" else f"{key} {shown}")
+    return ("options: " + " · ".join(parts)) if parts else ""
+
+
+def _header(record: RunRecord, console: Console) -> None:
+    console.print(f"[bold]{escape(header_line(record))}[/]")
+    for line in machine_lines(record.machine) + [options_line(record)]:
+        if line:
+            console.print(f"  {escape(line)}")
 
 
 def machine_lines(m: Machine) -> list[str]:
@@ -161,10 +216,17 @@ def _capture_lines(captures: list[dict[str, str]]) -> list[str]:
     return lines
 
 
+def status_counts(record: RunRecord) -> dict[str, int]:
+    return {s: sum(1 for f in record.findings if f.status == s) for s in (FAIL, WARN, PASS, SKIP)}
+
+
+def verdict_line(record: RunRecord) -> str:
+    counts = status_counts(record)
+    return (f"{VERDICT_TEXT[record.verdict]}  ({counts[FAIL]} failed, {counts[WARN]} warnings, "
+            f"{counts[PASS]} passed, {counts[SKIP]} skipped)")
+
+
 def _verdict(record: RunRecord, console: Console) -> None:
-    counts = {s: sum(1 for f in record.findings if f.status == s) for s in (FAIL, WARN, PASS, SKIP)}
     verdict = record.verdict
-    text = {FAIL: "FAIL: something is wrong with this machine", WARN: "WARN: usable, with caveats", PASS: "PASS: nothing wrong found"}[verdict]
-    console.print(
-        f"\n[{STYLE[verdict]}]{text}[/]  ({counts[FAIL]} failed, {counts[WARN]} warnings, {counts[PASS]} passed, {counts[SKIP]} skipped)"
-    )
+    text, _, rest = verdict_line(record).partition("  ")
+    console.print(f"\n[{STYLE[verdict]}]{escape(text)}[/]  {escape(rest)}")

@@ -1,0 +1,402 @@
+"""gpuvet doctor: from a symptom to its likely causes, and the checks that tell them apart.
+
+Covers every row of the first seed's troubleshooting table (5.1) and the cases of the second
+seed (model.to('cuda') hanging, "no kernel image is available", NCCL hangs, memory figures that
+disagree). Given a run record, each cause is answered from it: confirmed (a check failed or
+warned, or a fact shows it), ruled out (the check passed), or unknown (not measured: here is
+the command that measures it). Without a record, doctor says what to run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rich.console import Console
+from rich.markup import escape
+
+from .record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .report.checklist import subject_range
+
+CONFIRMED, RULED_OUT, UNKNOWN = "confirmed", "ruled out", "unknown"
+FactVerdict = tuple[str, str]  # (state, figure)
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    checks: tuple[str, ...] = ()  # findings that confirm it (fail/warn) or rule it out (pass)
+    measure: str = "gpuvet run"  # the gpuvet command that answers it
+    commands: tuple[str, ...] = ()  # what a person runs to confirm it by hand
+    facts: Callable[[RunRecord], FactVerdict | None] | None = None  # for causes no check covers
+
+
+@dataclass(frozen=True)
+class Symptom:
+    name: str  # short name typed on the command line
+    description: str
+    seed: str  # the seed's own words, to find the row there
+    aliases: tuple[str, ...]  # other ways people say it: error messages, Chinese phrases
+    causes: tuple[Cause, ...]
+    advice: str = ""  # what the seed says to do whatever the cause
+
+
+@dataclass
+class CauseResult:
+    cause: Cause
+    state: str
+    figures: list[str] = field(default_factory=list)  # what decided it
+    next_step: str = ""  # remedy when confirmed, the command to measure it when unknown
+
+
+@dataclass
+class Diagnosis:
+    symptom: Symptom
+    record: RunRecord | None
+    results: list[CauseResult]
+
+    def of(self, state: str) -> list[CauseResult]:
+        return [r for r in self.results if r.state == state]
+
+
+# -- answering from a record -----------------------------------------------------------------------
+
+_ORDER = {CONFIRMED: 0, UNKNOWN: 1, RULED_OUT: 2}
+
+
+def diagnose(symptom: Symptom, record: RunRecord | None = None) -> Diagnosis:
+    """Every cause of the symptom, confirmed first, then unknown, then ruled out."""
+    results = [_answer(cause, record) for cause in symptom.causes]
+    if record is not None:
+        results.sort(key=lambda r: _ORDER[r.state])
+    return Diagnosis(symptom, record, results)
+
+
+def _to_measure(cause: Cause) -> str:
+    by_hand = "; ".join(cause.commands)
+    if not cause.checks and cause.facts is None:
+        return f"by hand: {by_hand}" if by_hand else ""
+    return f"`{cause.measure}`" + (f"; by hand: {by_hand}" if by_hand else "")
+
+
+def _answer(cause: Cause, record: RunRecord | None) -> CauseResult:
+    if record is None:
+        return CauseResult(cause, UNKNOWN, [], _to_measure(cause))
+    if not cause.checks and cause.facts is None:
+        return CauseResult(cause, UNKNOWN, ["a run record cannot show this; check it by hand"], _to_measure(cause))
+    found = [f for f in record.findings if f.check in cause.checks]
+    problems = [f for f in found if f.status in (FAIL, WARN)]
+    passes = [f for f in found if f.status == PASS]
+    fact = cause.facts(record) if cause.facts else None
+    if problems:
+        figures = _figures(problems) + ([fact[1]] if fact and fact[0] == CONFIRMED else [])
+        return CauseResult(cause, CONFIRMED, figures, problems[0].remedy or _to_measure(cause))
+    if fact and fact[0] == CONFIRMED:
+        return CauseResult(cause, CONFIRMED, [fact[1]], "; ".join(cause.commands))
+    if passes or (fact and fact[0] == RULED_OUT):
+        figures = _figures(passes) + ([fact[1]] if fact else [])
+        return CauseResult(cause, RULED_OUT, figures)
+    skipped = list(dict.fromkeys(f.summary for f in found if f.status == SKIP))
+    figures = ([fact[1]] if fact else []) + skipped[:2] or ["not measured in this run"]
+    return CauseResult(cause, UNKNOWN, figures, _to_measure(cause))
+
+
+def _figures(findings: list[Finding], limit: int = 3) -> list[str]:
+    """ "subjects: summary" per distinct summary, worst first."""
+    by_text: dict[tuple[str, str], list[str]] = {}
+    for f in sorted(findings, key=lambda f: f.status != FAIL):
+        by_text.setdefault((f.check, f.summary), []).append(f.subject)
+    lines = [f"{subject_range(list(dict.fromkeys(subjects)))}: {summary}" for (_, summary), subjects in by_text.items()]
+    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
+# -- facts no check covers -------------------------------------------------------------------------
+
+def _driver_here(record: RunRecord) -> FactVerdict | None:
+    m = record.machine
+    if m.gpus:
+        return RULED_OUT, f"the NVIDIA driver answers here: {len(m.gpus)} GPU(s) visible"
+    if m.source != "live":
+        return None  # a capture says nothing about the container it was not taken in
+    where = f" (inside {m.host.container})" if m.host and m.host.container else ""
+    return CONFIRMED, f"no GPU visible{where}: {m.gpu_error or 'no NVIDIA GPU found'}"
+
+
+def _preemptible(record: RunRecord) -> FactVerdict | None:
+    stated = record.options.get("preemptible")
+    if stated is True:
+        return CONFIRMED, "you said this instance is preemptible"
+    if stated is False:
+        return RULED_OUT, "you said this instance is not preemptible"
+    return None
+
+
+def _in_container(record: RunRecord) -> FactVerdict | None:
+    host = record.machine.host
+    if host is None:
+        return None
+    if host.container:
+        return UNKNOWN, f"running in {host.container}: packages installed at run time live in the container and go with it"
+    return RULED_OUT, "not in a container"
+
+
+def _vgpu(record: RunRecord) -> FactVerdict | None:
+    modes = {g.virtualization_mode for g in record.machine.gpus}
+    if "vgpu" in modes:
+        names = subject_range([f"gpu{g.index}" for g in record.machine.gpus if g.virtualization_mode == "vgpu"])
+        return CONFIRMED, f"{names}: vGPU guest (every new process pays a slower context start)"
+    if modes and modes <= {"none", "passthrough"}:
+        return RULED_OUT, f"whole GPUs ({', '.join(sorted(modes))})"
+    return None
+
+
+def _persistence(record: RunRecord) -> FactVerdict | None:
+    gpus = record.machine.gpus
+    off = [f"gpu{g.index}" for g in gpus if g.persistence_mode is False]
+    if off:
+        return CONFIRMED, f"persistence mode off on {subject_range(off)}: the driver tears down between processes"
+    if gpus and all(g.persistence_mode for g in gpus):
+        return RULED_OUT, "persistence mode on"
+    return None
+
+
+def _module_loading(record: RunRecord) -> FactVerdict | None:
+    stack = record.machine.stack
+    if stack is None:
+        return None
+    value = (stack.cuda_module_loading or "").upper()
+    if value == "LAZY":
+        return RULED_OUT, "CUDA_MODULE_LOADING=LAZY"
+    if value:
+        return CONFIRMED, f"CUDA_MODULE_LOADING={value}: every kernel of every library loads at start-up"
+    return UNKNOWN, "CUDA_MODULE_LOADING not set (PyTorch 2.x sets LAZY itself; older code loads eagerly)"
+
+
+def _old_driver(record: RunRecord) -> FactVerdict | None:
+    version = record.machine.driver.version
+    major = re.match(r"(\d+)", version or "")
+    if not major:
+        return None
+    if int(major.group(1)) < 450:
+        return CONFIRMED, f"driver {version}: older drivers account memory coarsely (seed 2: 418-era drivers over-report)"
+    return RULED_OUT, f"driver {version}"
+
+
+# -- the symptoms ----------------------------------------------------------------------------------
+
+_SMI_WATCH = "nvidia-smi --query-gpu=index,temperature.gpu,power.draw,power.limit,clocks.sm,clocks_event_reasons.active --format=csv -l 5"
+_POWER = Cause("Power limit capped below the default", ("gpu.power_limit",), "gpuvet run",
+               ("nvidia-smi -q -d POWER", _SMI_WATCH))
+_PCIE = Cause("PCIe link narrower or slower than the card (riser, x8 slot, virtualised link)",
+              ("gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie",
+              ("sudo lspci -vv | grep -E 'LnkCap|LnkSta'", "nvidia-smi -q -d PCIE (while a job runs)"))
+_WEAK_GPU = Cause("A weaker or cut-down GPU than sold, or one that computes slowly", ("gpu.model", "gpu.gemm", "gpu.memory_bandwidth"),
+                  "gpuvet bench gemm membw --expect 'MODEL'", ("nvidia-smi --query-gpu=name,memory.total --format=csv",))
+_THROTTLE = Cause("Clocks cut by heat or a power brake", ("gpu.throttle", "gpu.sustained", "gpu.temperature"), "gpuvet run --soak 10",
+                  ("nvidia-smi -q -d PERFORMANCE,TEMPERATURE", _SMI_WATCH))
+_SHARED_GPU = Cause("The GPU is shared (vGPU, MIG slice, or another tenant's processes)", ("gpu.isolation",), "gpuvet run",
+                    ("nvidia-smi (processes, memory in use)", "nvidia-smi -q -d MEMORY,UTILIZATION"))
+_STEAL = Cause("CPU time stolen by the hypervisor (an oversold host)", ("host.steal",), "gpuvet run",
+               ("vmstat 1 10 (column st)",))
+_STORAGE = Cause("Slow disk or network file system for the data",
+                 ("storage.read", "storage.random_read", "storage.small_files", "storage.workdir"),
+                 "gpuvet run", ("iostat -x 5 (await, %util)", "df -hT ."))
+_CPU_FEED = Cause("Too few CPU cores to decode and augment as fast as the GPU trains", ("host.cpu", "host.cpu_feed"), "gpuvet run",
+                  ("nproc", "top -H while training"))
+_SHM = Cause("DataLoader workers starved: /dev/shm too small, or num_workers/prefetch_factor too low", ("host.shm",), "gpuvet run",
+             ("df -h /dev/shm", "DataLoader(num_workers=N, prefetch_factor=4, pin_memory=True, persistent_workers=True)"))
+_NVLINK = Cause("No NVLink (or links down): the GPUs talk over PCIe", ("gpu.nvlink", "gpu.p2p"), "gpuvet bench p2p",
+                ("nvidia-smi topo -m", "nvidia-smi nvlink -s"))
+_ALLREDUCE = Cause("Slow all-reduce between the GPUs of this machine", ("gpu.allreduce",), "gpuvet bench allreduce",
+                   ("NCCL_DEBUG=INFO python train.py (look at the transport: P2P/NVL, SHM or NET)",))
+_NETWORK = Cause("Slow network between nodes: no RDMA/RoCE, or a slow NIC", ("net.rdma", "net.nics", "net.node_to_node"), "gpuvet run",
+                 ("ibstat", "ib_write_bw OTHER_NODE", "iperf3 -c OTHER_NODE -P 8"))
+_MIXED = Cause("Mixed GPUs: the slowest sets the pace", ("gpu.uniform",), "gpuvet run",
+               ("nvidia-smi --query-gpu=index,name,power.limit,pcie.link.width.max --format=csv",))
+_DRIVER_CUDA = Cause("Driver too old for the CUDA your PyTorch was built with", ("stack.driver_cuda",), "gpuvet run",
+                     ("nvidia-smi (CUDA Version, top right)", "python -c 'import torch; print(torch.version.cuda)'"))
+
+SYMPTOMS: tuple[Symptom, ...] = (
+    Symptom("slow-from-start", "Slower than the same GPU elsewhere, from the first minute",
+            "同样型号显卡，跑分和速度明显偏慢",
+            ("slow", "slower than expected", "benchmark is low", "low tflops", "偏慢", "跑分", "残血"),
+            (_POWER, _PCIE, _WEAK_GPU, _THROTTLE, _SHARED_GPU),
+            "compare against a known-good figure: `gpuvet bench gemm` gives TFLOPS against the model's best"),
+    Symptom("slower-and-slower", "Normal at first, then slower and slower",
+            "训练一开始正常，过一段时间越来越慢",
+            ("gets slower over time", "slows down after a while", "degrades", "越来越慢", "过一段时间"),
+            (_THROTTLE,
+             Cause("Page cache exhausted, then the disk queues (dataset larger than RAM, slow disk)",
+                   ("storage.read", "storage.random_read", "storage.workdir"), "gpuvet run", ("iostat -x 5 (await, %util)", "free -g")),
+             _STEAL, _SHARED_GPU),
+            "watch the temperature and clock curves while it slows: `gpuvet run --soak 10` records them"),
+    Symptom("gpu-low-cpu-high", "GPU utilization stays low while the CPU is busy",
+            "GPU利用率始终上不去，但CPU很高",
+            ("gpu utilization low", "gpu idle", "cpu bound", "cpu high", "dataloader", "data loader", "利用率", "CPU很高"),
+            (_CPU_FEED, _SHM, _STORAGE, _STEAL),
+            "raise DataLoader num_workers and prefetch_factor (the seed's first fix); pin_memory=True"),
+    Symptom("multi-gpu-scaling", "Multi-GPU speed-up far below ideal",
+            "多卡训练加速比远低于理论值",
+            ("scaling", "speedup", "speed-up", "multi gpu slow", "distributed slow", "allreduce slow", "加速比", "多卡"),
+            (_NVLINK, _ALLREDUCE, _PCIE, _NETWORK, _MIXED),
+            "turn on NCCL's log (`NCCL_DEBUG=INFO`) to see which transport it picked"),
+    Symptom("container-no-gpu", "The container cannot use the GPU: \"could not select device driver\"",
+            "容器内无法调用GPU，报错“could not select device driver”",
+            ("could not select device driver", "docker gpu", "container", "nvidia-container-toolkit", "torch.cuda.is_available() false",
+             "cuda not available", "no cuda", "容器"),
+            (Cause("The NVIDIA driver is not reachable here: nvidia-container-toolkit missing, or the container started without --gpus",
+                   (), "gpuvet run (inside the container)",
+                   ("docker run --rm --gpus all nvidia/cuda:12.4.1-base-ubuntu22.04 nvidia-smi", "nvidia-ctk --version",
+                    "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"),
+                   facts=_driver_here),
+             Cause("PyTorch cannot use the GPU (CPU-only build, driver too old, or is_available() False)",
+                   ("stack.driver_cuda", "stack.arch_support"), "gpuvet run",
+                   ("python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'",))),
+            "install the toolkit or use the platform's official GPU image"),
+    Symptom("data-lost-after-restart", "Data or environment lost after a restart",
+            "实例重启后环境或数据丢失",
+            ("data lost", "lost after reboot", "environment gone", "checkpoint lost", "重启", "丢失"),
+            (Cause("Work kept on ephemeral storage (container layer, tmpfs, instance-store disk)",
+                   ("storage.workdir", "workload.checkpoint"), "gpuvet run",
+                   ("df -hT .", "mount | grep -E 'nfs|ceph|fuse'")),
+             Cause("The preemptible (spot) instance was reclaimed", (), "gpuvet run --preemptible / --on-demand",
+                   ("check the billing page or instance type",), facts=_preemptible),
+             Cause("The environment was installed into the container, not into an image", (), "gpuvet run",
+                   ("docker commit, or build the environment into your own image",), facts=_in_container)),
+            "keep data and checkpoints on shared or object storage, and bake the environment into an image"),
+    Symptom("day-night", "Fast at night, slow during the day",
+            "夜深人静时跑得飞快，白天卡成PPT",
+            ("night", "daytime", "peak hours", "time of day", "白天", "夜"),
+            (_SHARED_GPU, _STEAL,
+             Cause("Shared storage or network contended at peak hours", ("storage.read", "storage.small_files", "storage.random_read",
+                                                                         "net.loopback", "net.node_to_node"), "gpuvet run",
+                   ("iostat -x 5",))),
+            "run gpuvet at both times and compare the records; move heavy jobs off-peak or to better-isolated instances"),
+    Symptom("cuda-init-slow", "model.to('cuda') or the first CUDA call hangs for seconds",
+            "model.to(cuda)之后卡住30秒才响应",
+            ("to('cuda') hangs", ".cuda() slow", "first cuda call slow", "hangs for seconds", "context init", "cuda init", "卡住"),
+            (Cause("Slow CUDA context creation under virtualization", ("gpu.context_init",), "gpuvet bench latency",
+                   ("python -c \"import time,torch; t=time.time(); torch.zeros(1).cuda(); print(time.time()-t)\"",), facts=_vgpu),
+             Cause("Persistence mode off: the driver re-initialises for each process", (), "gpuvet run",
+                   ("nvidia-smi -q | grep -i persistence", "sudo nvidia-smi -pm 1"), facts=_persistence),
+             Cause("Eager CUDA module loading", ("env.cuda_module_loading",), "gpuvet run", ("export CUDA_MODULE_LOADING=LAZY",),
+                   facts=_module_loading),
+             Cause("Model weights read from a network file system", ("storage.workdir", "storage.read", "storage.small_files"),
+                   "gpuvet run",
+                   ("df -hT /path/to/weights",))),
+            "time it in a fresh process; a notebook kernel restart pays the start-up again"),
+    Symptom("no-kernel-image", "\"no kernel image is available for execution on the device\"",
+            "no kernel image is available for execution",
+            ("no kernel image", "cudaErrorNoKernelImageForDevice", "unsupported gpu architecture", "compute capability", "sm_",
+             "unsupported ptx version"),
+            (Cause("PyTorch was built without kernels for this GPU's compute capability", ("stack.arch_support",), "gpuvet run",
+                   ("python -c 'import torch; print(torch.cuda.get_arch_list(), torch.cuda.get_device_capability())'",)),
+             _DRIVER_CUDA,
+             Cause("A different GPU than the software was built for (mixed fleet)", ("gpu.model", "gpu.uniform"),
+                   "gpuvet run --expect 'MODEL'",
+                   ("nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv",))),
+            "install a PyTorch wheel built for this GPU and this driver's CUDA"),
+    Symptom("nccl-hang", "NCCL init hangs, or \"NCCL version mismatch\"",
+            "NCCL version mismatch，init_process_group卡死在ncclCommInitRank",
+            ("nccl", "ncclCommInitRank", "init_process_group hangs", "version mismatch", "distributed hang"),
+            (_DRIVER_CUDA,
+             Cause("GPU peer-to-peer blocked or broken (ACS, IOMMU, VM)", ("gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce",
+                   ("NCCL_P2P_DISABLE=1 python train.py (if that fixes it, P2P is broken)", "nvidia-smi topo -p2p r")),
+             Cause("NVLink down", ("gpu.nvlink",), "gpuvet run", ("nvidia-smi nvlink -s",)),
+             Cause("/dev/shm too small for NCCL's shared-memory transport", ("host.shm",), "gpuvet run",
+                   ("df -h /dev/shm", "docker run --shm-size=16g ... (or --ipc=host)")),
+             Cause("Wrong network interface, or RDMA down, between nodes", ("net.nics", "net.rdma", "net.node_to_node"), "gpuvet run",
+                   ("NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=eth0 python train.py", "ibstat")),
+             Cause("Different PyTorch/NCCL versions on the nodes", (), "",
+                   ("python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())' on every node",))),
+            "`NCCL_DEBUG=INFO` says where it stops"),
+    Symptom("memory-mismatch", "PyTorch's memory figures disagree with nvidia-smi",
+            "torch.cuda.memory_allocated()与nvidia-smi显存占用不一致",
+            ("memory_allocated", "memory mismatch", "nvidia-smi memory", "memory_reserved", "显存", "out of memory", "oom"),
+            (Cause("Expected: nvidia-smi also counts the CUDA context and the caching allocator's reserve", (), "",
+                   ("python -c 'import torch; torch.zeros(1).cuda(); print(torch.cuda.memory_reserved(), torch.cuda.mem_get_info())'",
+                    "torch.cuda.memory_summary()")),
+             Cause("Memory held by another process or tenant, or only a MIG/vGPU share is yours", ("gpu.isolation",), "gpuvet run",
+                   ("nvidia-smi --query-compute-apps=pid,used_memory --format=csv",)),
+             Cause("An old driver that accounts memory coarsely under virtualization", (), "gpuvet run",
+                   ("nvidia-smi (Driver Version)",), facts=_old_driver)),
+            "compare torch.cuda.memory_reserved() (not memory_allocated()) with nvidia-smi, plus ~0.3-0.5 GiB of context"),
+)
+
+
+# -- finding a symptom from what the user typed ----------------------------------------------------
+
+_STOP = {"the", "a", "an", "is", "are", "my", "it", "its", "gpu", "gpus", "and", "or", "to", "of", "in", "on", "for", "with",
+         "than", "from", "after", "but", "very", "too", "when", "i", "me", "this", "that", "be", "at", "by", "not"}
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "er", "s"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def _words(text: str) -> set[str]:
+    return {_stem(w) for w in re.findall(r"[a-z0-9_]+", text.lower())} - _STOP
+
+
+def find_symptom(text: str) -> Symptom | None:
+    """The symptom a short name, a phrase, an error message or the seed's Chinese words describe."""
+    query = text.strip().lower()
+    if not query:
+        return None
+    for symptom in SYMPTOMS:
+        if query.replace(" ", "-").replace("_", "-") == symptom.name:
+            return symptom
+    scored = [(_score(query, symptom), n, symptom) for n, symptom in enumerate(SYMPTOMS)]
+    best = max(scored, key=lambda item: (item[0], -item[1]))
+    return best[2] if best[0] > 0 else None
+
+
+def _score(query: str, symptom: Symptom) -> int:
+    phrases = [p.lower() for p in symptom.aliases + (symptom.seed, symptom.description)]
+    # A whole phrase (an error message, the seed's row) weighs more than shared words.
+    score = sum(3 for p in phrases if p in query or (len(query) >= 2 and query in p))
+    vocabulary = _words(" ".join((symptom.name.replace("-", " "), symptom.description) + symptom.aliases))
+    return score + len(_words(query) & vocabulary)
+
+
+# -- terminal --------------------------------------------------------------------------------------
+
+_STATE_STYLE = {CONFIRMED: ("FOUND", "bold red"), RULED_OUT: ("ruled out", "green"), UNKNOWN: ("?", "dim")}
+
+
+def render_doctor(console: Console, diagnosis: Diagnosis | None = None) -> None:
+    """The symptoms gpuvet knows (no diagnosis), or one diagnosis."""
+    if diagnosis is None:
+        _symptom_list(console)
+    else:
+        _diagnosis(console, diagnosis)
+
+
+def _symptom_list(console: Console) -> None:
+    console.print("[bold]Symptoms gpuvet doctor knows[/]  [dim](gpuvet doctor NAME, or describe it in your words)[/]")
+    for s in SYMPTOMS:
+        console.print(f"  [cyan]{s.name:<24}[/] {escape(s.description)}  [dim]{escape(s.seed)}[/]")
+
+
+def _diagnosis(console: Console, d: Diagnosis) -> None:
+    s = d.symptom
+    console.print(f"[bold]{escape(s.description)}[/]  [dim]({s.name}; seed: {escape(s.seed)})[/]")
+    if d.record is None:
+        console.print("[dim]No run record: the likely causes and how to tell them apart.[/]")
+    else:
+        r = d.record
+        console.print(f"[dim]Answered from the run of {escape(r.started_at)} ({r.machine.source}, verdict {r.verdict}).[/]")
+    for result in d.results:
+        word, style = _STATE_STYLE[result.state]
+        console.print(f"\n  [{style}]{word:<9}[/]  {escape(result.cause.name)}")
+        for figure in result.figures:
+            console.print(f"             [dim]{escape(figure)}[/]")
+        if result.next_step:
+            label = "fix/confirm:" if result.state == CONFIRMED else "check:"
+            console.print(f"             [cyan]{label}[/] {escape(result.next_step)}")
+    if s.advice:
+        console.print(f"\n[bold]Whatever the cause:[/] {escape(s.advice)}")

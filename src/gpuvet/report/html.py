@@ -1,0 +1,499 @@
+"""The HTML report: one self-contained page a person opens in any browser, offline.
+
+Verdict at the top, the seeds' checklist, every finding with its evidence and remedy, plots of
+the sustained-load time series, measurements, and the machine's facts. Styles and plots are
+inline (SVG drawn by matplotlib); nothing on the page refers to anything outside it, so it opens
+the same on an air-gapped laptop or as a support-ticket attachment. Without matplotlib the page
+renders without plots and says how to get them.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..facts import Gpu, Machine, to_dict
+from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
+from .terminal import VERDICT_TEXT, by_area, header_line, machine_lines, options_line, problems, status_counts, subject_range
+
+GIB = 1024**3
+MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
+NO_MATPLOTLIB = "Plots need matplotlib: pip install 'gpuvet[html]' (or pip install matplotlib), then render the report again."
+
+
+def render_html(record: RunRecord) -> str:
+    plots = render_plots(record)
+    sections = [
+        _banner(record),
+        _checklist(record),
+        _problems(record.findings),
+        _plots_section(record, plots),
+        _quiet(record.findings),
+        _measurements(record),
+        _facts(record.machine),
+    ]
+    title = f"gpuvet {record.verdict.upper()} · {_gpu_summary(record.machine)} · {record.started_at.replace('T', ' ')[:16]} UTC"
+    return (
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
+        + "\n".join(s for s in sections if s)
+        + f"\n<footer>{_e(header_line(record))} · run record schema gpuvet.run/1</footer>\n</main>\n</body>\n</html>\n"
+    )
+
+
+# -- text helpers ----------------------------------------------------------------------------------
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def rich_text(value: str | None) -> str:
+    """Escaped text with `backtick spans` shown as code (remedies are written that way)."""
+    if not value:
+        return ""
+    pieces = value.split("`")
+    if len(pieces) % 2 == 0:
+        return _e(value)
+    return "".join(f"<code>{_e(p)}</code>" if i % 2 else _e(p) for i, p in enumerate(pieces))
+
+
+def _gpu_summary(m: Machine) -> str:
+    if not m.gpus:
+        return "no GPU"
+    names: dict[str, int] = {}
+    for g in m.gpus:
+        names[g.name or "unknown GPU"] = names.get(g.name or "unknown GPU", 0) + 1
+    return ", ".join(f"{n} x {name}" for name, n in names.items())
+
+
+# -- verdict, checklist, findings ------------------------------------------------------------------
+
+def _banner(record: RunRecord) -> str:
+    counts = status_counts(record)
+    warnings = "warning" if counts[WARN] == 1 else "warnings"
+    pills = "".join(f'<span class="pill {s}">{counts[s]} {label}</span>'
+                    for s, label in ((FAIL, "failed"), (WARN, warnings), (PASS, "passed"), (SKIP, "skipped")))
+    lines = "".join(f"<li>{_e(line.strip())}</li>" for line in machine_lines(record.machine) + [options_line(record)] if line)
+    return (f'<header class="verdict {record.verdict}" id="verdict">\n'
+            f'<h1>{_e(VERDICT_TEXT[record.verdict])}</h1>\n<p class="pills">{pills}</p>\n'
+            f'<ul class="machine">{lines}</ul>\n<p class="meta">{_e(header_line(record))}</p>\n</header>')
+
+
+def _checklist(record: RunRecord) -> str:
+    parts = ['<section id="checklist">']
+    for group, lines in grouped(checklist(record)):
+        rows = "".join(
+            f'<tr class="{line.state}"><td class="mark" title="{_e(WORD[line.state])}">{_e(line.mark)}</td>'
+            f'<td class="item">{_e(line.item.title)}<div class="seed" lang="zh">{_e(line.item.seed)}</div></td>'
+            f"<td>{rich_text(line.figure)}</td></tr>"
+            for line in lines)
+        parts.append(f'<h2>{_e(GROUP_TITLES[group])}</h2>\n<p class="note">{_e(GROUP_SOURCES[group])}</p>\n'
+                     f'<table class="checklist"><thead><tr><th></th><th>Item</th><th>What decided it</th></tr></thead>'
+                     f"<tbody>{rows}</tbody></table>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _problems(findings: list[Finding]) -> str:
+    found = problems(findings)
+    if not found:
+        return '<section id="problems"><h2>Problems</h2><p>None found.</p></section>'
+    return '<section id="problems"><h2>Problems</h2>\n' + "\n".join(_card(f) for f in found) + "\n</section>"
+
+
+def _card(f: Finding) -> str:
+    e = f.evidence
+    rows = "".join(f"<dt>{label}</dt><dd>{rich_text(value)}</dd>"
+                   for label, value in (("Measured", e.measured), ("Expected", e.expected), ("Source", e.source)) if value)
+    remedy = f'<p class="remedy"><b>Fix / confirm:</b> {rich_text(f.remedy)}</p>' if f.remedy else ""
+    return (f'<article class="finding {f.status}"><h3><span class="badge {f.status}">{f.status.upper()}</span> '
+            f"<code>{_e(f.check)}</code> <span class=\"subject\">{_e(f.subject)}</span></h3>"
+            f"<p>{rich_text(f.summary)}</p>" + (f"<dl>{rows}</dl>" if rows else "") + remedy + "</article>")
+
+
+def _quiet(findings: list[Finding]) -> str:
+    rows = []
+    for area, group in by_area(findings):
+        by_key: dict[tuple[str, str, str], list[str]] = {}
+        for f in group:
+            if f.status in (PASS, SKIP):
+                by_key.setdefault((f.status, f.check, f.summary), []).append(f.subject)
+        for (status, check, summary), subjects in sorted(by_key.items(), key=lambda kv: kv[0][0] == SKIP):
+            rows.append(f'<tr class="{status}"><td><span class="badge {status}">{status.upper()}</span></td><td>{_e(area)}</td>'
+                        f"<td class=\"check\"><code>{_e(check)}</code></td><td>{_e(subject_range(list(dict.fromkeys(subjects))))}</td>"
+                        f"<td>{rich_text(summary)}</td></tr>")
+    if not rows:
+        return ""
+    return ('<section id="passed"><h2>Passed and skipped</h2><table><thead><tr><th>Status</th><th>Area</th><th>Check</th>'
+            f"<th>Subject</th><th>Summary</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
+
+
+def _measurements(record: RunRecord) -> str:
+    rows = [f"<tr><td><code>{_e(m.name)}</code></td><td>{_e(m.subject)}</td><td class=\"num\">{m.value:.4g}</td><td>{_e(m.unit)}</td>"
+            f"<td>{_e(_details_text(m.details))}</td></tr>"
+            for m in record.measurements if m.value is not None and m.unit]
+    if not rows:
+        return ""
+    return ('<section id="measurements"><h2>Measurements</h2><table><thead><tr><th>Measurement</th><th>Subject</th>'
+            f"<th>Value</th><th>Unit</th><th>Details</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
+
+
+def _details_text(details: dict[str, Any]) -> str:
+    flat = [f"{k} {v}" for k, v in details.items() if not isinstance(v, (dict, list)) or k == "shape"]
+    return ", ".join(flat)
+
+
+# -- machine facts ---------------------------------------------------------------------------------
+
+def _facts(m: Machine) -> str:
+    parts = ['<section id="facts"><h2>Machine facts</h2>']
+    parts.append(_gpu_table(m))
+    parts.append(_dl("Driver", [("version", m.driver.version), ("CUDA (driver)", m.driver.cuda_version),
+                                ("kernel module", m.driver.kernel_module_version)]))
+    if m.host is not None:
+        parts.append(_dl("Host", _host_rows(m)))
+    if m.stack is not None:
+        t = m.stack.torch
+        parts.append(_dl("Software stack", [
+            ("Python", m.stack.python), ("PyTorch", t.version if t.installed else "not installed"), ("torch CUDA", t.cuda),
+            ("torch arch list", " ".join(t.arch_list) if t.arch_list else None), ("nvcc", m.stack.nvcc_version),
+            ("CUDA home", m.stack.cuda_home), ("CUDA_MODULE_LOADING", m.stack.cuda_module_loading)]))
+    if m.topology is not None and m.topology.devices:
+        parts.append(_topology(m))
+    captures = "".join(f"<li><code>{_e(c.get('path'))}</code> ({_e(c.get('kind'))})</li>" for c in m.captures)
+    if captures:
+        parts.append(f"<h3>Captures</h3><ul>{captures}</ul>")
+    facts_json = json.dumps(to_dict(m), indent=1, sort_keys=False)
+    parts.append(f"<details><summary>All facts (JSON)</summary><pre>{_e(facts_json)}</pre></details>")
+    parts.append("</section>")
+    return "\n".join(p for p in parts if p)
+
+
+def _dl(title: str, rows: list[tuple[str, Any]]) -> str:
+    items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows if v not in (None, "", [], {}))
+    return f"<h3>{_e(title)}</h3><dl class=\"facts\">{items}</dl>" if items else ""
+
+
+def _host_rows(m: Machine) -> list[tuple[str, Any]]:
+    h = m.host
+    w = h.workdir
+    return [
+        ("hostname", h.hostname), ("OS", h.os), ("kernel", h.kernel), ("CPU", h.cpu_model),
+        ("cores", f"{h.cpu_usable_cores or '?'} usable, {h.cpu_physical_cores or '?'} physical, {h.cpu_logical_cores or '?'} logical"),
+        ("memory", f"{h.memory_total_bytes / GIB:.0f} GiB" if h.memory_total_bytes else None), ("NUMA nodes", h.numa_nodes),
+        ("/dev/shm", f"{h.shm_total_bytes / GIB:.1f} GiB" if h.shm_total_bytes else None),
+        ("cloud", h.cloud), ("hypervisor", h.hypervisor), ("container", h.container),
+        ("CPU steal", f"{h.steal_pct:.1f}%" if h.steal_pct is not None else None), ("net.core.somaxconn", h.somaxconn),
+        ("working directory", f"{w.path} on {w.fs_type} ({w.kind})" if w and w.fs_type else None),
+        ("NICs", ", ".join(f"{n.name} {n.speed_mbps or '?'} Mb/s" for n in h.nics if not n.virtual) if h.nics else None),
+        ("RDMA", ", ".join(f"{r.device}/{r.port} {r.state or '?'} {r.rate_gbps or '?'} Gb/s" for r in h.rdma) if h.rdma else None),
+    ]
+
+
+_GPU_COLUMNS = ("GPU", "Model", "Memory", "Power limit", "PCIe link", "SM clock", "Temperature", "ECC", "Mode", "UUID", "Serial")
+
+
+def _gpu_table(m: Machine) -> str:
+    if not m.gpus:
+        return f"<p>No GPU facts: {_e(m.gpu_error or 'no NVIDIA GPU found')}</p>"
+    head = "".join(f"<th>{c}</th>" for c in _GPU_COLUMNS)
+    rows = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in _gpu_row(g)) + "</tr>" for g in m.gpus)
+    return f'<h3>GPUs</h3><div class="wide"><table class="gpus"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+
+
+def _gpu_row(g: Gpu) -> list[Any]:
+    p, t, c = g.power, g.thermal, g.clocks
+    limit = p.enforced_limit_w if p.enforced_limit_w is not None else p.limit_w
+    power = f"{limit:.0f} W" + (f" (default {p.default_limit_w:.0f})" if p.default_limit_w else "") if limit is not None else "?"
+    link = "; ".join(f"Gen{r.current_gen or '?'} x{r.current_width or '?'} of Gen{r.max_gen or '?'} x{r.max_width or '?'}"
+                     f" ({r.source}{', load' if r.under_load else ''})" for r in g.pcie.readings[:2]) or "?"
+    slowdown = _slowdown_c(g)
+    temp = (f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "?") + (f" (slowdown {slowdown:.0f})" if slowdown else "")
+    mode = ", ".join(x for x in (g.virtualization_mode, "MIG" if g.mig_enabled else None) if x) or "?"
+    ecc = {True: "on", False: "off"}.get(g.ecc.enabled, "?")
+    memory = f"{g.memory_total_mib / 1024:.1f} GiB" if g.memory_total_mib else "?"
+    sm = f"{c.sm_mhz or '?'} of {c.max_sm_mhz or '?'} MHz"
+    return [f"gpu{g.index}", g.name, memory, power, link, sm, temp, ecc, mode, g.uuid, g.serial]
+
+
+def _topology(m: Machine) -> str:
+    topo = m.topology
+    devices = topo.devices
+    head = "<th></th>" + "".join(f"<th>{_e(d)}</th>" for d in devices)
+    rows = "".join(f"<tr><th>{_e(a)}</th>" + "".join(f"<td>{_e(topo.links.get(a, {}).get(b, ''))}</td>" for b in devices) + "</tr>"
+                   for a in devices)
+    return ('<h3>Topology (nvidia-smi topo -m)</h3><div class="wide"><table class="topo">'
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def _slowdown_c(g: Gpu) -> float | None:
+    """The slowdown threshold; newer drivers give only the margin from the current temperature."""
+    t = g.thermal
+    if t.slowdown_c is not None:
+        return t.slowdown_c
+    if t.gpu_c is not None and t.slowdown_margin_c is not None:
+        return t.gpu_c + t.slowdown_margin_c
+    return None
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+@dataclass
+class Plot:
+    key: str  # "power", "sm_clock", "temperature", "throughput"
+    title: str
+    svg: str
+
+
+@dataclass
+class _Line:
+    label: str
+    t: Any  # numpy arrays
+    y: Any
+
+
+@dataclass
+class _Series:
+    """One recorded series; columns become float arrays on first use (None -> NaN, which breaks
+    the line where a reading was missing)."""
+
+    subject: str
+    names: list[str]
+    rows: list[list[Any]]
+
+    @classmethod
+    def of(cls, series: dict) -> _Series:
+        names = list(series.get("columns") or [])
+        rows = [row for row in series.get("rows") or [] if len(row) == len(names)]
+        return cls(str(series.get("subject", "?")), names, rows)
+
+    def column(self, name: str):
+        import numpy as np
+
+        if name not in self.names:
+            return None
+        i = self.names.index(name)
+        values = [row[i] for row in self.rows]
+        try:
+            return np.array(values, dtype=float)  # None becomes NaN
+        except (TypeError, ValueError):
+            return np.array([_number(v) for v in values], dtype=float)
+
+
+def render_plots(record: RunRecord) -> list[Plot] | None:
+    """The sustained-load plots as inline SVG; None when matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: F401  (numpy comes with it)
+    except ImportError:
+        return None
+    telemetry = [_Series.of(s) for s in record.series if s.get("name", "").endswith(".telemetry")]
+    throughput = [_Series.of(s) for s in record.series if s.get("name") == "sustained.throughput"]
+    gpus = {f"gpu{g.index}": g for g in record.machine.gpus}
+    charts = [
+        ("power", "Power draw vs power limit", "power (W)", _lines(telemetry, "power_w"),
+         _limit_lines(telemetry, "power_limit_w", "power limit", "W")),
+        ("sm_clock", "SM clock vs max", "SM clock (MHz)", _lines(telemetry, "sm_mhz"),
+         _fact_lines(telemetry, gpus, lambda g: g.clocks.max_sm_mhz, "max SM clock", "MHz")),
+        ("temperature", "GPU temperature vs slowdown threshold", "temperature (°C)", _lines(telemetry, "temp_c"),
+         _fact_lines(telemetry, gpus, _slowdown_c, "slowdown", "°C")),
+        ("throughput", "Throughput under sustained load", "TFLOPS", _lines(throughput, "tflops"), []),
+    ]
+    return [plot for plot in (_chart(*chart) for chart in charts) if plot]
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def _lines(series_list: list[_Series], column: str) -> list[_Line]:
+    import numpy as np
+
+    lines = []
+    for s in series_list:
+        t, y = s.column("t"), s.column(column)
+        if t is not None and y is not None and np.isfinite(y).any():
+            t, y = _thin(t, y)
+            lines.append(_Line(s.subject, t, y))
+    return lines
+
+
+def _thin(t, y):
+    """At most MAX_POINTS points: each bucket keeps its lowest and highest sample, so a dip or a
+    spike still shows."""
+    import numpy as np
+
+    t, y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+    if len(y) <= MAX_POINTS:
+        return t, y
+    size = math.ceil(len(y) / (MAX_POINTS // 2))
+    buckets = math.ceil(len(y) / size)
+    padded = np.full(buckets * size, np.nan)
+    padded[:len(y)] = y
+    grid = padded.reshape(buckets, size)
+    known = ~np.isnan(grid).all(axis=1)
+    offsets = np.arange(buckets) * size
+    low = offsets + np.where(np.isnan(grid), np.inf, grid).argmin(axis=1)
+    high = offsets + np.where(np.isnan(grid), -np.inf, grid).argmax(axis=1)
+    keep = np.unique(np.concatenate([low[known], high[known]]))  # sorted, in time order
+    return t[keep], y[keep]
+
+
+def _limit_lines(series_list: list[_Series], column: str, what: str, unit: str) -> list[tuple[str, float]]:
+    """Reference lines from a column (the enforced power limit): each GPU's most frequent value."""
+    import numpy as np
+
+    values: dict[float, list[str]] = {}
+    for s in series_list:
+        known = s.column(column)
+        known = known[np.isfinite(known)] if known is not None else []
+        if len(known):
+            levels, counts = np.unique(known, return_counts=True)
+            values.setdefault(float(levels[counts.argmax()]), []).append(s.subject)
+    return _labelled(values, what, unit, len(series_list))
+
+
+def _fact_lines(series_list: list[_Series], gpus: dict[str, Gpu], fact, what: str, unit: str) -> list[tuple[str, float]]:
+    values: dict[float, list[str]] = {}
+    for s in series_list:
+        gpu = gpus.get(s.subject)
+        value = fact(gpu) if gpu is not None else None
+        if value:
+            values.setdefault(float(value), []).append(s.subject)
+    return _labelled(values, what, unit, len(series_list))
+
+
+def _labelled(values: dict[float, list[str]], what: str, unit: str, total: int) -> list[tuple[str, float]]:
+    """One reference line per distinct value; the most common one unnamed, the others name their
+    GPUs (legends stay short)."""
+    common = max(values, key=lambda v: len(values[v]), default=None)
+    lines = []
+    for value, subjects in sorted(values.items(), key=lambda kv: kv[0] != common):
+        named = value != common or len(subjects) < total and len(values) == 1
+        lines.append((f"{what} {value:g} {unit}" + (f" ({subject_range(subjects)})" if named else ""), value))
+    return lines
+
+
+# One colour per GPU, the same on every plot (tab10, readable on white and in grey print).
+_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def _colour(label: str, fallback: int) -> str:
+    m = re.fullmatch(r"gpu(\d+)", label)
+    return _COLOURS[(int(m.group(1)) if m else fallback) % len(_COLOURS)]
+
+
+def _chart(key: str, title: str, ylabel: str, lines: list[_Line], references: list[tuple[str, float]]) -> Plot | None:
+    if not lines:
+        return None
+    import matplotlib
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"gpuvet-{key}", "font.size": 10}):
+        # A fixed plot area (not a "tight" box) keeps every chart's time axis the same width.
+        fig = Figure(figsize=(11.0, 3.6))
+        fig.subplots_adjust(left=0.07, right=0.80, top=0.88, bottom=0.16)
+        ax = fig.subplots()
+        for n, line in enumerate(lines):
+            ax.plot(line.t, line.y, color=_colour(line.label, n), linewidth=1.4, label=line.label)
+        for n, (label, value) in enumerate(references):
+            ax.axhline(value, color="#333333", linestyle=(0, (5, 3)) if n == 0 else (0, (2, 2)), linewidth=1.1, label=label)
+        ax.set_title(title, loc="left", fontsize=12, fontweight="bold")
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.margins(x=0.01)
+        if references:
+            top = max(float(np.nanmax(line.y)) for line in lines)
+            ax.set_ylim(bottom=0, top=max(top, *(v for _, v in references)) * 1.08)
+        else:
+            ax.set_ylim(bottom=0)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False, ncol=2 if len(lines) > 10 else 1)
+        buffer = io.StringIO()
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    return Plot(key, title, _inline_svg(buffer.getvalue(), title, key))
+
+
+def _inline_svg(document: str, title: str, key: str) -> str:
+    """matplotlib's SVG file made fit to sit inside HTML: no XML prolog, DOCTYPE, metadata or
+    namespace URLs, ids unique on the page (every plot names its groups "figure_1", "axes_1"...),
+    and a width that follows the page (the viewBox keeps the aspect)."""
+    svg = document[document.index("<svg"):]
+    svg = re.sub(r'(\sid="|href="#|url\(#)', lambda m: f"{m.group(1)}{key}-", svg)
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
+    svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
+    svg = re.sub(r'<svg([^>]*?)\swidth="[^"]*"', r"<svg\1", svg, count=1)
+    svg = re.sub(r'<svg([^>]*?)\sheight="[^"]*"', r"<svg\1", svg, count=1)
+    return svg.replace("<svg", f'<svg class="plot" role="img" aria-label="{_e(title)}"', 1).strip()
+
+
+CAPTIONS = {
+    "power": "Power drawn under load; dashed: the enforced limit. Well under the limit with clocks down means something "
+             "else holds the GPU back (power brake, heat).",
+    "sm_clock": "SM clock under load; dashed: the GPU's maximum. At the power limit clocks settle below it; a step down is "
+                "a slowdown.",
+    "temperature": "GPU temperature; dashed: where the GPU starts slowing itself down.",
+    "throughput": "Work done per window of the sustained matmul load; a falling line is heat or power soaking in.",
+}
+
+
+def _plots_section(record: RunRecord, plots: list[Plot] | None) -> str:
+    head = '<section id="plots"><h2>Sustained load</h2>'
+    if plots is None:
+        note = NO_MATPLOTLIB if record.series else "This record has no time series."
+        return f'{head}<p class="note">{_e(note)}</p></section>'
+    if not plots:
+        return (f'{head}<p class="note">This record has no time series: `gpuvet run` (or `gpuvet bench sustained`) '
+                "records power, clocks, temperature and throughput under minutes of load.</p></section>")
+    figures = "\n".join(f'<figure class="plot" id="plot-{p.key}">{p.svg}<figcaption>{_e(CAPTIONS[p.key])}</figcaption></figure>'
+                        for p in plots)
+    return f"{head}\n{figures}\n</section>"
+
+
+CSS = """
+:root { --fail:#b42318; --fail-bg:#fef3f2; --warn:#b54708; --warn-bg:#fffaeb; --pass:#067647; --pass-bg:#ecfdf3;
+        --skip:#667085; --line:#e4e7ec; font-family: system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", sans-serif; }
+body { margin:0; background:#f9fafb; color:#101828; line-height:1.45; }
+main { max-width:1180px; margin:0 auto; padding:24px; }
+h1 { margin:0 0 8px; font-size:1.6rem; } h2 { margin:32px 0 8px; font-size:1.25rem; } h3 { font-size:1rem; margin:18px 0 6px; }
+code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size:.88em; background:#f2f4f7;
+       padding:1px 4px; border-radius:4px; overflow-wrap:anywhere; }
+.verdict { border-radius:12px; padding:18px 22px; border:2px solid; }
+.verdict.fail { background:var(--fail-bg); border-color:var(--fail); } .verdict.fail h1 { color:var(--fail); }
+.verdict.warn { background:var(--warn-bg); border-color:var(--warn); } .verdict.warn h1 { color:var(--warn); }
+.verdict.pass { background:var(--pass-bg); border-color:var(--pass); } .verdict.pass h1 { color:var(--pass); }
+.pills { margin:0 0 8px; } .pill { display:inline-block; margin-right:8px; padding:2px 10px; border-radius:999px; font-weight:600;
+       background:#fff; border:1px solid var(--line); }
+.pill.fail { color:var(--fail); } .pill.warn { color:var(--warn); } .pill.pass { color:var(--pass); } .pill.skip { color:var(--skip); }
+.machine { margin:6px 0; padding-left:18px; } .meta, .note { color:#475467; font-size:.9rem; margin:4px 0; }
+table { border-collapse:collapse; width:100%; background:#fff; font-size:.92rem; }
+th, td { border-bottom:1px solid var(--line); padding:6px 8px; text-align:left; vertical-align:top; }
+th { background:#f2f4f7; font-weight:600; }
+.wide { overflow-x:auto; } td.check code { white-space:nowrap; } td.num { text-align:right; font-variant-numeric: tabular-nums; }
+.checklist td.mark { font-size:1.2rem; font-weight:700; width:2em; text-align:center; }
+.checklist td.item { width:30%; font-weight:600; } .seed { font-weight:400; color:#667085; font-size:.85rem; }
+tr.ticked td.mark { color:var(--pass); } tr.crossed td.mark { color:var(--fail); } tr.warned td.mark { color:var(--warn); }
+tr.unknown td.mark, tr.unknown td { color:var(--skip); }
+tr.crossed { background:var(--fail-bg); } tr.warned { background:var(--warn-bg); }
+.badge { display:inline-block; min-width:3.2em; text-align:center; border-radius:6px; padding:0 6px; font-size:.8rem;
+         font-weight:700; color:#fff; }
+.badge.fail { background:var(--fail); } .badge.warn { background:var(--warn); } .badge.pass { background:var(--pass); }
+.badge.skip { background:var(--skip); }
+.finding { background:#fff; border:1px solid var(--line); border-left:6px solid; border-radius:8px; padding:10px 14px; margin:10px 0; }
+.finding.fail { border-left-color:var(--fail); } .finding.warn { border-left-color:var(--warn); }
+.finding h3 { margin:0 0 6px; } .finding p { margin:4px 0; } .subject { color:#475467; font-weight:400; }
+dl { display:grid; grid-template-columns:max-content 1fr; gap:2px 12px; margin:6px 0; font-size:.9rem; }
+dt { color:#475467; } dd { margin:0; overflow-wrap:anywhere; }
+.remedy { background:#f0f9ff; border-radius:6px; padding:6px 10px; }
+figure.plot { background:#fff; border:1px solid var(--line); border-radius:8px; margin:12px 0; padding:8px; }
+svg.plot { width:100%; height:auto; display:block; } figcaption { color:#475467; font-size:.85rem; }
+details pre { max-height:480px; overflow:auto; background:#fff; border:1px solid var(--line); padding:8px; font-size:.8rem; }
+footer { margin:32px 0 8px; color:#667085; font-size:.85rem; }
+"""

@@ -1,0 +1,155 @@
+"""Redaction: a copy of a run record fit to share in public.
+
+Removes what identifies a machine or a person: hostnames, serial numbers, UUIDs (GPU-..., MIG-...,
+DMI), IP addresses (v4 and v6), MAC addresses, user names in home directories, SSH key comments
+and asset tags. Everywhere: facts, findings, measurements' details, capture paths, series.
+
+Every distinct value gets its own numbered token (GPU-REDACTED-1, GPU-REDACTED-2, ...), the
+same token wherever the value appears, so "gpu3 is GPU-REDACTED-4" still reads consistently.
+Loopback and unspecified addresses (127.0.0.1, ::1, 0.0.0.0, ::) stay: they identify nobody,
+and "listening on 0.0.0.0" is the point of a security finding.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from ..record import RunRecord
+
+HOST, SERIAL, USER, COMMENT, ASSET = "HOST", "SERIAL", "USER", "COMMENT", "ASSET"
+
+# Fields whose whole value identifies the machine or a person, by key name (any nesting).
+_FIELD_CATEGORY = {"hostname": HOST, "serial": SERIAL, "comment": COMMENT, "chassis_asset_tag": ASSET,
+                   "user": USER}
+_SERIAL_SUFFIXES = ("_serial", "serial_number")
+
+_HEX = "[0-9A-Fa-f]"
+_UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_PREFIXED_UUID = re.compile(rf"\b(GPU|MIG)-{_UUID}\b")
+_BARE_UUID = re.compile(rf"(?<![\w-]){_UUID}(?![\w-])")
+_MAC = re.compile(rf"(?<![\w:-])(?:{_HEX}{{2}}[:-]){{5}}{_HEX}{{2}}(?![\w:-])")
+# Candidates only: ipaddress decides (so times like 16:41:05 and PCI bus ids stay).
+_IPV6 = re.compile(rf"(?<![\w:.])(?:{_HEX}{{0,4}}:){{2,7}}(?:(?:\d{{1,3}}\.){{3}}\d{{1,3}}|{_HEX}{{1,4}})?(?:%[\w-]+)?(?![\w:]|\.\w)")
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)")
+_HOME = re.compile(r"(?<![\w])(/home/|/Users/|C:\\Users\\)([^/\\\s'\"`:;,()]+)")
+
+
+def redact(record: RunRecord) -> RunRecord:
+    """A redacted copy (the record passed in is not changed)."""
+    data = record.to_dict()
+    redactor = Redactor()
+    redactor.learn(data)
+    clean = redactor.walk(data)
+    clean.setdefault("options", {})["redacted"] = True
+    return RunRecord.from_dict(clean)
+
+
+class Redactor:
+    """Two passes: learn the values of identifying fields (so they are also caught in free text,
+    e.g. a hostname inside a capture path), then rewrite every string."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = {}
+        self._literals: list[tuple[re.Pattern[str], str, str]] = []  # (pattern, category, canonical value)
+
+    def token(self, category: str, value: str) -> str:
+        key = (category, value.lower() if category in (HOST, "GPU", "MIG", "UUID", "IPV6", "MAC") else value)
+        if key not in self._tokens:
+            self._counts[category] = self._counts.get(category, 0) + 1
+            self._tokens[key] = f"{category}-REDACTED-{self._counts[category]}"
+        return self._tokens[key]
+
+    # -- pass 1 ------------------------------------------------------------------------------------
+
+    def learn(self, data: Any) -> None:
+        for key, value in _fields(data):
+            category = _category(key)
+            if category and isinstance(value, str) and value.strip():
+                self._learn_literal(category, value.strip())
+        self._literals.sort(key=lambda item: -len(item[2]))  # "node-17.example.org" before "node-17"
+
+    def _learn_literal(self, category: str, value: str) -> None:
+        values = [value]
+        if category == HOST and "." in value and not _is_ip(value):
+            short = value.split(".", 1)[0]
+            if len(short) >= 4:
+                values.append(short)  # the short name shows up in prompts and paths
+        for v in values:
+            if category == HOST and v.lower() in ("localhost", "localhost.localdomain"):
+                continue
+            if category == SERIAL and len(v) < 6:
+                continue  # too short to find in text without hitting other numbers
+            # Short hostnames ("vm") are matched case-sensitively, or "kvm VM" would lose a word.
+            flags = re.I if category == HOST and len(v) >= 4 else 0
+            pattern = re.compile(rf"(?<![\w-]){re.escape(v)}(?![\w-])", flags)
+            self._literals.append((pattern, category, value))
+
+    # -- pass 2 ------------------------------------------------------------------------------------
+
+    def walk(self, data: Any, key: str | None = None) -> Any:
+        if isinstance(data, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.walk(v, k if isinstance(k, str) else None)
+                    for k, v in data.items()}
+        if isinstance(data, list):
+            return [self.walk(v, key) for v in data]
+        if isinstance(data, str):
+            category = _category(key)
+            if category and data.strip():
+                return self.token(category, data.strip())
+            cleaned = self.text(data)
+            if cleaned == data and key and key.lower().endswith("uuid") and data.strip():
+                return self.token("UUID", data.strip())  # a UUID in a form the patterns do not know
+            return cleaned
+        return data
+
+    def text(self, value: str) -> str:
+        for pattern, category, canonical in self._literals:
+            value = pattern.sub(lambda m, c=category, v=canonical: self.token(c, v), value)
+        value = _PREFIXED_UUID.sub(lambda m: self.token(m.group(1), m.group(0)), value)
+        value = _BARE_UUID.sub(lambda m: self.token("UUID", m.group(0)), value)
+        value = _MAC.sub(lambda m: self.token("MAC", m.group(0).replace("-", ":")), value)
+        value = _IPV6.sub(lambda m: self._address(m.group(0), "IPV6"), value)
+        value = _IPV4.sub(lambda m: self._address(m.group(0), "IPV4"), value)
+        return _HOME.sub(lambda m: m.group(1) + self.token(USER, m.group(2)), value)
+
+    def _address(self, text: str, category: str) -> str:
+        try:
+            address = ipaddress.ip_address(text.split("%", 1)[0])
+        except ValueError:
+            return text
+        if address.is_loopback or address.is_unspecified:
+            return text
+        return self.token(category, text)
+
+
+def _category(key: str | None) -> str | None:
+    if not key:
+        return None
+    key = key.lower()
+    if key in _FIELD_CATEGORY:
+        return _FIELD_CATEGORY[key]
+    if key.endswith(_SERIAL_SUFFIXES):
+        return SERIAL
+    return None
+
+
+def _fields(data: Any):
+    """(key, value) of every dict entry, at any depth."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield k, v
+            yield from _fields(v)
+    elif isinstance(data, list):
+        for v in data:
+            yield from _fields(v)
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,184 @@
+"""gpuvet doctor: every symptom of the seeds, found from its words, answered with and without a record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpuvet import judge
+from gpuvet.doctor import CONFIRMED, RULED_OUT, SYMPTOMS, UNKNOWN, diagnose, find_symptom, render_doctor
+from gpuvet.facts import Stack, Torch
+from gpuvet.record import Measurement, RunRecord
+
+RECORDS = Path(__file__).parent / "fixtures" / "records"
+
+# Every row of seed 1's table 5.1 and the cases of seed 2, by short name.
+SEED_CASES = ["slow-from-start", "slower-and-slower", "gpu-low-cpu-high", "multi-gpu-scaling", "container-no-gpu",
+              "data-lost-after-restart", "day-night", "cuda-init-slow", "no-kernel-image", "nccl-hang", "memory-mismatch"]
+
+
+def record(name: str) -> RunRecord:
+    return RunRecord.from_dict(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+def symptom(name: str):
+    found = find_symptom(name)
+    assert found is not None and found.name == name
+    return found
+
+
+def results(name: str, r: RunRecord | None) -> dict:
+    return {result.cause.name: result for result in diagnose(symptom(name), r).results}
+
+
+def one(found: dict, words: str):
+    (match,) = [result for cause, result in found.items() if words in cause]
+    return match
+
+
+def test_the_seed_cases_are_all_there():
+    assert [s.name for s in SYMPTOMS] == SEED_CASES
+    assert all(s.causes and s.description and s.seed for s in SYMPTOMS)
+
+
+@pytest.mark.parametrize("s", SYMPTOMS, ids=lambda s: s.name)
+def test_a_symptom_is_found_by_name_description_and_the_seed_words(s):
+    assert find_symptom(s.name) is s and find_symptom(s.name.replace("-", " ").upper()) is s
+    assert find_symptom(s.description) is s
+    assert find_symptom(s.seed) is s
+
+
+@pytest.mark.parametrize(("words", "name"), [
+    ("my training gets slower over time", "slower-and-slower"),
+    ("越来越慢", "slower-and-slower"),
+    ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]]', "container-no-gpu"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "no-kernel-image"),
+    ("NCCL version mismatch", "nccl-hang"),
+    ("model.to('cuda') hangs for 30 seconds", "cuda-init-slow"),
+    ("GPU utilization low but CPU high", "gpu-low-cpu-high"),
+    ("fast at night, slow by day", "day-night"),
+    ("加速比", "multi-gpu-scaling"),
+    ("checkpoint lost after reboot", "data-lost-after-restart"),
+    ("torch memory_allocated disagrees with nvidia-smi", "memory-mismatch"),
+])
+def test_a_symptom_is_found_from_what_people_type(words, name):
+    assert find_symptom(words).name == name
+
+
+def test_nonsense_finds_nothing():
+    assert find_symptom("") is None and find_symptom("xyzzy plugh") is None
+
+
+@pytest.mark.parametrize("s", SYMPTOMS, ids=lambda s: s.name)
+def test_without_a_record_every_cause_is_open_and_says_how_to_check_it(s):
+    d = diagnose(s)
+    assert d.record is None and [r.cause for r in d.results] == list(s.causes)
+    for result in d.results:
+        assert result.state == UNKNOWN and result.figures == [] and result.next_step
+
+
+def with_latency(ms: float) -> RunRecord:
+    """Synthetic: a CUDA context time measured on the real H100 bundle capture, judged by the rules."""
+    r = record("h100-bundle-nvlink")
+    r.options = {"benchmarks": ["latency"]}
+    r.measurements = [Measurement("latency.context_init", ms, "ms", "gpu0", {"runs": [ms] * 10})]
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    return r
+
+
+def without_kernels() -> RunRecord:
+    """Synthetic: the real H100 capture with a PyTorch built only up to sm_80."""
+    r = record("h100-bundle-nvlink")
+    r.machine.gpus[0].compute_capability = "9.0"
+    r.machine.stack = Stack(python="3.11", torch=Torch(installed=True, version="2.1.0+cu118", cuda="11.8", cuda_available=True,
+                                                        device_count=1, arch_list=["sm_50", "sm_60", "sm_70", "sm_80"]))
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    return r
+
+
+def preemptible_cpu_run() -> RunRecord:
+    r = record("cpu-quick")
+    r.options["preemptible"] = True
+    return r
+
+
+# (symptom, record, words in the cause, state, words in a figure): every symptom answered from a record.
+ANSWERS = [
+    ("slow-from-start", lambda: record("gtx1070-6x-x1-riser"), "PCIe link", CONFIRMED, "x1 of x16 lanes"),
+    ("slow-from-start", lambda: record("gtx1070-6x-x1-riser"), "Power limit", RULED_OUT, "180 W, at the 180 W default"),
+    ("slow-from-start", lambda: record("h100-8x-throttle"), "heat or a power brake", CONFIRMED, "gpu2: clocks cut: HW power brake"),
+    ("slower-and-slower", lambda: record("h100-8x-synthetic-sustained"), "heat or a power brake", CONFIRMED, "throughput fell 40%"),
+    ("slower-and-slower", lambda: record("cpu-quick"), "stolen by the hypervisor", RULED_OUT, "steal"),
+    ("gpu-low-cpu-high", lambda: record("cpu-quick"), "/dev/shm", RULED_OUT, "/dev/shm 23.5 GiB"),
+    ("gpu-low-cpu-high", lambda: record("cpu-quick"), "Too few CPU cores", RULED_OUT, "2 usable cores"),
+    ("multi-gpu-scaling", lambda: record("h100-bundle-nvlink"), "No NVLink", RULED_OUT, "18 NVLinks active"),
+    ("multi-gpu-scaling", lambda: record("h100-8x-throttle"), "Mixed GPUs", RULED_OUT, "8 x NVIDIA H100 80GB HBM3"),
+    ("container-no-gpu", lambda: record("cpu-quick"), "not reachable here", CONFIRMED, "no GPU visible (inside docker)"),
+    ("container-no-gpu", lambda: record("h100-8x-throttle"), "not reachable here", RULED_OUT, "8 GPU(s) visible"),
+    ("data-lost-after-restart", preemptible_cpu_run, "preemptible", CONFIRMED, "you said this instance is preemptible"),
+    ("data-lost-after-restart", lambda: record("cpu-quick"), "ephemeral storage", RULED_OUT, "/tmp on ext4"),
+    ("data-lost-after-restart", lambda: record("cpu-quick"), "installed into the container", UNKNOWN, "running in docker"),
+    ("day-night", lambda: record("gtx1070-6x-x1-riser"), "The GPU is shared", CONFIRMED, "ethminer"),
+    ("cuda-init-slow", lambda: with_latency(850), "Slow CUDA context", CONFIRMED, "850 ms"),
+    ("cuda-init-slow", lambda: with_latency(95), "Slow CUDA context", RULED_OUT, "95 ms"),
+    ("cuda-init-slow", lambda: record("gtx1070-6x-x1-riser"), "Persistence mode", CONFIRMED, "persistence mode off on gpu0-5"),
+    ("no-kernel-image", without_kernels, "without kernels", CONFIRMED, "no kernels for compute capability 9.0"),
+    ("no-kernel-image", lambda: record("h100-8x-throttle"), "different GPU", RULED_OUT, "NVIDIA H100 80GB HBM3"),
+    ("nccl-hang", lambda: record("cpu-quick"), "/dev/shm", RULED_OUT, "/dev/shm 23.5 GiB"),
+    ("nccl-hang", lambda: record("h100-bundle-nvlink"), "NVLink down", RULED_OUT, "18 NVLinks active"),
+    ("memory-mismatch", lambda: record("gtx1070-6x-x1-riser"), "old driver", CONFIRMED, "driver 384.66"),
+    ("memory-mismatch", lambda: record("h100-8x-throttle"), "old driver", RULED_OUT, "driver 535.183.01"),
+    ("memory-mismatch", lambda: record("h100-8x-throttle"), "another process", CONFIRMED, "9.0 GiB in use"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "cause", "state", "figure"), ANSWERS,
+                         ids=[f"{a[0]}-{a[2]}-{a[3]}".replace(" ", "_") for a in ANSWERS])
+def test_a_record_confirms_or_rules_out_causes_with_figures(name, make, cause, state, figure):
+    result = one(results(name, make()), cause)
+    assert result.state == state
+    assert any(figure in f for f in result.figures), result.figures
+    if state == CONFIRMED:
+        assert result.next_step  # the remedy or the command that confirms it
+
+
+def test_every_symptom_is_answered_by_some_record():
+    assert {a[0] for a in ANSWERS} == set(SEED_CASES)
+
+
+def test_confirmed_causes_come_first_then_open_then_ruled_out():
+    states = [r.state for r in diagnose(symptom("slow-from-start"), record("gtx1070-6x-x1-riser")).results]
+    assert states == sorted(states, key=[CONFIRMED, UNKNOWN, RULED_OUT].index) and states[0] == CONFIRMED
+
+
+def test_a_cause_no_record_can_show_says_so_and_how_to_check_by_hand():
+    result = one(results("nccl-hang", record("cpu-quick")), "Different PyTorch/NCCL versions")
+    assert result.state == UNKNOWN and result.figures == ["a run record cannot show this; check it by hand"]
+    assert result.next_step.startswith("by hand: python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())'")
+
+
+def test_a_cause_not_measured_says_what_to_run():
+    result = one(results("multi-gpu-scaling", record("h100-bundle-nvlink")), "Slow all-reduce")
+    assert result.state == UNKNOWN and result.figures == ["not measured in this run"]
+    assert result.next_step.startswith("`gpuvet bench allreduce`; by hand: NCCL_DEBUG=INFO")
+
+
+def doctor_text(diagnosis=None) -> str:
+    console = Console(record=True, width=300, highlight=False, soft_wrap=True, color_system=None)
+    render_doctor(console, diagnosis)
+    return console.export_text()
+
+
+def test_the_terminal_lists_the_symptoms_and_renders_a_diagnosis():
+    listing = doctor_text()
+    for s in SYMPTOMS:
+        assert s.name in listing and s.seed in listing
+    out = doctor_text(diagnose(symptom("slow-from-start"), record("gtx1070-6x-x1-riser")))
+    assert "Answered from the run of" in out and "FOUND      PCIe link narrower" in out and "ruled out  Power limit" in out
+    assert "fix/confirm: confirm under load" in out and "Whatever the cause:" in out
+    bare = doctor_text(diagnose(symptom("nccl-hang")))
+    assert "No run record" in bare and "check: `gpuvet bench p2p allreduce`" in bare
+    assert "by hand: python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())' on every node" in bare

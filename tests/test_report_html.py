@@ -1,0 +1,179 @@
+"""The HTML report: one self-contained page, with plots, opened in a real headless browser.
+
+The browser test needs Debian's chromium (`scripts/test` installs it). Without it the test fails
+and says so; GPUVET_NO_BROWSER=1 turns that into a skip for machines that cannot have one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from gpuvet.record import RunRecord
+from gpuvet.report import html as html_report
+from gpuvet.report.html import NO_MATPLOTLIB, render_html
+
+RECORDS = Path(__file__).parent / "fixtures" / "records"
+SYNTHETIC = "h100-8x-synthetic-sustained"
+
+
+def record(name: str) -> RunRecord:
+    return RunRecord.from_dict(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+class Page(HTMLParser):
+    """What the tests look at in a page: tags, attributes, plot SVGs and their path data."""
+
+    def __init__(self, markup: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.plots: list[dict] = []  # {"paths": [d lengths], "texts": [...]}
+        self._text_into: list[str] | None = None
+        self.feed(markup)
+
+    def handle_starttag(self, tag, attrs):
+        attributes = {k: v or "" for k, v in attrs}
+        self.tags.append((tag, attributes))
+        if tag == "svg" and "plot" in attributes.get("class", ""):
+            self.plots.append({"paths": [], "texts": []})
+        elif tag == "path" and self.plots:
+            self.plots[-1]["paths"].append(len(attributes.get("d", "")))
+        elif tag == "text" and self.plots:
+            self._text_into = self.plots[-1]["texts"]
+
+    def handle_endtag(self, tag):
+        if tag == "text":
+            self._text_into = None
+
+    def handle_data(self, data):
+        if self._text_into is not None and data.strip():
+            self._text_into.append(data.strip())
+
+
+def test_the_page_refers_to_nothing_outside_itself():
+    page = render_html(record(SYNTHETIC))
+    parsed = Page(page)
+    for tag, attributes in parsed.tags:
+        assert tag not in ("script", "link", "img", "iframe", "object", "embed", "base"), tag
+        for name, value in attributes.items():
+            if name in ("href", "xlink:href", "src", "action", "srcset"):
+                assert value.startswith("#"), (tag, name, value)
+    assert not re.search(r"url\((?!#)", page) and "@import" not in page  # url(#clip) points inside the page
+    assert not re.search(r"https?://", page)  # not even SVG namespace URLs
+
+
+def test_plots_of_the_sustained_load_are_inline_svg_with_labels_per_gpu():
+    page = render_html(record(SYNTHETIC))
+    plots = {p.key: p for p in html_report.render_plots(record(SYNTHETIC))}
+    assert list(plots) == ["power", "sm_clock", "temperature", "throughput"]
+    parsed = Page(page)
+    assert len(parsed.plots) == 4
+    for plot in parsed.plots:
+        assert max(plot["paths"]) > 1000  # a line of ~180 points, not an empty frame
+        assert {f"gpu{i}" for i in range(8)} <= set(plot["texts"]) and "time since start (s)" in plot["texts"]
+    texts = [set(p["texts"]) for p in parsed.plots]
+    assert {"Power draw vs power limit", "power (W)", "power limit 700 W"} <= texts[0]
+    assert {"SM clock vs max", "SM clock (MHz)", "max SM clock 1980 MHz"} <= texts[1]
+    assert {"GPU temperature vs slowdown threshold", "slowdown 88 °C", "slowdown 89 °C (gpu6)"} <= texts[2]
+    assert {"Throughput under sustained load", "TFLOPS"} <= texts[3]
+    # Several SVGs on one page must not share element ids (clip paths, markers).
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+    for target in re.findall(r'(?:href="#|url\(#)([^")]+)', page):
+        assert target in ids, target
+
+
+def test_a_cpu_run_has_only_the_throughput_plot():
+    parsed = Page(render_html(record("cpu-sustained")))
+    assert len(parsed.plots) == 1 and "Throughput under sustained load" in parsed.plots[0]["texts"] and "cpu" in parsed.plots[0]["texts"]
+
+
+def test_without_series_or_without_matplotlib_the_page_says_so(monkeypatch):
+    assert "This record has no time series" in render_html(record("h100-8x-throttle"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    page = render_html(record(SYNTHETIC))
+    assert html_report.render_plots(record(SYNTHETIC)) is None
+    assert NO_MATPLOTLIB in page.replace("&#x27;", "'") and "<svg" not in page
+    assert "FAIL: something is wrong with this machine" in page
+
+
+def test_long_soaks_are_thinned_keeping_dips_and_the_page_stays_small():
+    r = record(SYNTHETIC)
+    for series in r.series:  # stretch each series to one hour at 10 Hz (36000 rows)
+        rows = series["rows"]
+        series["rows"] = [[round(i * 0.1, 1)] + rows[i % len(rows)][1:] for i in range(36000)]
+    series = next(s for s in r.series if s["subject"] == "gpu2" and s["name"] == "sustained.telemetry")
+    series["rows"][20000][series["columns"].index("sm_mhz")] = 100  # one deep dip must survive thinning
+    page = render_html(r)
+    assert len(page) < 2_000_000
+    t, y = html_report._thin([row[0] for row in series["rows"]], [row[series["columns"].index("sm_mhz")] for row in series["rows"]])
+    assert len(y) <= html_report.MAX_POINTS and min(y) == 100
+
+
+def test_facts_and_findings_are_on_the_page():
+    r = record("h100-8x-throttle")
+    page = render_html(r)
+    for gpu in r.machine.gpus:
+        assert gpu.uuid in page and str(gpu.serial) in page
+    assert page.count('class="finding fail"') == 1 and page.count('class="finding warn"') == 1
+    assert "<code>nvidia-smi -i 2 -q -d PERFORMANCE,TEMPERATURE,POWER</code>" in page
+    assert "All facts (JSON)" in page
+
+
+# -- in a real browser -----------------------------------------------------------------------------
+
+def _browser() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("GPUVET_NO_BROWSER") == "1":
+        pytest.skip("GPUVET_NO_BROWSER=1: no browser on this machine")
+    pytest.fail("chromium is not installed: `sudo apt-get install -y chromium` (scripts/test does it), "
+                "or set GPUVET_NO_BROWSER=1 to skip the browser test")
+
+
+def _chromium(browser: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless, with the network unusable: names do not resolve and the proxy is a closed port."""
+    profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+               f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9",
+               "--window-size=1280,4200", "--hide-scrollbars", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_the_page_renders_in_headless_chromium_offline(tmp_path):
+    browser = _browser()
+    page = tmp_path / "report.html"
+    page.write_text(render_html(record(SYNTHETIC)), encoding="utf-8")
+    url = page.as_uri()
+
+    dom = _chromium(browser, tmp_path, "--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    parsed = Page(dom.stdout)
+    assert "FAIL: something is wrong with this machine" in dom.stdout
+    assert len(re.findall(r'<tr class="(?:ticked|crossed|warned|unknown)">', dom.stdout)) == 13
+    assert "Power wall" in dom.stdout and "gpu2: clocks cut: HW power brake" in dom.stdout
+    assert len(parsed.plots) == 4 and all(max(p["paths"]) > 1000 for p in parsed.plots)
+
+    shot = tmp_path / "report.png"
+    result = _chromium(browser, tmp_path, f"--screenshot={shot}", url)
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1280, 4200)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert len(colours) > 200  # text, badges and eight plotted lines; a blank page has a handful
+        # The verdict banner's red border is drawn at the top of the page.
+        top = image.convert("RGB").crop((0, 0, 1280, 200))
+        assert any(abs(r - 0xB4) < 24 and g < 80 and b < 80 for _, (r, g, b) in top.getcolors(maxcolors=1 << 20))

@@ -1,0 +1,76 @@
+"""The Markdown report, parsed by a real Markdown parser (markdown-it, which rich ships with)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+
+from gpuvet.record import FAIL, WARN, Finding, RunRecord
+from gpuvet.report.markdown import cell, render_markdown, text
+
+RECORDS = Path(__file__).parent / "fixtures" / "records"
+
+
+def record(name: str) -> RunRecord:
+    return RunRecord.from_dict(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+def tables(markdown: str) -> list[list[list[str]]]:
+    """Every table as rows of cell texts, the way a GFM renderer splits them."""
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    found, row = [], None
+    for token in tokens:
+        if token.type == "table_open":
+            found.append([])
+        elif token.type == "tr_open":
+            row = []
+        elif token.type == "inline" and row is not None:
+            row.append(token.content)
+        elif token.type == "tr_close":
+            found[-1].append(row)
+            row = None
+    return found
+
+
+def test_checklist_tables_parse_with_one_row_per_item_and_three_cells():
+    md = render_markdown(record("gtx1070-6x-x1-riser"))
+    acceptance, hidden = tables(md)[:2]
+    assert acceptance[0] == ["", "Item", "What decided it"] and len(acceptance) == 1 + 8 and len(hidden) == 1 + 5
+    assert all(len(row) == 3 for row in acceptance + hidden)
+    pcie = next(row for row in acceptance if row[1] == "PCIe width and generation under load")
+    assert pcie[0] == "❌ no" and pcie[2].startswith("gpu0: x1 of x16 lanes: host<->GPU bandwidth")
+
+
+def test_verdict_first_and_every_problem_with_its_evidence_and_remedy():
+    r = record("h100-8x-throttle")
+    md = render_markdown(r)
+    assert md.startswith("# gpuvet: FAIL: something is wrong with this machine\n\n**❌ FAIL** (1 failed, 1 warnings")
+    for f in r.findings:
+        if f.status in (FAIL, WARN):
+            assert f"`{f.check}` {f.subject}" in md
+            assert f"- **Fix / confirm:** {f.remedy}" in md
+            assert f"- **Measured:** {f.evidence.measured}" in md
+    assert md.index("### ❌ FAIL `gpu.throttle`") < md.index("### ⚠️ WARN `gpu.isolation`")
+
+
+def test_passes_and_measurements_are_tables():
+    md = render_markdown(record("h100-8x-synthetic-sustained"))
+    found = tables(md)
+    passed = next(t for t in found if t[0] == ["Status", "Area", "Check", "Subject", "Summary"])
+    assert ["✅ PASS", "GPU", "`gpu.ecc`", "gpu0-7", "ECC on, no uncorrectable errors"] in passed
+    measured = next(t for t in found if t[0] == ["Measurement", "Values", "Unit"])
+    assert measured[1][0] == "`sustained.tflops`" and measured[1][1].startswith("gpu0 655.2, gpu1 655.9, gpu2 398.3")
+
+
+def test_pipes_and_html_in_findings_cannot_break_the_page():
+    r = record("cpu-quick")  # synthetic finding: a summary with a pipe and something that looks like HTML
+    r.findings.append(Finding("storage.read", "/data", FAIL, "read 12 MB/s | <script>alert(1)</script> on `a|b`",
+                              remedy="fio --name=x | tee <log>"))
+    md = render_markdown(r)
+    row = next(row for t in tables(md) for row in t if row[1] == "Local disk and shared storage IO")
+    assert len(row) == 3 and row[2] == "read 12 MB/s | &lt;script>alert(1)&lt;/script> on `a|b`"
+    assert "<script>" not in md
+    assert text("host<->GPU `<b>`") == "host<->GPU `<b>`"
+    assert cell("a\nb | c") == "a b \\| c"

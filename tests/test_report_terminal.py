@@ -1,0 +1,103 @@
+"""The terminal report: checklist first, problems in full (failures first), passes in one line,
+measurements, verdict last; on stored records and on records made fresh from the captures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpuvet import runner
+from gpuvet.record import FAIL, Finding, RunRecord
+from gpuvet.report import terminal
+from gpuvet.report.html import render_html
+from gpuvet.report.markdown import render_markdown
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDS = FIXTURES / "records"
+
+
+def record(name: str) -> RunRecord:
+    return RunRecord.from_dict(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+def text(r: RunRecord, verbose: bool = False) -> str:
+    console = Console(record=True, width=400, highlight=False, soft_wrap=True, color_system=None)
+    terminal.render(r, console, verbose=verbose)
+    return console.export_text()
+
+
+def test_checklist_leads_then_problems_passes_measurements_and_the_verdict_last():
+    out = text(record("h100-8x-synthetic-sustained"))
+    order = [out.index(h) for h in ("Acceptance checklist", "Hidden parameters", "Problems (2 failed, 1 warning)", "\nGPU\n", "Measured")]
+    assert order == sorted(order)
+    assert out.splitlines()[0].startswith("gpuvet 0.1")
+    assert out.rstrip().splitlines()[-1] == "FAIL: something is wrong with this machine  (2 failed, 1 warnings, 62 passed, 15 skipped)"
+    assert "  ✗  Power wall" in out and "  !  Whole GPU, not shared" in out and "  ?  TCP stack latency" in out
+
+
+def test_a_synthetic_record_says_so_in_every_format():
+    r = record("h100-8x-synthetic-sustained")
+    words = "synthetic: sustained telemetry and throughput invented by tests/fixtures/records/make_synthetic.py"
+    assert f"  options: profile bench · benchmarks sustained · device cuda · {words}" in text(r)
+    assert words in render_markdown(r) and words in render_html(r)
+
+
+def test_failures_come_before_warnings_with_evidence_and_remedy():
+    out = text(record("h100-8x-throttle"))
+    problems = out[out.index("Problems"):out.index("\nGPU\n")]
+    assert problems.index("FAIL  gpu.throttle") < problems.index("WARN  gpu.isolation")
+    assert "measured active: sw_power_cap, hw_power_brake_slowdown, sw_thermal_slowdown" in problems
+    assert "source: NVML clock-event reasons" in problems
+    assert "fix/confirm: watch it under load: `nvidia-smi -i 2 -q -d PERFORMANCE,TEMPERATURE,POWER`" in problems
+
+
+def test_passes_take_one_line_per_check_and_verbose_lists_them_all():
+    out = text(record("h100-8x-throttle"))
+    assert out.count("PASS  gpu.temperature") == 1 and "(+5 more; -v lists them)" in out
+    assert text(record("h100-8x-throttle"), verbose=True).count("PASS  gpu.temperature") == 6
+
+
+def test_measurements_of_a_cpu_run_are_listed():
+    out = text(record("cpu-sustained"))
+    assert "sustained.tflops       cpu 0.03" in out and "PASS  cpu.sustained" in out
+
+
+def test_checks_from_areas_the_report_does_not_know_still_show():
+    r = record("cpu-quick")
+    r.findings += [Finding("env.jupyter", "host", FAIL, "Jupyter on 0.0.0.0:8888 without a token", remedy="jupyter server password"),
+                   Finding("net.loopback", "host", "pass", "TCP round trip 21 us"),
+                   Finding("fabric.future", "machine", "pass", "a check from a newer gpuvet")]
+    out = text(r)
+    assert "FAIL  env.jupyter" in out and "fix/confirm: jupyter server password" in out
+    assert "\nNetwork\n" in out and "PASS  net.loopback" in out
+    assert "\nFabric\n" in out and "PASS  fabric.future" in out
+
+
+def test_the_names_other_modules_use_are_kept():
+    m = record("h100-8x-throttle").machine
+    assert terminal.machine_lines(m)[0] == "GPUs: 8 x NVIDIA H100 80GB HBM3 · driver 535.183.01 (CUDA 12.2)"
+    assert terminal.subject_range(["gpu0", "gpu1"]) == "gpu0-1"
+    assert terminal.measurement_lines(record("h100-8x-synthetic-sustained"))[0].startswith("sustained.tflops       gpu0 655.2")
+
+
+@pytest.mark.parametrize("capture", [
+    "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt",
+    "smi_xml/gtx-1070-x6-riser-pcie-x1-384.66-v9.xml",
+    "bundles/h200-mig-vm-590.48.01.txt",
+    "smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml",
+    "topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt",
+])
+def test_every_format_renders_a_record_made_now_from_a_capture(capture):
+    """Today's rules on the real captures: whatever they find, every report renders it."""
+    r = runner.inspect([str(FIXTURES / capture)])
+    out = text(r)
+    assert "Acceptance checklist" in out and out.rstrip().splitlines()[-1].startswith(r.verdict.upper())
+    for f in r.findings:
+        assert f.check in out
+    markdown = render_markdown(r)
+    assert "| | Item | What decided it |" in markdown
+    page = render_html(r)
+    assert page.startswith("<!doctype html>") and 'id="checklist"' in page and page.rstrip().endswith("</html>")
