@@ -109,7 +109,7 @@ def test_out_writes_the_record_and_refuses_to_clobber_a_foreign_file(capsys, tmp
     precious = tmp_path / "train.py"
     precious.write_text("print('my model')\n")
     code, out, err = gpuvet(capsys, "inspect", str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt"), "--out", str(precious))
-    assert code == 2 and "not a gpuvet run record" in err
+    assert code == 2 and "not a gpuvet record or report" in err
     assert precious.read_text() == "print('my model')\n"
     code, _, err = gpuvet(capsys, "run", "--quick", "--out", str(tmp_path / "missing" / "run.json"))
     assert code == 2 and "does not exist" in err
@@ -154,3 +154,31 @@ def test_runs_are_stored_listed_shown_exported_imported_and_compared(capsys, tmp
 def test_history_without_a_store_says_so(capsys, tmp_path):
     code, out, _ = gpuvet(capsys, "history", "--db", str(tmp_path / "none.sqlite3"))
     assert "no runs yet" in out
+
+
+def test_report_formats_from_a_stored_record(capsys, tmp_path):
+    record = str(FIXTURES / "records/h100-8x-throttle.json")
+    code, out, _ = gpuvet(capsys, "report", record, "--format", "md")
+    assert code == 0 and out.startswith("# gpuvet") and "gpu.throttle" in out
+    page = tmp_path / "report.html"
+    code, out, _ = gpuvet(capsys, "report", record, "--format", "html", "--out", str(page), "--redact")
+    html = page.read_text()
+    assert "<title>gpuvet" in html and "GPU-0" not in html.replace("GPU-REDACTED", "")
+    assert oct(page.stat().st_mode & 0o777) != oct(0o600)  # shareable, not private to the writer
+    code, out, err = gpuvet(capsys, "report", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read" in err
+
+
+def test_run_writes_an_html_report_directly(capsys, tmp_path):
+    page = tmp_path / "box.html"
+    code, out, _ = gpuvet(capsys, "run", "--quick", "--no-save", "--report", "html", "--out", str(page), "--on-demand")
+    assert "HTML report written" in out and "<title>gpuvet" in page.read_text()
+
+
+def test_doctor_lists_symptoms_and_answers_from_a_record(capsys):
+    code, out, _ = gpuvet(capsys, "doctor")
+    assert "slower-and-slower" in out and "no-kernel-image" in out
+    code, out, _ = gpuvet(capsys, "doctor", "slower and slower", "--run", str(FIXTURES / "records/h100-8x-synthetic-sustained.json"))
+    assert code == 0 and "FOUND" in out and "gpu2" in out
+    code, _, err = gpuvet(capsys, "doctor", "frobnicate")
+    assert code == 2 and "unknown symptom" in err

@@ -30,6 +30,7 @@ def run_live(
     device: str = "cuda",
     soak_minutes: float | None = None,
     force: bool = False,
+    preemptible: bool | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> RunRecord:
     """Facts, then (unless quick) benchmarks, judged. `benchmarks` picks some; None: all of them."""
@@ -42,6 +43,8 @@ def run_live(
         options["expect"] = expect
     if soak_minutes:
         options["soak_minutes"] = soak_minutes
+    if preemptible is not None:
+        options["preemptible"] = preemptible
     progress("reading the machine's facts")
     machine = live.collect(workdir=workdir)
     judge.annotate_references(machine)

@@ -36,8 +36,11 @@ def cli() -> None:
 
 
 def output_options(fn):
+    fn = click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")(fn)
+    fn = click.option("--report", "report_format", type=click.Choice(["json", "md", "html"]), default="json",
+                      show_default=True, help="What --out writes: the run record, Markdown, or a self-contained HTML page.")(fn)
     fn = click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")(fn)
-    fn = click.option("--out", metavar="FILE", help="Also write the run record (JSON) to FILE.")(fn)
+    fn = click.option("--out", metavar="FILE", help="Also write the run record (or --report FORMAT) to FILE.")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON instead of the report.")(fn)
     fn = click.option("--expect", metavar="MODEL", help='The GPU model you paid for, e.g. "A100 80GB" or "RTX 4090".')(fn)
     return fn
@@ -78,15 +81,35 @@ def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, pr
         click.echo(f"gpuvet: warning: run not saved: {err}", err=True)
 
 
-def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool) -> None:
+def rendered(record: RunRecord, fmt: str) -> str:
+    """A record as a file's content: JSON, Markdown or HTML."""
+    if fmt == "md":
+        from ..report.markdown import render_markdown
+
+        return render_markdown(record)
+    if fmt == "html":
+        from ..report.html import render_html
+
+        return render_html(record)
+    return record.to_json() + "\n"
+
+
+def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool, report_format: str = "json",
+         redact: bool = False) -> None:
+    """Print the report (or JSON), write --out, and exit with the verdict's code."""
+    if redact:
+        from ..report.redact import redact as redact_record
+
+        record = redact_record(record)
     if out:
-        write_atomically(out, record.to_json() + "\n")
+        write_atomically(out, rendered(record, report_format))
     if as_json:
         click.echo(record.to_json())
     else:
         terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
         if out:
-            click.echo(f"run record written to {out}")
+            what = {"json": "run record", "md": "Markdown report", "html": "HTML report"}[report_format]
+            click.echo(f"{what} written to {out}")
     sys.exit(exit_code(record.findings))
 
 
@@ -100,17 +123,20 @@ def check_out_path(out: str | None) -> None:
         raise UsageProblem(f"--out {out}: the folder {folder} does not exist")
     if os.path.isdir(out):
         raise UsageProblem(f"--out {out}: is a folder; give a file name")
-    if os.path.exists(out) and not _is_gpuvet_json(out):
-        raise UsageProblem(f"--out {out}: the file exists and is not a gpuvet run record; choose another name")
+    if os.path.exists(out) and not _written_by_gpuvet(out):
+        raise UsageProblem(f"--out {out}: the file exists and is not a gpuvet record or report; choose another name")
 
 
-def _is_gpuvet_json(path: str) -> bool:
+def _written_by_gpuvet(path: str) -> bool:
+    """An empty file, or a record / Markdown / HTML report gpuvet wrote: safe to replace."""
     try:
         with open(path, "rb") as f:
             head = f.read(512)
     except OSError:
         return False
-    return not head.strip() or (head.lstrip().startswith(b"{") and SCHEMA.encode() in head)
+    text = head.lstrip()
+    return not text or (text.startswith(b"{") and SCHEMA.encode() in head) or text.startswith(b"# gpuvet") \
+        or b"<title>gpuvet" in head
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -119,6 +145,9 @@ def write_atomically(path: str, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is meant to be shared
         os.replace(tmp, path)
     except OSError as err:
         raise UsageProblem(f"--out {path}: cannot write it ({err.strerror or err})") from None

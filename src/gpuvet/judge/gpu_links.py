@@ -15,7 +15,8 @@ _GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 def _bandwidth(gen: int | None, width: int | None) -> str:
     if gen in _GBS_PER_LANE and width:
-        return f"~{_GBS_PER_LANE[gen] * width:.0f} GB/s"
+        gbs = _GBS_PER_LANE[gen] * width
+        return f"~{gbs:.0f} GB/s" if gbs >= 10 else f"~{gbs:.1f} GB/s"
     return "?"
 
 

@@ -1,0 +1,78 @@
+"""Rendering stored records and answering symptoms: report, doctor."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from .. import doctor as doctor_module
+from .. import runner
+from ..probe.errors import CaptureError
+from ..store import StoreError
+from .base import UsageProblem, check_out_path, cli, rendered, write_atomically
+from ..report import terminal
+
+
+@cli.command()
+@click.argument("path", metavar="RUN.json")
+@click.option("--format", "fmt", type=click.Choice(["terminal", "md", "html", "json"]), default="terminal", show_default=True)
+@click.option("--out", metavar="FILE", help="Write the report to FILE instead of printing it.")
+@click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
+@click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
+def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) -> None:
+    """Render a stored run record, judged again with this version's rules."""
+    check_out_path(out)
+    try:
+        record = runner.rejudge(runner.load_record(path))
+    except CaptureError as err:
+        raise UsageProblem(str(err)) from None
+    if redact:
+        from ..report.redact import redact as redact_record
+
+        record = redact_record(record)
+    if fmt == "terminal":
+        if out:
+            raise UsageProblem("--out needs --format md, html or json")
+        terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
+        return
+    text = rendered(record, fmt)
+    if out:
+        write_atomically(out, text)
+        click.echo(f"{fmt} report written to {out}")
+    else:
+        sys.stdout.write(text)
+
+
+@cli.command()
+@click.argument("symptom", required=False, metavar='["SYMPTOM"]')
+@click.option("--run", "run_path", metavar="FILE", help="Answer from this run record (default: the latest stored run).")
+@click.option("--db", metavar="PATH", help="The history database to take the latest run from.")
+def doctor(symptom: str | None, run_path: str | None, db: str | None) -> None:
+    """From a symptom ("slower and slower", "no kernel image") to its likely causes and the checks that tell them apart."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not symptom:
+        doctor_module.render_doctor(console)
+        return
+    found = doctor_module.find_symptom(symptom)
+    if found is None:
+        doctor_module.render_doctor(console)
+        raise UsageProblem(f"unknown symptom {symptom!r}: pick one of those listed above")
+    doctor_module.render_doctor(console, doctor_module.diagnose(found, _record_for_doctor(run_path, db)))
+
+
+def _record_for_doctor(run_path: str | None, db: str | None):
+    if run_path:
+        try:
+            return runner.rejudge(runner.load_record(run_path))
+        except CaptureError as err:
+            raise UsageProblem(str(err)) from None
+    try:
+        from ..store import Store
+
+        with Store(db, create=False) as store:
+            latest = store.latest()
+        return runner.rejudge(latest) if latest else None
+    except StoreError:
+        return None  # no history yet: answer with the checks to run
