@@ -182,3 +182,23 @@ def test_doctor_lists_symptoms_and_answers_from_a_record(capsys):
     assert code == 0 and "FOUND" in out and "gpu2" in out
     code, _, err = gpuvet(capsys, "doctor", "frobnicate")
     assert code == 2 and "unknown symptom" in err
+
+
+def test_a_watch_log_becomes_an_html_report(capsys, tmp_path):
+    import signal
+    import time
+
+    log = tmp_path / "watch.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvet", "watch", "--no-ui", "--interval", "0.2", "--log", str(log)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 3):
+            time.sleep(0.1)  # waiting for the log to fill, not timing anything
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    page = tmp_path / "watch.html"
+    code, out, _ = gpuvet(capsys, "report", str(log), "--format", "html", "--out", str(page))
+    assert code == 0 and "<title>gpuvet" in page.read_text()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from . import judge
 from .bench import plan as bench_plan
-from .facts import from_dict
+from .facts import Machine, from_dict
 from .probe import capture, live
 from .probe.errors import CaptureError
 from .record import SCHEMA, Measurement, RunRecord
@@ -105,6 +105,26 @@ def _is_record(path: str) -> bool:
     except OSError:
         return False
     return head.lstrip().startswith(b"{") and SCHEMA.encode() in head
+
+
+def load_watch_log(path: str) -> RunRecord | None:
+    """A `gpuvet watch --log` file as a record holding its time series (None: not a watch log)."""
+    from . import watch
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            header = json.loads(f.readline() or "{}")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get("schema") != watch.LOG_SCHEMA:
+        return None
+    started = datetime.fromtimestamp(header.get("t0") or 0, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        series = watch.read_log(path)
+    except (OSError, ValueError, KeyError) as err:
+        raise CaptureError(f"{path}: a broken watch log ({err})") from None
+    return RunRecord(machine=Machine(source="watch"), started_at=started, series=series,
+                     options={"profile": "watch", "log": path})
 
 
 def load_record(path: str) -> RunRecord:

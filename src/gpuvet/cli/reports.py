@@ -22,10 +22,10 @@ from ..report import terminal
 @click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) -> None:
-    """Render a stored run record, judged again with this version's rules."""
+    """Render a stored run record (judged again with this version's rules), or a `gpuvet watch --log` file."""
     check_out_path(out)
     try:
-        record = runner.rejudge(runner.load_record(path))
+        record = runner.load_watch_log(path) or runner.rejudge(runner.load_record(path))
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     if redact:

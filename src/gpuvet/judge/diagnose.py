@@ -1,0 +1,502 @@
+"""Why is the job slow right now? Rules over a sliding window of live telemetry: one diagnosis per GPU.
+
+`gpuvet watch` feeds them the samples of `telemetry.Sampler`, the host's CPU / steal / IO-wait
+readings, who holds the GPU, and the GPU's facts read once at start. Pure functions: nothing here
+reads the machine, so recorded series can be diagnosed anywhere (the tests do).
+
+Each diagnosis has a stable `state` (a Prometheus label value; dashboards and alerts depend on it),
+a one-line text that says what was seen, and the numbers behind it. When several rules match, the
+first one in RULE_ORDER is the diagnosis and the others are listed in `also`: a platform fault
+(heat, a power brake) explains a slow job before a starving input pipeline does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..facts import Gpu
+from ..telemetry import Sample, summarize
+from .gpu_power import CAP_WARN_RATIO
+from .gpu_sustained import _FAULTS as FAULT_LABELS  # short names of the slowdown reasons
+from .gpu_sustained import DECAY_WARN_PCT, FAULT_SHARE
+
+WINDOW_S = 60.0  # "the last minute": smooths NVML's 1/6..1 s utilization periods, still recent
+TREND_WINDOW_S = 600.0  # "slower and slower" compares the first and last fifth of 10 minutes
+MIN_TREND_S = 120.0  # below this, a drift is noise (clocks settle, the job warms up)
+
+BUSY_UTIL_PCT = 90.0  # mean utilization of a GPU that is fed well
+IDLE_SHARE_PCT = 25.0  # idle at least this share of the window: something upstream starves the GPU
+NOTHING_RUNS_PCT = 1.0  # mean utilization below this and no process of yours: nothing runs
+CLOCK_HELD_RATIO = 0.80  # busy, SM clock under 80% of max, power to spare: held back by a setting
+AT_LIMIT_PCT = 90.0  # mean draw at >= 90% of the enforced limit: the limit binds
+HIDDEN_MIB = 1024  # memory nobody you can see accounts for; idle drivers hold a few hundred MiB
+NEIGHBOUR_UTIL_PCT = 10.0  # utilization on a GPU none of your processes holds
+WORKER_BUSY_PCT = 80.0  # a worker process using >= 80% of a core runs flat out
+CPU_BUSY_PCT = 90.0
+STEAL_PCT = 10.0  # the hypervisor gives your vCPUs' time to others
+IOWAIT_PCT = 10.0
+HOT_MARGIN_C = 3.0  # as gpu.temperature: at the slowdown threshold, clocks are being cut
+TEMP_RISE_C = 5.0
+
+_THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
+_HOST_CAUSES = ("cpu_steal", "input_bound", "io_bound")
+_HW_CUT = ("hw_slowdown", "hw_power_brake_slowdown")
+
+# state -> the words a person reads first. States are stable: they are Prometheus label values.
+LABELS = {
+    "ok": "ok",
+    "idle": "idle",
+    "no_data": "no data",
+    "thermal": "thermal",
+    "hw_slowdown": "clocks cut",
+    "neighbour": "neighbour",
+    "power_capped": "power-capped",
+    "clocks_held": "clocks held",
+    "cpu_steal": "CPU steal",
+    "input_bound": "input-bound",
+    "io_bound": "IO-bound",
+    "slowing": "slower and slower",
+    "underused": "underused",
+    "no_gpu": "no GPU",  # a followed job that holds none
+    "job_gone": "job ended",
+}
+STATES: tuple[str, ...] = tuple(LABELS)
+GPU_STATES: tuple[str, ...] = tuple(s for s in STATES if s not in ("no_gpu", "job_gone"))
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    state: str
+    detail: str  # what was seen, with numbers
+    evidence: dict[str, Any] = field(default_factory=dict)
+    also: tuple[str, ...] = ()  # other states whose rules matched too, most important first
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.state]
+
+    @property
+    def text(self) -> str:
+        return f"{self.label}: {self.detail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "text": self.text, "evidence": self.evidence, "also": list(self.also)}
+
+
+@dataclass
+class HostSample:
+    """One reading of the host, as the rules need it (percentages over the time since the last one)."""
+
+    t: float
+    cpu_pct: float | None = None  # all CPUs together, % of their capacity
+    steal_pct: float | None = None
+    iowait_pct: float | None = None
+    cpu_count: int | None = None
+    workers: int = 0  # DataLoader-like worker processes (python children busy on CPU)
+    workers_cpu_pct: float | None = None  # their mean CPU, % of one core each
+
+
+@dataclass(frozen=True)
+class GpuProcessSeen:
+    """A process NVML lists on a GPU, as this session sees it."""
+
+    pid: int
+    used_mib: int | None = None
+    visible: bool = True  # False: not in this machine's (container's) process table
+    in_job: bool | None = None  # with --pid: part of the followed job's process tree
+    name: str | None = None
+
+
+# -- the window ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Ctx:
+    gpu: Gpu
+    recent: list[Sample]
+    summary: dict  # telemetry.summarize(recent)
+    trend: list[Sample]
+    processes: list[GpuProcessSeen] | None
+    host: dict | None  # _host_summary
+    following_job: bool
+    in_container: bool
+
+    @property
+    def util(self) -> float | None:
+        return self.summary["util_pct"]["mean"]
+
+    @property
+    def idle_pct(self) -> float | None:
+        return None if self.util is None else max(0.0, 100.0 - self.util)
+
+    @property
+    def sm_ratio(self) -> float | None:
+        sm, top = self.summary["sm_mhz"]["mean"], self.gpu.clocks.max_sm_mhz
+        return sm / top if sm is not None and top else None
+
+    @property
+    def shares(self) -> dict[str, float]:
+        return self.summary["reasons"] or {}
+
+    def last(self, field_name: str) -> Any:
+        return next((getattr(s, field_name) for s in reversed(self.recent) if getattr(s, field_name) is not None), None)
+
+    @property
+    def span(self) -> str:
+        span_s = self.summary["duration_s"] or 0.0
+        if len(self.recent) < 2:
+            return "the last reading"
+        return "the last minute" if span_s >= 50 else f"the last {span_s:.0f} s"
+
+    @property
+    def yours(self) -> list[GpuProcessSeen]:
+        """Processes on the GPU that are the user's: visible here, and in the job when one is followed."""
+        return [p for p in self.processes or [] if p.visible and not (self.following_job and p.in_job is False)]
+
+
+def recent(samples: list[Sample], window_s: float) -> list[Sample]:
+    """The samples of the last `window_s` seconds (by their own clock, not the wall's)."""
+    if not samples:
+        return []
+    start = samples[-1].t - window_s
+    return [s for s in samples if s.t > start]  # 60 one-second samples span a minute
+
+
+def _host_summary(host: list[HostSample]) -> dict | None:
+    def mean(name: str) -> float | None:
+        values = [getattr(h, name) for h in host if getattr(h, name) is not None]
+        return sum(values) / len(values) if values else None
+
+    if not host:
+        return None
+    with_workers = [h for h in host if h.workers]
+    return {
+        "cpu_pct": mean("cpu_pct"),
+        "steal_pct": mean("steal_pct"),
+        "iowait_pct": mean("iowait_pct"),
+        "workers": max((h.workers for h in host), default=0),
+        "workers_cpu_pct": (sum(h.workers_cpu_pct or 0.0 for h in with_workers) / len(with_workers)) if with_workers else None,
+    }
+
+
+def _r(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _base_evidence(ctx: _Ctx) -> dict[str, Any]:
+    s = ctx.summary
+    return {
+        "samples": s["count"],
+        "span_s": s["duration_s"],
+        "util_pct": _r(ctx.util),
+        "sm_mhz": _r(s["sm_mhz"]["mean"], 0),
+        "sm_pct_of_max": _r(None if ctx.sm_ratio is None else 100 * ctx.sm_ratio),
+        "power_w": _r(s["power"]["mean_w"]),
+        "power_pct_of_limit": _r(s["power"]["mean_pct_of_limit"]),
+        "temp_c": ctx.last("temp_c"),
+        "reasons": s["reasons"],
+    }
+
+
+def _clock_words(ctx: _Ctx) -> str:
+    if ctx.sm_ratio is not None:
+        return f"SM clock at {100 * ctx.sm_ratio:.0f}% of max"
+    sm = ctx.summary["sm_mhz"]["mean"]
+    return f"SM clock {sm:.0f} MHz" if sm is not None else "SM clock unknown"
+
+
+def _load_words(ctx: _Ctx) -> str:
+    """"util 100% but SM clock at 62% of max" when a busy GPU runs slow; plain numbers otherwise."""
+    if ctx.util is None:
+        return _clock_words(ctx)
+    cut = ctx.util >= 50 and ctx.sm_ratio is not None and ctx.sm_ratio < 0.9
+    return f"util {ctx.util:.0f}%{' but ' if cut else ', '}{_clock_words(ctx)}"
+
+
+def _active(ctx: _Ctx, reasons: tuple[str, ...]) -> list[str]:
+    return [r for r in reasons if (ctx.shares.get(r) or 0.0) > FAULT_SHARE]
+
+
+def _reason_words(ctx: _Ctx, reasons: list[str]) -> str:
+    parts = []
+    for r in reasons:
+        share = ctx.shares[r]
+        parts.append(FAULT_LABELS[r] + ("" if share >= 0.95 else f" {100 * share:.0f}% of the time"))
+    return " and ".join(parts) + " active"
+
+
+def _margin_c(ctx: _Ctx) -> float | None:
+    temp, slowdown = ctx.last("temp_c"), ctx.gpu.thermal.slowdown_c
+    return slowdown - temp if temp is not None and slowdown is not None else None
+
+
+# -- the rules, most important first ---------------------------------------------------------------
+
+def _thermal(ctx: _Ctx) -> Diagnosis | None:
+    reasons = _active(ctx, _THERMAL)
+    margin = _margin_c(ctx)
+    at_threshold = margin is not None and margin <= HOT_MARGIN_C
+    if not reasons and not at_threshold:
+        return None
+    words = f"{_load_words(ctx)}, " + (_reason_words(ctx, reasons) if reasons else "at the slowdown temperature")
+    temp = ctx.last("temp_c")
+    if temp is not None:
+        words += f" ({temp:.0f} C" + (f", {margin:.0f} C from slowdown)" if margin is not None else ")")
+    return Diagnosis("thermal", words, {**_base_evidence(ctx), "slowdown_margin_c": margin})
+
+
+def _hw_slowdown(ctx: _Ctx) -> Diagnosis | None:
+    reasons = _active(ctx, _HW_CUT)
+    if not reasons:
+        return None
+    words = f"{_load_words(ctx)}, {_reason_words(ctx, reasons)} (hardware: power supply, power brake or overheating board)"
+    return Diagnosis("hw_slowdown", words, _base_evidence(ctx))
+
+
+def _neighbour(ctx: _Ctx) -> Diagnosis | None:
+    if ctx.processes is None:  # NVML does not list processes here: cannot tell
+        return None
+    yours, used = ctx.yours, ctx.last("mem_used_mib")
+    others = [p for p in ctx.processes if p.visible and p not in yours]  # other jobs you can see (with --pid)
+    unseen_mib = None
+    if used is not None and all(p.used_mib is not None for p in ctx.processes if p.visible):
+        unseen_mib = max(0, used - sum(p.used_mib for p in ctx.processes if p.visible))
+    others_mib = sum(p.used_mib or 0 for p in others)
+    util_theirs = not yours and ctx.util is not None and ctx.util >= NEIGHBOUR_UTIL_PCT
+    hidden = unseen_mib is not None and unseen_mib >= HIDDEN_MIB
+    if not (hidden or util_theirs or others_mib >= HIDDEN_MIB or (others and util_theirs)):
+        return None
+    parts = []
+    if util_theirs:
+        parts.append(f"{ctx.util:.0f}% utilization")
+    if hidden:
+        parts.append(f"{unseen_mib / 1024:.1f} GiB in use")
+    words = " and ".join(parts)
+    if words and (hidden or not others):
+        words += " by processes you cannot see"
+    if others:
+        listed = ", ".join(f"{p.pid} {p.name or '?'}" for p in others[:3])
+        outside = f"{others_mib / 1024:.1f} GiB held by {len(others)} process(es) outside your job ({listed})"
+        words += ("; " if words else "") + outside
+    if ctx.in_container and not any(p.visible for p in ctx.processes):
+        words += " (in a container without the host's process table your own job looks like this too: follow it with --pid)"
+    evidence = {**_base_evidence(ctx), "unseen_mib": unseen_mib, "other_jobs_mib": others_mib,
+                "your_processes": len(yours), "other_processes": len(others)}
+    return Diagnosis("neighbour", words, evidence)
+
+
+def _at_power_limit(ctx: _Ctx) -> bool:
+    pct = ctx.summary["power"]["mean_pct_of_limit"]
+    busy = ctx.util is not None and ctx.util >= 50  # the driver keeps sw_power_cap set at idle
+    return (pct is not None and pct >= AT_LIMIT_PCT) or (busy and (ctx.shares.get("sw_power_cap") or 0) >= 0.5)
+
+
+def _power_capped(ctx: _Ctx) -> Diagnosis | None:
+    default = ctx.gpu.power.default_limit_w
+    limit = ctx.last("power_limit_w") or ctx.gpu.power.enforced_limit_w
+    power = ctx.summary["power"]["mean_w"]
+    if not default or not limit or power is None or limit >= CAP_WARN_RATIO * default or not _at_power_limit(ctx):
+        return None
+    words = (f"holding {power:.0f} W = {100 * power / default:.0f}% of the {default:.0f} W default "
+             f"(limit set to {limit:.0f} W); {_clock_words(ctx)}")
+    return Diagnosis("power_capped", words, {**_base_evidence(ctx), "power_limit_w": limit, "default_limit_w": default})
+
+
+def _clocks_held(ctx: _Ctx) -> Diagnosis | None:
+    power_pct = ctx.summary["power"]["mean_pct_of_limit"]
+    app_clocks = (ctx.shares.get("applications_clocks_setting") or 0) >= 0.5
+    if ctx.util is None or ctx.util < BUSY_UTIL_PCT or ctx.sm_ratio is None or ctx.sm_ratio >= CLOCK_HELD_RATIO:
+        return None
+    if _active(ctx, _THERMAL + _HW_CUT) or power_pct is None or power_pct >= AT_LIMIT_PCT:
+        return None  # explained by a slowdown reason, or by the power limit
+    cause = ("an application-clocks setting holds them (`nvidia-smi -rac` resets it)" if app_clocks
+             else "no slowdown reason: application clocks, firmware or the platform hold them")
+    words = f"util {ctx.util:.0f}% but {_clock_words(ctx)} while drawing {power_pct:.0f}% of the power limit; {cause}"
+    return Diagnosis("clocks_held", words, _base_evidence(ctx))
+
+
+def _starved(ctx: _Ctx) -> bool:
+    """Idle a good share of the window while something of yours runs on it."""
+    if ctx.idle_pct is None or ctx.idle_pct < IDLE_SHARE_PCT:
+        return False
+    return bool(ctx.yours) or (ctx.util or 0) >= NOTHING_RUNS_PCT
+
+
+def _host_evidence(ctx: _Ctx) -> dict[str, Any]:
+    h = ctx.host or {}
+    return {**_base_evidence(ctx), "idle_pct": _r(ctx.idle_pct), **{k: _r(v) if isinstance(v, float) else v for k, v in h.items()}}
+
+
+def _cpu_steal(ctx: _Ctx) -> Diagnosis | None:
+    steal = (ctx.host or {}).get("steal_pct")
+    if not _starved(ctx) or steal is None or steal < STEAL_PCT:
+        return None
+    words = f"GPU idle {ctx.idle_pct:.0f}% of {ctx.span} while the hypervisor takes {steal:.0f}% of CPU time (steal)"
+    return Diagnosis("cpu_steal", words, _host_evidence(ctx))
+
+
+def _input_bound(ctx: _Ctx) -> Diagnosis | None:
+    h = ctx.host or {}
+    if not _starved(ctx) or not h:
+        return None
+    workers, worker_cpu, cpu = h.get("workers") or 0, h.get("workers_cpu_pct"), h.get("cpu_pct")
+    if workers and worker_cpu is not None and worker_cpu >= WORKER_BUSY_PCT:
+        what = f"{workers} worker process{'es' if workers > 1 else ''} use {worker_cpu:.0f}% CPU{' each' if workers > 1 else ''}"
+    elif cpu is not None and cpu >= CPU_BUSY_PCT:
+        what = f"the CPUs are {cpu:.0f}% busy"
+    else:
+        return None
+    return Diagnosis("input_bound", f"GPU idle {ctx.idle_pct:.0f}% of {ctx.span} while {what}", _host_evidence(ctx))
+
+
+def _io_bound(ctx: _Ctx) -> Diagnosis | None:
+    iowait = (ctx.host or {}).get("iowait_pct")
+    if not _starved(ctx) or iowait is None or iowait < IOWAIT_PCT:
+        return None
+    words = f"GPU idle {ctx.idle_pct:.0f}% of {ctx.span} while the CPUs wait on storage {iowait:.0f}% of the time"
+    return Diagnosis("io_bound", words, _host_evidence(ctx))
+
+
+def _fifths(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    t0, t1 = samples[0].t, samples[-1].t
+    fifth = (t1 - t0) / 5
+    return [s for s in samples if s.t <= t0 + fifth], [s for s in samples if s.t >= t1 - fifth]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _slowing(ctx: _Ctx) -> Diagnosis | None:
+    """Throughput proxy (utilization x SM clock) falling over minutes: heat soak, a neighbour arriving."""
+    trend = [s for s in ctx.trend if s.util_pct is not None and s.sm_mhz is not None]
+    if len(trend) < 10 or trend[-1].t - trend[0].t < MIN_TREND_S:
+        return None
+    first, last = _fifths(trend)
+    util_first, util_last = _mean([s.util_pct for s in first]), _mean([s.util_pct for s in last])
+    if not util_first or util_first < 50:  # it was not doing much to begin with
+        return None
+    proxy_first = _mean([s.util_pct * s.sm_mhz for s in first])
+    proxy_last = _mean([s.util_pct * s.sm_mhz for s in last])
+    drop = 100.0 * (1.0 - proxy_last / proxy_first) if proxy_first else 0.0
+    if drop < DECAY_WARN_PCT:
+        return None
+    minutes = (trend[-1].t - trend[0].t) / 60
+    temps_first = _mean([s.temp_c for s in first if s.temp_c is not None])
+    temps_last = _mean([s.temp_c for s in last if s.temp_c is not None])
+    rise = temps_last - temps_first if temps_first is not None and temps_last is not None else None
+    sm_change = 100.0 * (_mean([s.sm_mhz for s in last]) / _mean([s.sm_mhz for s in first]) - 1.0)
+    util_change = 100.0 * (util_last / util_first - 1.0)
+    words = f"throughput proxy (utilization x SM clock) down {drop:.0f}% over {minutes:.0f} min"
+    if rise is not None and rise >= TEMP_RISE_C:
+        words += f" while temperature rose {rise:.0f} C"
+    words += f" (SM clock {sm_change:+.0f}%, utilization {util_change:+.0f}%)"
+    evidence = {**_base_evidence(ctx), "trend_s": round(trend[-1].t - trend[0].t, 1), "drop_pct": _r(drop),
+                "temp_rise_c": _r(rise), "sm_change_pct": _r(sm_change), "util_change_pct": _r(util_change)}
+    return Diagnosis("slowing", words, evidence)
+
+
+def _underused(ctx: _Ctx) -> Diagnosis | None:
+    if not _starved(ctx):
+        return None
+    words = f"GPU idle {ctx.idle_pct:.0f}% of {ctx.span}"
+    h = ctx.host
+    if h is not None:
+        cpu = h.get("cpu_pct")
+        busy = f"CPU {cpu:.0f}%" if cpu is not None else "CPU unknown"
+        workers = h.get("workers") or 0
+        busy += f", {workers} worker process{'es' if workers != 1 else ''}"
+        words += (f"; the host is not the bottleneck ({busy}): the job waits on something else "
+                  "(network, synchronisation, small batches)")
+    return Diagnosis("underused", words, _host_evidence(ctx))
+
+
+def _idle(ctx: _Ctx) -> Diagnosis | None:
+    if ctx.util is None or ctx.util >= NOTHING_RUNS_PCT or ctx.yours:
+        return None
+    used = ctx.last("mem_used_mib")
+    memory = f", {used / 1024:.1f} GiB used" if used is not None else ""
+    return Diagnosis("idle", f"nothing runs on it ({ctx.util:.0f}% utilization{memory})", _base_evidence(ctx))
+
+
+def _ok(ctx: _Ctx) -> Diagnosis:
+    s = ctx.summary
+    parts = []
+    if ctx.util is not None:
+        parts.append(f"{ctx.util:.0f}% busy")
+    if s["sm_mhz"]["mean"] is not None:
+        parts.append(f"SM {s['sm_mhz']['mean']:.0f} MHz" + (f" = {100 * ctx.sm_ratio:.0f}% of max" if ctx.sm_ratio else ""))
+    power, pct = s["power"]["mean_w"], s["power"]["mean_pct_of_limit"]
+    if power is not None:
+        parts.append(f"{power:.0f} W" + (f" = {pct:.0f}% of the limit" if pct is not None else ""))
+    temp, margin = ctx.last("temp_c"), _margin_c(ctx)
+    if temp is not None:
+        parts.append(f"{temp:.0f} C" + (f" ({margin:.0f} C below slowdown)" if margin is not None else ""))
+    words = ", ".join(parts) or "no reading says otherwise"
+    if _at_power_limit(ctx):
+        words += "; at its power limit, normal under full load"
+    return Diagnosis("ok", words, _base_evidence(ctx))
+
+
+Rule = Callable[[_Ctx], "Diagnosis | None"]
+RULE_ORDER: tuple[tuple[str, Rule], ...] = (
+    ("thermal", _thermal),
+    ("hw_slowdown", _hw_slowdown),
+    ("neighbour", _neighbour),
+    ("power_capped", _power_capped),
+    ("clocks_held", _clocks_held),
+    ("cpu_steal", _cpu_steal),
+    ("input_bound", _input_bound),
+    ("io_bound", _io_bound),
+    ("slowing", _slowing),
+    ("underused", _underused),
+    ("idle", _idle),
+)
+# Most to least important, for picking one line out of several GPUs' (a job on many GPUs).
+SEVERITY: tuple[str, ...] = ("job_gone",) + tuple(name for name, _ in RULE_ORDER) + ("no_gpu", "no_data", "ok")
+
+
+def diagnose_gpu(
+    samples: list[Sample],
+    gpu: Gpu,
+    processes: list[GpuProcessSeen] | None = None,
+    host: list[HostSample] | None = None,
+    following_job: bool = False,
+    in_container: bool = False,
+    window_s: float = WINDOW_S,
+    trend: list[Sample] | None = None,
+) -> Diagnosis:
+    """One GPU's diagnosis from its samples (oldest first), the processes NVML lists on it now (None:
+    NVML cannot list them), and the host's samples. `trend`: samples for the 10-minute trend when the
+    caller keeps them apart (thinned to one a second); by default the last TREND_WINDOW_S of `samples`."""
+    window = recent(samples, window_s)
+    summary = summarize(window)
+    if not window or (summary["util_pct"]["mean"] is None and summary["power"]["mean_w"] is None
+                      and summary["sm_mhz"]["mean"] is None):
+        return Diagnosis("no_data", "no reading of this GPU yet" if not window else "NVML gives no utilization, clock or power",
+                         {"samples": len(window)})
+    host_window = [h for h in host or [] if h.t >= window[-1].t - window_s]
+    ctx = _Ctx(gpu=gpu, recent=window, summary=summary, trend=recent(samples if trend is None else trend, TREND_WINDOW_S),
+               processes=processes, host=_host_summary(host_window), following_job=following_job,
+               in_container=in_container)
+    found = [d for _, rule in RULE_ORDER if (d := rule(ctx)) is not None]
+    if any(d.state in _HOST_CAUSES for d in found):  # "underused" means: no host cause found
+        found = [d for d in found if d.state != "underused"]
+    if not found:
+        return _ok(ctx)
+    main = found[0]
+    return Diagnosis(main.state, main.detail, main.evidence, tuple(d.state for d in found[1:]))
+
+
+def diagnose_job(alive: bool, gpu_diagnoses: dict[int, Diagnosis], processes_listed: bool = True) -> Diagnosis:
+    """The followed job's line: the most important diagnosis among the GPUs it holds."""
+    if not alive:
+        return Diagnosis("job_gone", "the process has exited")
+    if not gpu_diagnoses:
+        why = ("none of its processes holds a GPU" if processes_listed
+               else "NVML does not list GPU processes here, so which GPU it uses is unknown")
+        return Diagnosis("no_gpu", why)
+    index, worst = min(gpu_diagnoses.items(), key=lambda item: (SEVERITY.index(item[1].state), item[0]))
+    others = tuple(sorted({d.state for i, d in gpu_diagnoses.items()
+                           if i != index and d.state not in (worst.state, "ok", "no_data")}, key=SEVERITY.index))
+    return Diagnosis(worst.state, f"GPU {index}: {worst.detail}", {"gpu": index, **worst.evidence}, others)

@@ -1,0 +1,221 @@
+"""The Prometheus endpoint of `gpuvet watch`: names and labels as dcgm-exporter's, the diagnosis as a
+state set, and a REAL Prometheus server (Debian's prometheus package) scraping it on loopback.
+
+GPU readings come from test_telemetry's stand-in NVML through the watch's Monitor, driven by hand.
+Waiting is on what the servers answer, with deadlines, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuvet import exporter as ex
+from gpuvet import watch as w
+from gpuvet.facts import Host, Machine
+from gpuvet.judge.diagnose import GPU_STATES
+from test_watch import _Clock, _machine, _ticks, _two_gpus
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("9400", ("127.0.0.1", 9400)),
+    ("0.0.0.0:9401", ("0.0.0.0", 9401)),
+    ("localhost:0", ("localhost", 0)),
+    ("[::1]:9400", ("::1", 9400)),
+    (":9400", ("127.0.0.1", 9400)),
+])
+def test_listen_spec(spec, expected):
+    assert ex.parse_listen(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "http", "host:", "1.2.3.4:99999", "::1:9400"])
+def test_bad_listen_spec(spec):
+    with pytest.raises(ValueError):
+        ex.parse_listen(spec)
+
+
+def _snapshot(monkeypatch) -> w.Snapshot:
+    _two_gpus(monkeypatch)
+    clock = _Clock()
+    monitor = w.Monitor(interval_s=1.0, machine=_machine(), threaded=False, clock=clock)
+    monitor.start()
+    try:
+        return _ticks(monitor, clock, 3)
+    finally:
+        monitor.close()
+
+
+def _samples(text: bytes) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
+
+
+def test_gpu_metrics_carry_dcgm_names_and_labels(monkeypatch):
+    exporter = ex.Exporter()
+    exporter.update(_snapshot(monkeypatch))
+    samples = _samples(exporter.text())
+    (power0, power1) = samples["DCGM_FI_DEV_POWER_USAGE"]
+    assert power0.labels == {"gpu": "0", "UUID": "GPU-00000000", "pci_bus_id": "0000:00:00.0",
+                             "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "test-node", "DCGM_FI_DRIVER_VERSION": ""}
+    assert power0.value == 612.345
+    values = {name: samples[name][0].value for name in (
+        "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpuvet_sm_clock_ratio", "gpuvet_power_limit_watts",
+        "gpuvet_temp_slowdown_margin_celsius")}
+    assert values == {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619,
+                      "DCGM_FI_DEV_GPU_TEMP": 71, "DCGM_FI_DEV_FB_USED": 3072, "DCGM_FI_DEV_FB_FREE": 81559 - 3072,
+                      "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": 1500, "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": 300,
+                      "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x44, "gpuvet_sm_clock_ratio": 1.0,
+                      "gpuvet_power_limit_watts": 700, "gpuvet_temp_slowdown_margin_celsius": 17}
+    reasons = {(s.labels["gpu"], s.labels["reason"]): s.value for s in samples["gpuvet_clock_event_reason"]}
+    assert reasons[("0", "hw_thermal_slowdown")] == 1 and reasons[("1", "hw_thermal_slowdown")] == 0
+    assert reasons[("0", "sw_power_cap")] == 1 and reasons[("0", "gpu_idle")] == 0
+    violations = {(s.labels["gpu"], s.labels["policy"]): s.value for s in samples["gpuvet_clock_violation_seconds_total"]}
+    assert violations[("0", "power")] == 5.0
+
+
+def test_diagnosis_is_a_state_set(monkeypatch):
+    exporter = ex.Exporter()
+    exporter.update(_snapshot(monkeypatch))
+    states = {(s.labels["gpu"], s.labels["state"]): s.value for s in _samples(exporter.text())["gpuvet_diagnosis"]}
+    assert len(states) == 2 * len(GPU_STATES)
+    assert [state for (gpu, state), v in states.items() if v == 1] == ["thermal", "neighbour"]
+    assert sum(states.values()) == 2  # exactly one state per GPU
+
+
+def test_host_metrics_and_why_there_are_no_gpu_metrics_here():
+    snap = w.Snapshot(t=time.time(), tick=7, hostname="node-a", interval_s=1.0, gpus=[],
+                      gpu_error="no NVIDIA driver", host=w.HostReading(t=time.time(), cpu_pct=37.5, steal_pct=2.0,
+                                                                         iowait_pct=0.5, workers=3, workers_cpu_pct=95.0))
+    exporter = ex.Exporter()
+    exporter.update(snap)
+    samples = _samples(exporter.text())
+    (up,) = samples["gpuvet_gpu_telemetry_up"]
+    assert up.value == 0 and up.labels == {"Hostname": "node-a", "reason": "no NVIDIA driver"}
+    assert samples["gpuvet_host_cpu_percent"][0].value == 37.5 and samples["gpuvet_host_cpu_steal_percent"][0].value == 2.0
+    assert samples["gpuvet_host_workers"][0].value == 3 and samples["gpuvet_watch_ticks_total"][0].value == 7
+    assert "DCGM_FI_DEV_GPU_UTIL" not in samples  # no made-up zeros for GPUs that were not read
+    assert "gpuvet_host_disk_read_bytes_per_second" not in samples  # unknown, not 0
+
+
+def test_nothing_before_the_first_snapshot():
+    assert ex.Exporter().text() == b""
+
+
+def test_serves_on_loopback_and_stops(monkeypatch):
+    exporter = ex.Exporter()
+    exporter.update(_snapshot(monkeypatch))
+    port = exporter.serve("127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            assert answer.status == 200
+            sm = _samples(answer.read())["DCGM_FI_DEV_SM_CLOCK"]
+            assert [(s.labels["gpu"], s.value) for s in sm] == [("0", 1980), ("1", 1980)]
+    finally:
+        exporter.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
+def test_watch_refuses_a_port_in_use(capsys):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        assert w.watch(once=True, prometheus=f"127.0.0.1:{port}", machine=Machine(host=Host(hostname="x"))) == w.EXIT_USAGE
+        assert "cannot listen there" in capsys.readouterr().err
+    finally:
+        taken.close()
+
+
+# -- a real Prometheus scraping the exporter -------------------------------------------------------
+
+def _prometheus() -> str:
+    path = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None)
+    if path is None:
+        if os.environ.get("GPUVET_NO_EXTERNAL_TOOLS") == "1":
+            pytest.skip("prometheus not installed and GPUVET_NO_EXTERNAL_TOOLS=1")
+        pytest.fail("the prometheus server is not installed: `apt-get install -y prometheus` (scripts/test installs it)")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _query(port: int, promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        body = json.load(answer)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _until(what: str, fn, server: subprocess.Popen, log: Path, timeout_s: float = 60.0):
+    """fn() until it returns something truthy; the server's log on failure."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = fn()
+        except (urllib.error.URLError, ConnectionError, OSError):
+            result = None
+        if result:
+            return result
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s (prometheus exit code {server.poll()}); "
+                                 f"its log:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def test_a_real_prometheus_scrapes_the_exporter(monkeypatch, tmp_path):
+    binary = _prometheus()
+    exporter = ex.Exporter()
+    exporter.update(_snapshot(monkeypatch))
+    metrics_port = exporter.serve("127.0.0.1", 0)
+    web_port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: gpuvet\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{metrics_port}']\n"
+    )
+    log = tmp_path / "prometheus.log"
+    with open(log, "w") as log_file:
+        server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                   f"--web.listen-address=127.0.0.1:{web_port}"], stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        power = _until("DCGM_FI_DEV_POWER_USAGE in Prometheus", lambda: _query(web_port, "DCGM_FI_DEV_POWER_USAGE"), server, log)
+        by_gpu = {r["metric"]["gpu"]: r for r in power}
+        assert sorted(by_gpu) == ["0", "1"]
+        assert by_gpu["0"]["metric"]["job"] == "gpuvet" and by_gpu["0"]["metric"]["Hostname"] == "test-node"
+        assert float(by_gpu["0"]["value"][1]) == 612.345
+        thermal = _query(web_port, 'gpuvet_diagnosis{state="thermal"} == 1')
+        assert [r["metric"]["gpu"] for r in thermal] == ["0"]
+        assert _query(web_port, "gpuvet_host_memory_total_bytes")  # the host part arrives with the same scrape
+        up = _query(web_port, 'up{job="gpuvet"}')
+        assert [float(r["value"][1]) for r in up] == [1.0]
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        exporter.close()

@@ -1,0 +1,483 @@
+"""`gpuvet watch`: the loop driven with a stand-in NVML, the log, --once --json on this machine (no
+GPU), following a real process tree, and the live view in a real terminal (tmux).
+
+The stand-in NVML is test_telemetry's: it answers per GPU handle and refuses the rest the way NVML
+does. The loop is driven tick by tick (threaded=False) with a hand-moved clock, so nothing here waits
+for a sampler thread; the tmux test waits for what the screen shows, with deadlines, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import psutil
+import pynvml
+import pytest
+from rich.console import Console
+
+from gpuvet import watch as w
+from gpuvet.facts import Gpu, Host, Machine, NvLink
+from gpuvet.telemetry import COLUMNS
+from test_telemetry import _healthy_gpu_answers, _NvmlStandIn
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+NOT_HERE_PID = 4_000_000  # above Linux's pid_max: no process here has it
+
+
+def _proc(pid: int, mib: int):
+    return types.SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20)
+
+
+def _two_gpus(monkeypatch, gpu0_pids: list[int] | None = None, gpu1_pids: list[int] | None = None) -> _NvmlStandIn:
+    """gpu0: this test's own process, HW thermal slowdown flagged; gpu1: 12 GiB used by a process
+    this machine does not have (another container's), no reason flagged."""
+    gpu0_pids = [os.getpid()] if gpu0_pids is None else gpu0_pids
+    gpu1_pids = [NOT_HERE_PID] if gpu1_pids is None else gpu1_pids
+    procs = {"h0": [_proc(pid, 3072) for pid in gpu0_pids], "h1": [_proc(pid, 9216) for pid in gpu1_pids]}
+    used = {"h0": 3 * 2**30, "h1": 12 * 2**30}
+    answers = _healthy_gpu_answers(
+        nvmlDeviceGetCount=2,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x44 if h == "h0" else 0x0,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * 2**30, used=used[h], free=0),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: procs[h],
+        nvmlDeviceGetPcieThroughput=lambda h, counter: {pynvml.NVML_PCIE_UTIL_TX_BYTES: 1500,
+                                                        pynvml.NVML_PCIE_UTIL_RX_BYTES: 300}[counter],
+        nvmlSystemGetProcessName=lambda pid: psutil.Process(pid).name() if psutil.pid_exists(pid) else "train.py",
+    )
+    return _NvmlStandIn(monkeypatch, answers)
+
+
+def _machine() -> Machine:
+    gpus = []
+    for i in range(2):
+        gpu = Gpu(index=i, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-0000000{i}", memory_total_mib=81559)
+        gpu.pcie.bus_id = f"0000:0{i}:00.0"
+        gpu.clocks.max_sm_mhz = 1980
+        gpu.power.default_limit_w = gpu.power.enforced_limit_w = 700.0
+        gpu.thermal.slowdown_c = 88.0
+        gpus.append(gpu)
+    return Machine(gpus=gpus, host=Host(hostname="test-node"))
+
+
+class _Clock:
+    """Monotonic seconds moved by hand: each tick() is a second later, so the once-a-second readings run."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ticks(monitor: w.Monitor, clock: _Clock, n: int) -> w.Snapshot:
+    snap = None
+    for _ in range(n):
+        clock.now += 1.0
+        snap = monitor.tick()
+    return snap
+
+
+@pytest.fixture
+def monitor(monkeypatch):
+    nvml = _two_gpus(monkeypatch)
+    clock = _Clock()
+    m = w.Monitor(interval_s=1.0, machine=_machine(), threaded=False, clock=clock)
+    m.start()
+    yield m, clock, nvml
+    m.close()
+
+
+def test_ticks_give_gpu_blocks_with_readings_processes_and_diagnosis(monitor):
+    m, clock, _ = monitor
+    snap = _ticks(m, clock, 4)
+    assert snap.tick == 4 and snap.gpu_error is None and [g.index for g in snap.gpus] == [0, 1]
+    g0, g1 = snap.gpus
+    assert (g0.sample.sm_mhz, g0.sample.power_w, g0.sample.reasons) == (1980, 612.345, 0x44)
+    assert g0.sm_ratio == 1.0 and round(g0.power_ratio, 3) == 0.875 and g0.slowdown_margin_c == 17.0
+    assert g0.reasons == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert (g0.extras.pcie_tx_kbs, g0.extras.pcie_rx_kbs) == (1500, 300)
+    (mine,) = g0.extras.processes
+    assert mine.pid == os.getpid() and mine.visible and mine.user == psutil.Process().username()
+    (theirs,) = g1.extras.processes
+    assert theirs.pid == NOT_HERE_PID and not theirs.visible and theirs.user is None
+    assert g0.diagnosis.state == "thermal" and "HW thermal slowdown active" in g0.diagnosis.text
+    assert g1.diagnosis.text == "neighbour: 99% utilization and 12.0 GiB in use by processes you cannot see"
+    assert snap.host is not None and snap.host.cpu_count == psutil.cpu_count() and snap.host.mem_total_bytes > 0
+
+
+def test_the_view_shows_each_block(monitor):
+    m, clock, _ = monitor
+    snap = _ticks(m, clock, 3)
+    console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
+    console.print(w.render(snap))
+    text = console.export_text()
+    assert "gpuvet watch · test-node · 2 GPU(s) · every 1 s · tick 3" in text
+    assert "GPU 0  NVIDIA H100 80GB HBM3  0000:00:00.0" in text
+    assert "SM 1980 MHz = 100% of 1980 max" in text
+    assert "612 W = 87% of the 700 W limit" in text and "71 C, 17 C to slowdown" in text
+    assert "reasons  0x44 = sw_power_cap | hw_thermal_slowdown" in text
+    assert "PCIe Gen5 x16 tx 1.5 MB/s rx 300.0 kB/s" in text
+    assert f"{NOT_HERE_PID} ? train.py 9.0 GiB (not visible here)" in text
+    assert "→ neighbour: 99% utilization and 12.0 GiB" in text
+    assert "host test-node" in text and "steal" in text and "iowait" in text
+
+
+def test_reads_once_a_second_whatever_the_tick_rate(monkeypatch):
+    nvml = _two_gpus(monkeypatch)
+    clock = _Clock()
+    m = w.Monitor(interval_s=0.1, machine=_machine(), threaded=False, clock=clock)
+    m.start()
+    try:
+        for _ in range(20):  # two seconds at 10 Hz
+            clock.now += 0.1
+            m.tick()
+    finally:
+        m.close()
+    assert nvml.calls["nvmlDeviceGetPowerUsage"] == 2 * 21  # every tick and at start, both GPUs
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 2 * 2 * 2  # tx and rx, both GPUs, once a second
+
+
+def test_nvlink_throughput_is_a_rate_of_nvmls_counters(monkeypatch):
+    _two_gpus(monkeypatch)
+    kib = {"n": 0}
+
+    def field_values(handle, fields):  # cumulative KiB per (field, link): +1000 KiB per reading
+        kib["n"] += 1000
+        return [types.SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=types.SimpleNamespace(ullVal=kib["n"]))
+                for _ in fields]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", field_values)
+    machine = _machine()
+    machine.gpus[0].nvlinks = [NvLink(link=0, active=True), NvLink(link=1, active=True), NvLink(link=2, active=False)]
+    clock = _Clock()
+    m = w.Monitor(interval_s=1.0, machine=machine, threaded=False, clock=clock)
+    m.start()
+    try:
+        first = _ticks(m, clock, 1).gpus[0].extras
+        second = _ticks(m, clock, 1).gpus[0].extras
+    finally:
+        m.close()
+    assert first.nvlink_tx_bps is None  # one reading is no rate
+    assert second.nvlink_tx_bps == second.nvlink_rx_bps == 2 * 1000 * 1024  # two active links, 1000 KiB/s each
+    assert "nvlink" not in second.unavailable
+
+
+def test_log_has_a_header_and_rows_in_the_to_series_columns(monitor, tmp_path):
+    m, clock, _ = monitor
+    path = tmp_path / "watch.jsonl"
+    log = w.WatchLog(str(path), 1.0, sorted(m._facts.items()), m.hostname)
+    for _ in range(3):
+        clock.now += 1.0
+        log.write(m.tick())
+    log.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    header = lines[0]
+    assert header["schema"] == w.LOG_SCHEMA and header["kind"] == "header"
+    assert header["series"]["gpu0"]["columns"] == list(COLUMNS) and "telemetry.to_series" in header["note"]
+    series = {(s["subject"], s["name"]): s for s in w.read_log(str(path))}
+    gpu0 = series[("gpu0", "watch.telemetry")]
+    assert gpu0["columns"] == list(COLUMNS) and len(gpu0["rows"]) == 3
+    assert [row[COLUMNS.index("power_w")] for row in gpu0["rows"]] == [612.345] * 3
+    times = [row[0] for row in gpu0["rows"]]
+    assert times == sorted(times) and times[0] >= 0
+    host = series[("host", "watch.host")]
+    assert host["columns"] == list(w.HOST_COLUMNS) and len(host["rows"]) == 3
+    diagnosis = series[("gpu1", "watch.diagnosis")]
+    assert diagnosis["rows"][0][1] == "neighbour" and len(diagnosis["rows"]) == 1  # changes only
+
+
+def test_the_loop_runs_ticks_and_appends_a_second_session(monkeypatch, tmp_path):
+    _two_gpus(monkeypatch)
+    path = tmp_path / "watch.jsonl"
+    for session in range(2):
+        m = w.Monitor(interval_s=0.05, machine=_machine(), threaded=False)
+        m.start()
+        outputs = w._Outputs(log=w.WatchLog(str(path), 0.05, sorted(m._facts.items()), m.hostname))
+        try:
+            w.run_loop(m, outputs, None, w._Keys(w._NoStream()), max_ticks=3)
+        finally:
+            outputs.close()
+            m.close()
+    series = w.read_log(str(path))
+    telemetry = [s for s in series if s["name"] == "watch.telemetry" and s["subject"] == "gpu0"]
+    assert len(telemetry) == 2 and [len(s["rows"]) for s in telemetry] == [3, 3]
+    assert w.WatchLog.check_path(str(path)) is None  # a watch log may be appended to
+
+
+def test_log_refuses_a_file_that_is_not_a_watch_log(tmp_path):
+    precious = tmp_path / "train.py"
+    precious.write_text("print('my model')\n")
+    assert "not a gpuvet watch log" in w.WatchLog.check_path(str(precious))
+    assert "does not exist" in w.WatchLog.check_path(str(tmp_path / "missing" / "log.jsonl"))
+    assert w.watch(log_path=str(precious), once=True) == w.EXIT_USAGE
+    assert precious.read_text() == "print('my model')\n"
+
+
+def test_headless_prints_a_line_when_a_diagnosis_changes(monitor):
+    m, clock, _ = monitor
+    lines: list[str] = []
+    outputs = w._Outputs(print_changes=lines.append)
+    for _ in range(3):
+        clock.now += 1.0
+        outputs.publish(m.tick())
+    assert len(lines) == 2  # one per GPU, not one per tick
+    assert lines[0].endswith("gpu0 " + m.tick().gpus[0].diagnosis.text)
+    assert " gpu1 neighbour: " in lines[1]
+
+
+def test_snapshot_json_is_strict_json(monitor):
+    m, clock, _ = monitor
+    data = w.snapshot_to_dict(_ticks(m, clock, 2))
+    again = json.loads(json.dumps(data, allow_nan=False))
+    g0 = again["gpus"][0]
+    assert g0["sample"]["sm_mhz"] == 1980 and g0["sm_pct_of_max"] == 100.0 and g0["reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert g0["diagnosis"]["state"] == "thermal" and g0["pcie"] == {"tx_kbs": 1500, "rx_kbs": 300}
+    assert again["host"]["cpu_count"] == psutil.cpu_count()
+
+
+# -- the process table ------------------------------------------------------------------------------
+
+def _stat_line(pid: int, name: str, ppid: int, ticks: int, start: int = 1000) -> str:
+    """A /proc/<pid>/stat line (SYNTHETIC values, the kernel's layout: utime is field 14, starttime 22)."""
+    fields = ["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 6 + [str(start)] + ["0"] * 30
+    return f"{pid} ({name}) " + " ".join(fields) + "\n"
+
+
+class _FakeProc:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def set(self, pid: int, name: str, ppid: int, ticks: int, start: int = 1000) -> None:
+        (self.root / str(pid)).mkdir(exist_ok=True)
+        (self.root / str(pid) / "stat").write_text(_stat_line(pid, name, ppid, ticks, start))
+
+    def remove(self, pid: int) -> None:
+        shutil.rmtree(self.root / str(pid))
+
+
+def test_proc_stat_names_with_spaces_and_parentheses():
+    stat = w.parse_proc_stat(_stat_line(42, "pt_data_worker (2)", 7, 250, start=99))
+    assert stat == w.ProcStat(ppid=7, name="pt_data_worker (2)", ticks=250, start=99)
+    real = w.parse_proc_stat(Path("/proc/self/stat").read_text())
+    assert real.ppid == os.getppid() and real.name == psutil.Process().name()
+
+
+def test_process_table_shares_full_and_focused_scans(tmp_path):
+    proc, clock = _FakeProc(tmp_path), _Clock()
+    hz = os.sysconf("SC_CLK_TCK")
+    proc.set(1, "init", 0, 0)
+    proc.set(10, "python", 1, 0)
+    proc.set(11, "python", 10, 0)
+    proc.set(50, "sshd", 1, 0)
+    table = w.ProcessTable(str(tmp_path), clock=clock)
+    table.scan(set())  # the first scan is always full
+    assert table.children[10] == [11] and table.cpu == {}
+    clock.now += 1.0
+    proc.set(11, "python", 10, hz)  # a whole core for the second
+    proc.set(50, "sshd", 1, hz // 2)
+    proc.set(12, "python", 10, 0)  # a new worker
+    table.scan({10})  # focused: the job and the children it had
+    assert table.cpu[11] == pytest.approx(100.0)
+    assert 50 not in table.cpu and 12 not in table.stats  # not read until the next full scan
+    clock.now += w.ProcessTable.FULL_SCAN_S
+    proc.set(50, "sshd", 1, hz)
+    proc.remove(11)
+    table.scan({10})
+    assert 12 in table.stats and 11 not in table.stats and table.children[10] == [12]
+    # sshd was last read at the first full scan (0 ticks): its share is over the 6 s since then.
+    assert table.cpu[50] == pytest.approx(100.0 / (1.0 + w.ProcessTable.FULL_SCAN_S))
+    assert table.ensure(12).name == "python" and table.ensure(999) is None
+
+
+def test_a_reused_pid_has_no_share_from_the_old_process(tmp_path):
+    proc, clock = _FakeProc(tmp_path), _Clock()
+    proc.set(10, "python", 1, 5000, start=100)
+    table = w.ProcessTable(str(tmp_path), clock=clock)
+    table.scan(None)
+    clock.now += 1.0
+    proc.set(10, "bash", 1, 3, start=900)  # the pid now belongs to a process that started later
+    table.scan(None)
+    assert table.stats[10].name == "bash" and 10 not in table.cpu
+
+
+# -- this machine: no NVIDIA driver ------------------------------------------------------------------
+
+def test_once_json_here_has_the_host_and_says_why_there_is_no_gpu():
+    out = io.StringIO()
+    code = w.watch(once=True, as_json=True, console=Console(file=out, width=200))
+    assert code == w.EXIT_OK
+    data = json.loads(out.getvalue())
+    if data["gpus"]:  # pragma: no cover - only where a GPU is present
+        pytest.skip("this machine has an NVIDIA GPU")
+    assert data["schema"] == w.LOG_SCHEMA and data["gpus"] == []
+    assert "driver" in data["gpu_error"] or "NVML" in data["gpu_error"]
+    host = data["host"]
+    assert host["cpu_pct"] is not None and 0 <= host["cpu_pct"] <= 100
+    assert host["mem_total_bytes"] == psutil.virtual_memory().total and host["cpu_count"] == psutil.cpu_count()
+
+
+def test_once_text_here_says_the_host_part_still_works():
+    out = io.StringIO()
+    assert w.watch(once=True, console=Console(file=out, width=200, color_system=None)) == w.EXIT_OK
+    text = out.getvalue()
+    if "no GPU data" not in text:  # pragma: no cover - only where a GPU is present
+        pytest.skip("this machine has an NVIDIA GPU")
+    assert "the host part still works" in text and "host " in text and "q quits" not in text
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(pid=NOT_HERE_PID), "--pid 4000000: no such process"),
+    (dict(interval_s=0), "--interval 0: give a positive number"),
+    (dict(prometheus="localhost:http"), "--prometheus localhost:http: expected [HOST:]PORT"),
+    (dict(once=False, as_json=True), "--json prints one snapshot: use it with --once"),
+])
+def test_bad_options_exit_2_with_a_reason(kwargs, words, capsys):
+    assert w.watch(**{"once": True, **kwargs}) == w.EXIT_USAGE
+    assert words in capsys.readouterr().err
+
+
+def test_headless_runs_until_sigterm_and_logs(tmp_path):
+    log = tmp_path / "watch.jsonl"
+    runner = f"import sys; from gpuvet.watch import watch; sys.exit(watch(interval_s=0.2, ui=False, log_path={str(log)!r}))"
+    child = subprocess.Popen([sys.executable, "-c", runner], env={**os.environ, "PYTHONPATH": str(SRC)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and log.read_text().count('"subject":"host"') >= 2):
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        child.terminate()  # SIGTERM, as `docker stop` or systemd send it
+        out, err = child.communicate(timeout=20)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err
+    assert "gpuvet watch: watching" in err and "Traceback" not in err
+    (host,) = [s for s in w.read_log(str(log)) if s["subject"] == "host"]
+    assert len(host["rows"]) >= 2 and host["columns"] == list(w.HOST_COLUMNS)
+
+
+# -- following a job (--pid) -----------------------------------------------------------------------
+
+_JOB = """
+import multiprocessing as mp, time
+def spin():
+    while True:
+        pass
+if __name__ == "__main__":
+    worker = mp.get_context("fork").Process(target=spin, daemon=True)
+    worker.start()
+    print(worker.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_follows_a_job_tree_its_busy_worker_its_gpu_and_its_end(monkeypatch):
+    job = subprocess.Popen([sys.executable, "-c", _JOB], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(job.stdout.readline())
+        _two_gpus(monkeypatch, gpu0_pids=[worker_pid], gpu1_pids=[NOT_HERE_PID])
+        m = w.Monitor(interval_s=0.2, pid=job.pid, machine=_machine(), threaded=False, slow_every_s=0.2)
+        m.start()
+        try:
+            snap = m.tick()
+            deadline = time.monotonic() + 30
+            while not (snap.host.worker_list and snap.job.cpu_pct) and time.monotonic() < deadline:
+                time.sleep(0.2)  # CPU shares need wall time between readings; wait for them, not for a duration
+                snap = m.tick()
+            assert snap.job.alive and snap.job.processes == 2 and snap.job.gpus == [0]
+            assert [wk.pid for wk in snap.host.worker_list] == [worker_pid]
+            assert snap.host.workers == 1
+            assert w.WORKER_MIN_CPU_PCT <= snap.job.cpu_pct <= 100 * psutil.cpu_count() + 10  # a share of the cores
+            assert snap.gpus[0].extras.processes[0].in_job is True
+            assert snap.job_diagnosis is not None and snap.job_diagnosis.text.startswith(snap.gpus[0].diagnosis.label)
+            os.kill(worker_pid, 9)
+            job.kill()
+            job.wait(10)  # reaped: the pid is gone from the process table
+            deadline = time.monotonic() + 10
+            while snap.job.alive and time.monotonic() < deadline:
+                time.sleep(0.05)
+                snap = m.tick()
+            assert not snap.job.alive and snap.job_diagnosis.state == "job_gone"
+        finally:
+            m.close()
+    finally:
+        job.kill()
+        job.wait(10)
+
+
+# -- the live view in a real terminal --------------------------------------------------------------
+
+def _tmux() -> str:
+    path = shutil.which("tmux")
+    if path is None:
+        if os.environ.get("GPUVET_NO_EXTERNAL_TOOLS") == "1":
+            pytest.skip("tmux not installed and GPUVET_NO_EXTERNAL_TOOLS=1")
+        pytest.fail("tmux is not installed: `apt-get install -y tmux` (scripts/test installs it)")
+    return path
+
+
+class _Terminal:
+    """A detached tmux session on its own server socket (never the user's tmux)."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmux = _tmux()
+        self.socket = str(tmp_path / "tmux.sock")  # inside the test's folder: nothing left behind
+        self._run("new-session", "-d", "-s", "w", "-x", "150", "-y", "50", "bash --norc --noprofile")
+
+    def _run(self, *args: str) -> str:
+        return subprocess.run([self.tmux, "-S", self.socket, *args], check=True, capture_output=True, text=True).stdout
+
+    def send(self, *keys: str) -> None:
+        self._run("send-keys", "-t", "w", *keys)
+
+    def screen(self) -> str:
+        return self._run("capture-pane", "-p", "-t", "w")
+
+    def wait_for(self, predicate, what: str, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the terminal never showed {what}; it shows:\n{screen}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-S", self.socket, "kill-server"], capture_output=True)
+
+
+def _tick(screen: str) -> int | None:
+    for line in screen.splitlines():
+        if "gpuvet watch ·" in line and "· tick " in line:
+            return int(line.split("· tick ")[1].split()[0])
+    return None
+
+
+@pytest.mark.parametrize("quit_keys", [("q",), ("C-c",)], ids=["q", "ctrl-c"])
+def test_live_view_in_a_terminal_renders_refreshes_and_restores_it(tmp_path, quit_keys):
+    term = _Terminal(tmp_path)
+    try:
+        runner = "import sys; from gpuvet.watch import watch; sys.exit(watch(interval_s=0.2))"
+        command = (f"stty -g > {tmp_path}/before; PYTHONPATH={SRC} {sys.executable} -c '{runner}'; "
+                   f"echo \"EXIT=$?\"; stty -g > {tmp_path}/after; echo FINI''SHED")  # '': not matched in the echoed command
+        term.send(command, "Enter")
+        first = term.wait_for(lambda s: _tick(s) is not None and "host " in s, "the watch view")
+        assert "q quits" in first
+        seen = _tick(first)
+        term.wait_for(lambda s: (_tick(s) or 0) > seen, "a refresh (a later tick)")
+        term.send(*quit_keys)
+        after = term.wait_for(lambda s: "FINISHED" in s, "the shell prompt back")
+        assert "EXIT=0" in after
+        assert "gpuvet watch ·" not in after  # the alternate screen is gone: the shell's screen is back
+        assert (tmp_path / "before").read_text() == (tmp_path / "after").read_text()  # tty modes restored
+    finally:
+        term.close()
