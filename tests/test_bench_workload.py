@@ -1,0 +1,230 @@
+"""B10 reference workload on the CPU build of torch: a tiny GPT trains, its checkpoint is written,
+read back by a fresh process, resumed and compared with the uninterrupted run. Faults are real
+where the machine allows (a missing directory, a read-only one, a file flipped between the write
+and the read, a file gone); a resumed run with another RNG seed stands for a wrong restored state.
+Three runs start a fresh process (about 5 s each, most of it importing torch)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shutil
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpuvet.bench import workload  # noqa: E402
+from gpuvet.bench.common import BenchContext, Budget, OutOfTime  # noqa: E402
+
+TINY = dict(d_model=32, layers=1, heads=2, seq_len=32, batch=4, vocab=64, steps=16, warmup_steps=3, resume_steps=2)
+
+
+def run_cpu(budget_s: float = 60.0, **params):
+    ctx = BenchContext(device="cpu", subject="cpu", budget=Budget(budget_s), params={**TINY, **params})
+    results = workload.run(ctx)
+    return {m["name"]: m for m in results}, ctx.series
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A tiny model on a shared 2-core machine: one thread is faster, and immune to the stalls of
+    OpenMP threads waiting for each other on busy cores. The fresh process inherits the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ckpt")
+    by_name, series = run_cpu(path=str(directory))
+    return by_name, series, directory
+
+
+# ---------------------------------------------------------------- a healthy run
+
+
+def test_throughput_figures_come_out(healthy):
+    by_name, _series, _dir = healthy
+    tps, step = by_name["workload.tokens_per_s"], by_name["workload.step_time_ms"]
+    assert (tps["unit"], tps["subject"]) == ("tokens/s", "cpu") and tps["value"] > 0
+    assert tps["details"]["timed_steps"] == TINY["steps"] - TINY["warmup_steps"]
+    assert tps["details"]["tokens_per_step"] == TINY["batch"] * TINY["seq_len"]
+    # tokens/s and the step time describe the same steps
+    assert tps["value"] == pytest.approx(tps["details"]["tokens_per_step"] * tps["details"]["timed_steps"]
+                                         / tps["details"]["seconds"], rel=1e-3)
+    d = step["details"]
+    assert step["unit"] == "ms" and 0 < d["min"] <= d["p10"] <= step["value"] <= d["p90"] <= d["max"]
+    assert "workload.mfu" not in by_name  # no peak given (a CPU): no MFU
+    assert tps["details"]["default_shape"] is False  # TINY overrides the shape
+
+
+def test_the_loss_falls_and_its_curve_is_recorded(healthy):
+    _by_name, series, _dir = healthy
+    (curve,) = [s for s in series if s["name"] == "workload.loss"]
+    assert curve["columns"] == ["step", "loss", "t"] and curve["subject"] == "cpu"
+    rows = curve["rows"]
+    assert [r[0] for r in rows] == list(range(TINY["steps"]))
+    assert all(b[2] > a[2] for a, b in zip(rows, rows[1:]))  # time moves on
+    first, last = [r[1] for r in rows[:3]], [r[1] for r in rows[-3:]]
+    assert max(last) < min(first) - 0.2  # the synthetic words are learnable
+
+
+def test_resume_in_a_fresh_process_continues_the_same_state(healthy):
+    by_name, _series, directory = healthy
+    write, read, resume = (by_name[f"workload.{n}"] for n in ("checkpoint_write", "checkpoint_read", "resume_ok"))
+    assert write["value"] > 0 and write["details"]["bytes"] > 0 and write["details"]["path"] == str(directory)
+    assert read["value"] > 0 and read["details"]["bytes"] == write["details"]["bytes"]
+    assert read["details"]["checksum_match"] is True
+    assert read["details"]["fresh_process_pid"] not in (None, os.getpid())
+    assert resume["value"] == 1.0
+    d = resume["details"]
+    assert d["from_step"] == TINY["steps"] and d["steps"] == TINY["resume_steps"]
+    assert d["losses_resumed"] == d["losses_uninterrupted"]  # fp32 on the CPU: exactly
+    assert d["update_rel_diff"] == 0.0
+
+
+def test_the_checkpoint_files_are_removed(healthy):
+    _by_name, _series, directory = healthy
+    assert os.listdir(directory) == []
+
+
+# ---------------------------------------------------------------- a resume that goes wrong
+
+
+def test_a_resumed_run_with_another_seed_is_not_the_same_state(tmp_path):
+    by_name, _series = run_cpu(path=str(tmp_path), _tamper="seed", keep_checkpoint=True)
+    resume = by_name["workload.resume_ok"]
+    assert resume["value"] == 0.0
+    assert "did not continue from the same state" in resume["details"]["reason"]
+    assert resume["details"]["update_rel_diff"] > workload.RESUME_RTOL["cpu"]["update"]
+    # keep_checkpoint leaves it, whole: what the fresh process restored from
+    (kept,) = os.listdir(tmp_path)
+    state = torch.load(tmp_path / kept, weights_only=True)
+    assert {"model", "optimizer", "step", "rng", "data_position", "config"} <= set(state)
+    assert state["step"] == state["data_position"] == TINY["steps"]
+
+
+def test_a_checkpoint_corrupted_on_disk_is_caught(tmp_path):
+    by_name, _series = run_cpu(path=str(tmp_path), _tamper="corrupt")
+    read, resume = by_name["workload.checkpoint_read"], by_name["workload.resume_ok"]
+    assert read["value"] > 0 and read["details"]["checksum_match"] is False
+    assert resume["value"] == 0.0 and "differs from what was written" in resume["details"]["reason"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_checkpoint_that_vanishes_before_the_read_is_a_read_failure(tmp_path):
+    # The fresh process's entry point, called here (a process start less): the file is gone.
+    gone = tmp_path / "gpuvet-workload-gone.pt"
+    report = workload.resume_main(argparse.Namespace(resume=str(gone), crc32=1, device="cpu", steps=2, tamper=None))
+    assert report["ok"] is False and report["stage"] == "read"
+    ctx = BenchContext("cpu", "cpu", Budget(1))
+    cfg, _default = workload.config_for(BenchContext("cpu", "cpu", Budget(1), params=dict(TINY)))
+    read, resume = workload._after_resume(ctx, {"path": str(tmp_path), "path_given": True}, cfg, 16, ([], []), report)
+    assert read["value"] is None and read["details"]["stage"] == "read"
+    assert read["details"]["reason"] == f"the fresh process could not read the checkpoint: {tmp_path} does not exist " \
+                                        "(or vanished): FileNotFoundError: [Errno 2] No such file or directory"
+    assert resume["value"] is None and resume["details"]["reason"].startswith("not verified")
+
+
+# ---------------------------------------------------------------- paths that cannot take a checkpoint
+
+
+def test_a_missing_directory_fails_the_write_and_keeps_the_figures(tmp_path):
+    missing = tmp_path / "not-there"
+    by_name, _series = run_cpu(path=str(missing), peak_tflops=0.01)
+    assert by_name["workload.tokens_per_s"]["value"] > 0 and by_name["workload.step_time_ms"]["value"] > 0
+    write = by_name["workload.checkpoint_write"]
+    assert write["value"] is None and write["details"]["errno"] == "ENOENT"
+    assert write["details"]["reason"].startswith(f"{missing} does not exist")
+    for name in ("workload.checkpoint_read", "workload.resume_ok"):
+        assert by_name[name]["value"] is None and "could not be written" in by_name[name]["details"]["reason"]
+    # with a peak, MFU = model FLOP/s over it
+    mfu, tps = by_name["workload.mfu"], by_name["workload.tokens_per_s"]
+    assert mfu["unit"] == "%" and mfu["details"]["peak_tflops"] == 0.01
+    assert mfu["value"] == pytest.approx(100 * tps["details"]["model_flops_per_token"] * tps["value"] / 0.01e12, rel=1e-6)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory no file can be created in: by mode for a normal user; root ignores modes, so
+    for root the immutable attribute where the file system has one."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    undo = None
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        undo = lambda: directory.chmod(0o755)  # noqa: E731
+    elif shutil.which("chattr") and subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode == 0:
+        undo = lambda: subprocess.run(["chattr", "-i", str(directory)], check=True)  # noqa: E731
+    try:
+        try:
+            (directory / "probe").write_bytes(b"")
+        except OSError:
+            yield directory
+        else:
+            pytest.skip("cannot make a read-only directory here (root without chattr support)")
+    finally:
+        if undo:
+            undo()
+
+
+def test_a_read_only_directory_fails_the_write_with_the_reason(read_only_dir):
+    by_name, _series = run_cpu(path=str(read_only_dir))
+    assert by_name["workload.tokens_per_s"]["value"] > 0
+    write = by_name["workload.checkpoint_write"]
+    assert write["value"] is None and write["details"]["errno"] in ("EACCES", "EPERM", "EROFS")
+    assert "not writable" in write["details"]["reason"] or "read-only" in write["details"]["reason"]
+    assert by_name["workload.resume_ok"]["value"] is None
+    assert os.listdir(read_only_dir) == []
+
+
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "is full"), (errno.EROFS, "read-only file system"),
+                                         (errno.EDQUOT, "disk quota")])
+def test_storage_errors_are_told_in_plain_words(code, words):
+    reason = workload.describe_os_error(OSError(code, os.strerror(code)), "/data/ckpt")
+    assert reason.startswith("/data/ckpt ") and words in reason and f"[Errno {code}]" in reason
+
+
+# ---------------------------------------------------------------- budget, sizes, formula
+
+
+def test_a_short_budget_stops_training_early_and_says_so(tmp_path):
+    by_name, _series = run_cpu(budget_s=1.5, path=str(tmp_path), steps=100_000)
+    tps = by_name["workload.tokens_per_s"]
+    assert tps["value"] > 0 and "time budget ran out" in tps["details"]["stopped_early"]
+    assert tps["details"]["timed_steps"] < 100_000
+    assert by_name["workload.resume_ok"]["value"] is None and "time budget" in by_name["workload.resume_ok"]["details"]["reason"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_no_time_for_two_steps_is_out_of_time():
+    with pytest.raises(OutOfTime):
+        run_cpu(budget_s=0.0)
+
+
+def test_flops_per_token_follow_the_stated_formula():
+    cfg, _default = workload.config_for(BenchContext("cpu", "cpu", Budget(1), params=dict(TINY)))
+    model = workload.TinyGPT(cfg, torch.Generator().manual_seed(0))
+    d, layers, vocab = cfg.d_model, cfg.layers, cfg.vocab
+    per_block = 12 * d * d + 13 * d  # qkv, proj, up, down with biases; two layernorms
+    assert workload.matmul_params(model) == layers * per_block + vocab * d + 2 * d  # + tied embedding, final norm
+    assert workload.flops_per_token(cfg, 1000) == 6 * 1000 + 12 * layers * cfg.seq_len * d
+
+
+def test_default_sizes_depend_on_the_device_and_params_override_them():
+    cfg, default = workload.config_for(BenchContext("cpu", "cpu", Budget(1)))
+    assert default and cfg.d_model == workload.SIZES["cpu"]["d_model"] and cfg.dtype == "float32"
+    cfg, default = workload.config_for(BenchContext("cpu", "cpu", Budget(1), params={"steps": 7}))
+    assert default and cfg.steps == 7  # steps do not change the model's shape
+    assert workload.SIZES["cuda"]["d_model"] > workload.SIZES["cpu"]["d_model"]
+
+
+def test_batch_shrinks_to_fit_gpu_memory():
+    cfg = workload.Config(**{**{k: v for k, v in workload.SIZES["cuda"].items()}})
+    assert workload._batch_that_fits(cfg, 80 << 30) == cfg.batch
+    assert 1 <= workload._batch_that_fits(cfg, 6 << 30) < cfg.batch
