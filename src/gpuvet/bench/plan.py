@@ -14,13 +14,13 @@ from .. import telemetry
 from ..facts import Gpu, Machine, PcieLink
 from .session import Worker, WorkerError
 
-ALL = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")
-PER_GPU = ("gemm", "membw", "pcie", "latency", "sustained")
-CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce")
+ALL = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
+CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce", "workload")
 
 # Seconds each benchmark may use (per GPU, all GPUs at once where they run side by side).
-BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 4.0, "latency": 12.0, "sustained": 30.0, "p2p": 15.0, "allreduce": 30.0}
-CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0}
+BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 4.0, "latency": 12.0, "sustained": 30.0, "p2p": 15.0, "allreduce": 30.0,
+            "workload": 120.0}  # training, a ~1 GB checkpoint, and a fresh process that resumes it
+CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0, "workload": 60.0}
 SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline must not mistake that for a hang
 
 
@@ -43,7 +43,9 @@ class Target:
 
 
 def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = False,
-        soak_minutes: float | None = None, progress: Callable[[str], None] = lambda m: None) -> Outcome:
+        soak_minutes: float | None = None, progress: Callable[[str], None] = lambda m: None,
+        workload: dict[str, Any] | None = None) -> Outcome:
+    """`workload`: params for the reference workload (steps, path) from the user's options."""
     outcome = Outcome()
     reason = _cannot_run(machine, device)
     if reason:
@@ -60,7 +62,7 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
     runner = None
     try:
         targets = _targets(machine, worker, device, force, outcome, names)
-        runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes)
+        runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {})
         for name in names:
             runner.run(name)
     finally:  # also on Ctrl-C: nothing may keep running on the GPUs
@@ -114,9 +116,10 @@ def _someone_else_on(gpu: Gpu) -> str | None:
 
 
 class _Runner:
-    def __init__(self, machine, worker, targets, outcome, progress, soak_minutes):
+    def __init__(self, machine, worker, targets, outcome, progress, soak_minutes, workload):
         self.machine, self.worker, self.targets = machine, worker, targets
         self.outcome, self.progress, self.soak_minutes = outcome, progress, soak_minutes
+        self.workload = workload
         self.cpu = bool(targets) and targets[0].device == "cpu"
 
     def budget(self, name: str) -> float:
@@ -137,7 +140,10 @@ class _Runner:
             for target in self.targets:  # one at a time: they would share the host's bandwidth
                 self._with_link_readings(target, name)
         elif name == "latency":
-            self._jobs([self._job(name, t) for t in self.targets[:1]] if self.targets else [], name)
+            self._jobs([self._job(name, t) for t in self.targets[:1]], name)
+        elif name == "workload":  # one GPU is enough to prove the platform end to end
+            target = self.targets[0]
+            self._jobs([self._job(name, target, **self.workload, **_peak(target.gpu))], name)
         elif name in ("p2p", "allreduce"):
             self._multi_gpu(name)
 
@@ -223,6 +229,17 @@ class _Runner:
             self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, 0.1))
             self.outcome.measurements.append({"name": f"{name}.telemetry", "value": None, "unit": "",
                                               "subject": target.subject, "details": telemetry.summarize(samples)})
+
+
+def _peak(gpu: Gpu | None) -> dict[str, Any]:
+    """The GPU's dense bf16/fp16 peak for the workload's MFU (none for an unknown model or the CPU)."""
+    from ..judge.reference import match
+
+    ref = match(gpu.name) if gpu else None
+    if ref is None:
+        return {}
+    peaks = {d: ref.number(f"{d}_tensor_tflops_dense") for d in ("bf16", "fp16")}
+    return {"peak_tflops": {d: v for d, v in peaks.items() if v}} if any(peaks.values()) else {}
 
 
 def _numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from .common import BenchContext, Budget, OutOfTime, Skip
 
-MODULES = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")
+MODULES = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
 
 
 def _devices(torch: Any) -> list[dict[str, Any]]:

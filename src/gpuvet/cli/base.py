@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 
@@ -153,8 +154,17 @@ def write_atomically(path: str, text: str) -> None:
         raise UsageProblem(f"--out {path}: cannot write it ({err.strerror or err})") from None
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click's errors become one line on stderr and exit 2, never a traceback."""
+    # A kill or a dropped SSH session ends gpuvet like Ctrl-C does, so benchmarks clean up
+    # (test files, worker processes) instead of leaving them behind.
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _interrupt)
     try:
         cli.main(args=argv, prog_name="gpuvet", standalone_mode=False)
     except click.exceptions.Exit as exit_:

@@ -5,9 +5,28 @@ from __future__ import annotations
 import click
 
 from .. import runner
-from ..bench.plan import ALL as BENCHMARKS
+from ..runner import ALL_BENCHMARKS as BENCHMARKS
 from ..probe.errors import CaptureError
 from .base import UsageProblem, check_out_path, cli, emit, output_options, progress_status, save, store_options
+
+
+def _needs(dataset_gb: float | None, checkpoint_gb: float | None, multi_node: bool) -> dict:
+    """What the user's training needs, for judging storage and network against it."""
+    needs = {"dataset_gb": dataset_gb, "checkpoint_gb": checkpoint_gb, "multi_node": multi_node or None}
+    return {k: v for k, v in needs.items() if v is not None}
+
+
+def host_bench_options(fn):
+    fn = click.option("--multi-node", is_flag=True, help="This machine is for multi-node training: judge RDMA and NICs for it.")(fn)
+    fn = click.option("--checkpoint-gb", type=click.FloatRange(min=0.1), metavar="GB",
+                      help="Checkpoint size to judge storage against (default 10).")(fn)
+    fn = click.option("--dataset-gb", type=click.FloatRange(min=0.1), metavar="GB",
+                      help="Dataset size read per epoch, to judge storage against (default 50).")(fn)
+    fn = click.option("--engine", type=click.Choice(["auto", "fio", "builtin"]), default="auto", show_default=True,
+                      help="Storage/network engine: fio and iperf3 when installed, gpuvet's own otherwise.")(fn)
+    fn = click.option("--path", "paths", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+                      help="Test storage here too (repeatable): the shared or network path your data lives on.")(fn)
+    return fn
 
 
 @cli.command()
@@ -16,16 +35,21 @@ from .base import UsageProblem, check_out_path, cli, emit, output_options, progr
 @click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
 @click.option("--preemptible/--on-demand", default=None,
               help="Say whether the instance can be reclaimed (spot/preemptible); the checklist ticks it.")
+@click.option("--workload-steps", type=click.IntRange(min=2), metavar="N", help="Train the reference workload this many steps.")
+@host_bench_options
 @output_options
 @store_options
-def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, expect: str | None, as_json: bool,
-        out: str | None, verbose: bool, report_format: str, redact: bool, db: str | None, no_save: bool,
-        label: str | None, price: float | None) -> None:
-    """Vet this machine: read its facts, benchmark its GPUs (about two minutes), judge it all."""
+def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, workload_steps: int | None,
+        paths: tuple[str, ...], engine: str, dataset_gb: float | None, checkpoint_gb: float | None, multi_node: bool,
+        expect: str | None, as_json: bool, out: str | None, verbose: bool, report_format: str, redact: bool,
+        db: str | None, no_save: bool, label: str | None, price: float | None) -> None:
+    """Vet this machine: its facts, then benchmarks of host and GPUs (about two minutes), all judged."""
     check_out_path(out)
     with progress_status(as_json) as progress:
         record = runner.run_live(quick=quick and not soak, expect=expect, soak_minutes=soak, force=force,
-                                 preemptible=preemptible, progress=progress)
+                                 preemptible=preemptible, paths=list(paths) or None, engine=engine,
+                                 workload_steps=workload_steps, progress=progress,
+                                 needs=_needs(dataset_gb, checkpoint_gb, multi_node))
     save(record, db, no_save, label, price)
     emit(record, as_json, out, verbose, report_format, redact)
 
@@ -33,17 +57,22 @@ def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, 
 @cli.command(help=f"Run chosen benchmarks alone (NAME: {', '.join(BENCHMARKS)}), judged like in `gpuvet run`.")
 @click.argument("names", nargs=-1, required=True, type=click.Choice(BENCHMARKS), metavar="NAME...")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="Run on the GPUs, or on the CPU (GEMM, memory copy, sustained and all-reduce measure it for real).")
+              help="GPU benchmarks on the GPUs, or on the CPU (GEMM, memory copy, sustained, all-reduce and the "
+                   "workload measure it for real).")
 @click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
+@click.option("--steps", type=click.IntRange(min=2), metavar="N", help="workload: train this many steps.")
+@host_bench_options
 @output_options
 @store_options
-def bench(names: tuple[str, ...], device: str, force: bool, expect: str | None, as_json: bool, out: str | None,
-          verbose: bool, report_format: str, redact: bool, db: str | None, no_save: bool, label: str | None,
-          price: float | None) -> None:
+def bench(names: tuple[str, ...], device: str, force: bool, steps: int | None, paths: tuple[str, ...], engine: str,
+          dataset_gb: float | None, checkpoint_gb: float | None, multi_node: bool, expect: str | None, as_json: bool,
+          out: str | None, verbose: bool, report_format: str, redact: bool, db: str | None, no_save: bool,
+          label: str | None, price: float | None) -> None:
     check_out_path(out)
     with progress_status(as_json) as progress:
         record = runner.run_live(quick=True, expect=expect, benchmarks=list(dict.fromkeys(names)), device=device,
-                                 force=force, progress=progress)
+                                 force=force, paths=list(paths) or None, engine=engine, workload_steps=steps,
+                                 progress=progress, needs=_needs(dataset_gb, checkpoint_gb, multi_node))
     save(record, db, no_save, label, price)
     emit(record, as_json, out, verbose, report_format, redact)
 
@@ -63,3 +92,22 @@ def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str 
     emit(record, as_json, out, verbose, report_format, redact)
 
 
+
+
+@cli.command()
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--path", "path", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where to save the checkpoint (default: here): the shared or persistent path your job will use.")
+@click.option("--steps", type=click.IntRange(min=2), metavar="N", help="Training steps (default: a short run).")
+@output_options
+@store_options
+def workload(device: str, path: str | None, steps: int | None, expect: str | None, as_json: bool, out: str | None,
+             verbose: bool, report_format: str, redact: bool, db: str | None, no_save: bool, label: str | None,
+             price: float | None) -> None:
+    """Train a small GPT end to end: tokens/s, MFU, then checkpoint, restore in a fresh process, resume."""
+    check_out_path(out)
+    with progress_status(as_json) as progress:
+        record = runner.run_live(quick=True, expect=expect, benchmarks=["workload"], device=device,
+                                 paths=[path] if path else None, workload_steps=steps, progress=progress)
+    save(record, db, no_save, label, price)
+    emit(record, as_json, out, verbose, report_format, redact)

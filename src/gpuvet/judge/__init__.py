@@ -9,7 +9,24 @@ from typing import Any, Callable
 
 from ..facts import Machine
 from ..record import SKIP, Finding, Measurement
-from . import bench_common, cpu_bench, gpu_bench, gpu_health, gpu_identity, gpu_links, gpu_multi, gpu_power, gpu_sustained, host, reference, stack
+from . import (
+    bench_common,
+    cpu_bench,
+    env,
+    feed,
+    gpu_bench,
+    gpu_health,
+    gpu_identity,
+    gpu_links,
+    gpu_multi,
+    gpu_power,
+    gpu_sustained,
+    host,
+    host_io,
+    reference,
+    stack,
+    workload,
+)
 from .common import Context, finding
 
 Rule = Callable[[Context], list[Finding]]
@@ -36,6 +53,9 @@ RULES: dict[str, Rule] = {
     "gpu.p2p": gpu_multi.check_p2p,
     "gpu.allreduce": gpu_multi.check_allreduce,
     "cpu.benchmarks": cpu_bench.check_cpu_benchmarks,
+    "workload.throughput": workload.check_throughput,
+    "workload.checkpoint": workload.check_checkpoint,
+    "workload.resume": workload.check_resume,
     "stack.driver_cuda": stack.check_driver_cuda,
     "stack.arch_support": stack.check_arch_support,
     "host.cpu": host.check_cpu,
@@ -43,6 +63,10 @@ RULES: dict[str, Rule] = {
     "host.steal": host.check_steal,
     "host.somaxconn": host.check_somaxconn,
     "storage.workdir": host.check_workdir,
+    "storage.io": host_io.check_storage,  # storage.write / read / random_read / small_files per path
+    "net": host_io.check_network,  # net.loopback, net.nics, net.rdma, net.node_to_node
+    "host.cpu_feed": feed.check_cpu_feed,
+    "env.audit": env.check_environment,  # env.exposed_servers, env.ssh_login, ... (gpuvet run only)
 }
 
 # Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks

@@ -8,16 +8,17 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from ..facts import Driver, Gpu, Machine, Topology
+from ..facts import Driver, Gpu, Host, Machine, Topology
 from . import host as host_probe
-from . import nvml, proc_version, stack, sysfs_pcie
+from . import audit, network, nvml, proc_version, stack, sysfs_pcie
 
 
 def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torch: bool | None = None) -> Machine:
     """Facts of this machine. `import_torch=None` imports torch (in a subprocess) only when a GPU
     is present: without one, its arch list is empty anyway and the import costs seconds."""
     machine = Machine(source="live")
-    host_job = _Isolated("host", lambda: host_probe.collect_host(workdir, steal_window_s), timeout_s=steal_window_s + 10)
+    host_job = _Isolated("host", lambda: _host(workdir, steal_window_s), timeout_s=steal_window_s + 10)
+    audit_job = _Isolated("audit", audit.collect_audit, timeout_s=15)
     gpu_facts = _Isolated("gpu", _gpus, timeout_s=30).result(machine)
     if gpu_facts is None:
         machine.gpu_error = f"GPU probe failed: {machine.probe_errors.get('gpu')}"
@@ -27,7 +28,15 @@ def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torc
     stack_job = _Isolated("stack", lambda: stack.collect_stack(import_torch=want_torch, timeout_s=30), timeout_s=45)
     machine.host = host_job.result(machine)
     machine.stack = stack_job.result(machine)
+    machine.audit = audit_job.result(machine)
     return machine
+
+
+def _host(workdir: str | None, steal_window_s: float) -> Host:
+    host = host_probe.collect_host(workdir, steal_window_s)
+    host.nics = network.collect_nics()
+    host.rdma = network.collect_rdma()
+    return host
 
 
 def _gpus() -> tuple[Driver, list[Gpu], Topology | None, str | None]:

@@ -27,8 +27,28 @@ VERDICT_TEXT = {FAIL: "FAIL: something is wrong with this cluster", WARN: "WARN:
 _SHOWN_ELSEWHERE = {"cluster.stragglers", "cluster.uniform"}
 
 
+# Lists written one item per line: a node per line is easy to grep, and json's C encoder (which
+# indent= turns off) writes a 1,000-node record in a second instead of ten.
+_ONE_PER_LINE = ("nodes", "findings")
+
+
 def to_json(record: dict[str, Any]) -> str:
-    return json.dumps(record, indent=2, sort_keys=False)
+    lines = []
+    for key, value in record.items():
+        if key in _ONE_PER_LINE and isinstance(value, list):
+            text = "[\n" + ",\n".join(f"    {json.dumps(item)}" for item in value) + "\n  ]" if value else "[]"
+        elif key in ("summary", "cross_node") and isinstance(value, dict):
+            text = "{\n" + ",\n".join(f"    {json.dumps(k)}: {_json_list(v)}" for k, v in value.items()) + "\n  }"
+        else:
+            text = json.dumps(value)
+        lines.append(f"  {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
+def _json_list(value: Any) -> str:
+    if isinstance(value, list) and value:
+        return "[\n" + ",\n".join(f"      {json.dumps(item)}" for item in value) + "\n    ]"
+    return json.dumps(value)
 
 
 def render(record: dict[str, Any], console: Console, verbose: bool = False) -> None:
@@ -87,8 +107,9 @@ def _stragglers(record: dict[str, Any], console: Console, verbose: bool) -> None
     shown = stragglers if verbose else stragglers[:STRAGGLERS_SHOWN]
     for s in shown:
         where = f"{s['node']} {s['subject']}".strip()
-        console.print(f"  {_badge(s['status'].upper(), STATUS_STYLE.get(s['status']))} {escape(where):<24} {escape(s['metric']):<22} "
-                      f"{_number(s['value'])} {escape(s['unit'])} = {100 * s['share']:.0f}% of {_number(s['baseline'])}")
+        badge = _badge(s["status"].upper(), STATUS_STYLE.get(s["status"]))
+        console.print(f"  {badge} {escape(where):<24} {escape(s['metric']):<22} {_number(s['value'])} {escape(s['unit'])} "
+                      f"= {100 * s['share']:.0f}% of {_number(s['baseline'])}")
     if len(stragglers) > len(shown):
         console.print(f"  [dim]... and {len(stragglers) - len(shown)} more (-v lists them)[/]")
     if not stragglers:
@@ -126,8 +147,9 @@ def _cross_node(record: dict[str, Any], console: Console) -> None:
     console.print("\n[bold]Cross-node[/]")
     plan = cross.get("plan") or {}
     if plan.get("members"):
-        console.print(f"  [dim]{len(plan['members'])} nodes x {plan.get('ranks_per_node', '?')} ranks, {escape(str(plan.get('backend')))}"
-                      f" on {escape(str(plan.get('device')))}; {len(plan.get('rounds') or [])} shuffled ring rounds[/]")
+        console.print(f"  [dim]{len(plan['members'])} nodes x {plan.get('ranks_per_node', '?')} ranks, "
+                      f"{escape(str(plan.get('backend')))} on {escape(str(plan.get('device')))}; "
+                      f"{len(plan.get('rounds') or [])} shuffled ring rounds[/]")
     for f in findings:
         if f["check"] == "cluster.allreduce" or f["subject"] == "cluster":
             console.print(f"  {_badge(f['status'].upper(), STATUS_STYLE.get(f['status']))} {escape(f['summary'])}")
@@ -149,11 +171,13 @@ def _problems(record: dict[str, Any], console: Console) -> None:
     found.sort(key=lambda f: f["status"] != FAIL)
     if not found:
         return
+    warned = sum(f["status"] == WARN for f in found)
     console.print(f"\n[bold]Problems[/] [dim]({sum(f['status'] == FAIL for f in found)} failed, "
-                  f"{sum(f['status'] == WARN for f in found)} warnings)[/]")
+                  f"{warned} warning{'' if warned == 1 else 's'})[/]")
     for f in found:
+        subject = "" if f["summary"].startswith(f["subject"]) else f"{escape(f['subject'])}: "
         console.print(f"  {_badge(f['status'].upper(), STATUS_STYLE.get(f['status']))} {escape(f['check']):<20} "
-                      f"{escape(f['subject'])}: {escape(f['summary'])}")
+                      f"{subject}{escape(f['summary'])}")
         evidence = f.get("evidence") or {}
         parts = [f"{key} {evidence[key]}" for key in ("measured", "expected") if evidence.get(key)]
         if parts:

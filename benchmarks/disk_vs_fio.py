@@ -1,0 +1,115 @@
+"""gpuvet's built-in disk engine against fio, on the same file in the same run.
+
+Targets (issue 8): the built-in engine within 10% of fio for sequential write, sequential read
+and random 4 KiB read IOPS (the same jobs on both sides: 1 MiB x 8 in flight, 4 KiB x 32, same
+file, same cache policy); the host suite (disk + loopback network, default budgets) in under 30 s.
+
+A shared or virtual disk drifts over seconds, so each pass runs on both engines back to back,
+alternating which goes first from round to round, and the ratio reported is the median of the
+per-round ratios. Prints figures, not pass/fail.
+
+    .venv/bin/python benchmarks/disk_vs_fio.py [--path DIR] [--rounds 7] [--seconds 2]
+
+Pick a directory on the disk you want to know about: /tmp is often tmpfs (RAM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from gpuvet.bench import disk, net  # noqa: E402
+
+TARGET = 0.10
+SUITE_TARGET_S = 30.0
+PASSES = {"seq_write": "MB/s", "seq_read": "MB/s", "rand_read": "IOPS"}
+
+
+def figure(result: disk.Pass, phase: str) -> float:
+    return result.iops if phase == "rand_read" else result.mb_s
+
+
+def one_round(target: disk.Target, engines: dict, order: tuple[str, str], seconds: float) -> dict[str, dict[str, float]]:
+    figures: dict[str, dict[str, float]] = {phase: {} for phase in PASSES}
+    written = target.size
+    for name in order:  # each writes a fresh file, as in a real run; the reads use what both wrote
+        if os.path.exists(target.file):
+            os.unlink(target.file)
+        result = engines[name].seq_write(target, seconds)
+        figures["seq_write"][name] = figure(result, "seq_write")
+        written = min(written, result.bytes // disk.SEQ_BLOCK * disk.SEQ_BLOCK)
+    for name in order:
+        figures["seq_read"][name] = figure(engines[name].seq_read(target, seconds, written), "seq_read")
+    for name in order:
+        figures["rand_read"][name] = figure(engines[name].rand_read(target, seconds, written), "rand_read")
+    return figures
+
+
+def compare(path: str, rounds: int, seconds: float) -> None:
+    fio = disk.find_fio()
+    if fio is None:
+        sys.exit("fio is not installed: apt-get install -y fio")
+    size = disk.allowed_bytes(disk.free_bytes(path))
+    if size is None:
+        sys.exit(f"not enough free space in {path}")
+    workdir = tempfile.mkdtemp(prefix=disk.TEMP_PREFIX, dir=path)
+    try:
+        target = disk._target(path, workdir, size)
+        storage = target.storage
+        print(f"{path}: {storage.fs_type} on {storage.device} (kind {storage.kind}), cache {target.cache}, "
+              f"file {target.size / 2**20:.0f} MiB, {seconds:g} s per pass, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+        engines = {"builtin": disk.BuiltinEngine(), "fio": disk.FioEngine(fio, unlink=False)}  # both read one file
+        ratios: dict[str, list[float]] = {phase: [] for phase in PASSES}
+        for round_number in range(rounds):
+            order = ("builtin", "fio") if round_number % 2 == 0 else ("fio", "builtin")
+            figures = one_round(target, engines, order, seconds)
+            cells = []
+            for phase, unit in PASSES.items():
+                builtin, fio_figure = figures[phase]["builtin"], figures[phase]["fio"]
+                ratios[phase].append(builtin / fio_figure)
+                cells.append(f"{phase} {builtin:.0f}/{fio_figure:.0f} {unit}")
+            print(f"round {round_number + 1} ({order[0]} first), builtin/fio: " + "; ".join(cells))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\nmedian built-in / fio over {rounds} rounds (target within {TARGET:.0%}):")
+    for phase, values in ratios.items():
+        median = statistics.median(values)
+        verdict = "within target" if abs(median - 1) <= TARGET else "OUTSIDE target"
+        print(f"  {phase:10s} {median:5.2f}  (rounds: {', '.join(f'{v:.2f}' for v in values)})  {verdict}")
+
+
+def host_suite(path: str) -> None:
+    """What the disk and loopback benchmarks cost with their default budgets and engines."""
+    start = time.perf_counter()
+    disk_results = disk.run([path])
+    disk_s = time.perf_counter() - start
+    net_results = net.run_loopback()
+    suite_s = time.perf_counter() - start
+    engines = sorted({m["details"].get("engine", "-") for m in disk_results + net_results if m["value"] is not None})
+    print(f"\nhost suite, default budgets, engines {', '.join(engines)}: {suite_s:.1f} s (disk {disk_s:.1f} s, "
+          f"net {suite_s - disk_s:.1f} s; target under {SUITE_TARGET_S:.0f} s together with the CPU feed test)")
+    for m in disk_results + net_results:
+        print(f"  {m['name']:24s} {m['value']} {m['unit']}" if m["value"] is not None else f"  {m['name']}: {m['details']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--path", default=str(ROOT), help="directory to test (default: the project's)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=2.0, help="time limit of each pass")
+    args = parser.parse_args()
+    compare(args.path, args.rounds, args.seconds)
+    host_suite(args.path)
+
+
+if __name__ == "__main__":
+    main()

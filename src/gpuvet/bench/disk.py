@@ -1,0 +1,780 @@
+"""Disk benchmark (B6): what the storage under a directory does, not what the page cache does.
+
+For every path: `disk.seq_write` and `disk.seq_read` (MB/s, 10^6 bytes/s, 1 MiB blocks, 8 in
+flight), `disk.rand_read_iops` (4 KiB random reads, 32 in flight: the depth drive makers quote;
+p50/p99 latency in details) and `disk.small_files` (thousands of 16 KiB files written, then read
+back cold in shuffled order by 4 readers, like a DataLoader over a folder of small images).
+
+Engines: fio when it is installed ("auto" or "fio": libaio, --direct=1, JSON output), gpuvet's
+own otherwise ("builtin": Linux native AIO through ctypes, the mechanism of fio's libaio engine,
+on page-aligned buffers; threads doing pwrite/preadv where AIO cannot work; `details.io` says
+which). Both run the same jobs (block size, depth, file), so they measure the same thing; the
+small-files test is always built-in, since fio has no per-file open/read/close pattern.
+`details.engine` says which engine measured; with "auto", a fio failure hands over to the
+built-in engine and `details.fallback_reason` says why.
+
+The page cache is kept out two ways, and `details.cache` says which applied:
+- "O_DIRECT": reads and writes bypass it (most local file systems, NFS);
+- "fsync+fadvise": where the file system refuses O_DIRECT, writes are timed up to the end of an
+  fsync, and reads start after posix_fadvise(DONTNEED) has dropped the file's pages.
+The seed's `dd ... conv=fdatasync` measures the page cache plus one flush instead.
+
+Safety: at most 10% of the free space and 1 GiB is written, in a private temporary directory
+that is removed afterwards, also on error or Ctrl-C. A missing, read-only or full directory is
+a `bench.disk` note (skipped, with the reason), never an exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import itertools
+import json
+import mmap
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ..facts import Storage
+from ..probe.host import storage_for
+from .common import measurement
+
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+SEQ_BLOCK = 1 * MIB
+SEQ_DEPTH = 8
+RAND_BLOCK = 4 * KIB
+RAND_DEPTH = 32
+RAND_SECONDS = 3.0  # long enough for stable IOPS and a p99 from tens of thousands of reads
+
+MAX_TEST_BYTES = 1 * GIB
+FREE_SHARE = 0.10  # never write more than this share of the free space
+MIN_TEST_BYTES = 32 * MIB
+SMALL_FILE_BYTES = 16 * KIB
+SMALL_FILES_MAX = 4096
+SMALL_FILE_READERS = 4
+FILES_PER_DIR = 512
+TEMP_PREFIX = ".gpuvet-disk-"
+# Most of a path's budget each pass may use; a fast disk finishes each pass well before.
+PHASE_SHARE = {"seq_write": 0.25, "seq_read": 0.25, "rand_read": 0.15, "small_files": 0.25}
+MIN_PHASE_S = 0.5
+FIO_SLACK_S = 30.0  # fio start-up, file layout and the final fsync on a slow disk
+
+ENGINES = ("auto", "fio", "builtin")
+
+Progress = Callable[[str], None]
+
+
+class EngineError(Exception):
+    """An engine could not measure (fio failed, an IO error...); the message says why."""
+
+
+@dataclass
+class Target:
+    """One tested directory and the test file both engines use."""
+
+    path: str  # as the user gave it: the measurements' subject
+    workdir: str  # our private temporary directory inside it
+    file: str
+    size: int  # most bytes the sequential write may write
+    small_files: int
+    direct: bool  # O_DIRECT works here
+    storage: Storage
+
+    @property
+    def cache(self) -> str:
+        return "O_DIRECT" if self.direct else "fsync+fadvise"
+
+
+@dataclass
+class Pass:
+    """What one measured pass did."""
+
+    bytes: int
+    seconds: float
+    ops: int = 0
+    p50_us: float | None = None
+    p99_us: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mb_s(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+    @property
+    def iops(self) -> float:
+        return self.ops / self.seconds
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+def run(paths: list[str], engine: str = "auto", budget_s: float = 20.0,
+        progress: Progress = lambda m: None, max_bytes: int = MAX_TEST_BYTES) -> list[dict]:
+    """Measure each directory in `paths` within its share of `budget_s` seconds, writing at most
+    `max_bytes` (and 10% of the free space) in each."""
+    engine = "fio" if engine == "iperf3" else engine  # one --engine flag drives disk and net
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    fio = find_fio()
+    if engine == "fio" and fio is None:
+        return [note(p, "skipped", "fio is not installed (`apt-get install fio`); or use --engine builtin")
+                for p in paths]
+    chosen = "fio" if fio and engine in ("auto", "fio") else "builtin"
+    share = budget_s / max(1, len(paths))
+    results: list[dict] = []
+    for path in paths:
+        results += _run_path(path, chosen, fio, engine == "auto", share, progress, max_bytes)
+    return results
+
+
+def find_fio() -> str | None:
+    """fio on PATH (tests hide it by changing PATH)."""
+    return shutil.which("fio")
+
+
+def note(path: str, outcome: str, reason: str) -> dict:
+    """A `bench.disk` entry for a path that was not (fully) measured."""
+    return measurement("bench.disk", None, "", path, outcome=outcome, reason=reason)
+
+
+def _run_path(path: str, chosen: str, fio: str | None, fallback: bool, seconds: float,
+              progress: Progress, max_bytes: int) -> list[dict]:
+    reason = _unusable(path)
+    if reason:
+        return [note(path, "skipped", reason)]
+    free = free_bytes(path)
+    size = allowed_bytes(free, max_bytes)
+    if size is None:
+        return [note(path, "skipped", f"only {free / MIB:.0f} MiB free: the disk test writes at most "
+                                      f"{FREE_SHARE:.0%} of the free space and needs {MIN_TEST_BYTES // MIB} MiB")]
+    try:
+        workdir = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=path)
+    except OSError as err:
+        return [note(path, "skipped", _not_writable(err))]
+    results: list[dict] = []
+    try:
+        target = _target(path, workdir, size)
+        engines = _engines(chosen, fio, fallback)
+        _measure(target, engines, seconds, progress, results)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # noqa: BLE001 - an IO error on one path must not end the run
+        results.append(note(path, "failed", f"{type(err).__name__}: {err}"))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def _unusable(path: str) -> str | None:
+    if not os.path.exists(path):
+        return f"{path} does not exist"
+    if not os.path.isdir(path):
+        return f"{path} is not a directory"
+    if not sys.platform.startswith("linux"):  # no O_DIRECT and no fadvise: the page cache would answer
+        return "the disk benchmark needs Linux (O_DIRECT or posix_fadvise keep the page cache out)"
+    return None
+
+
+def _not_writable(err: OSError) -> str:
+    if err.errno == errno.EROFS:
+        return f"read-only file system: {err.filename}"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"no permission to write in {err.filename}"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left (or quota exceeded) in {err.filename}"
+    return f"cannot write in {err.filename}: {err.strerror}"
+
+
+def free_bytes(path: str) -> int:
+    return shutil.disk_usage(path).free
+
+
+def allowed_bytes(free: int, max_bytes: int = MAX_TEST_BYTES) -> int | None:
+    """Bytes the test may write: 10% of the free space, at most `max_bytes`, whole MiB; None: too full."""
+    size = min(max_bytes, int(free * FREE_SHARE)) // MIB * MIB
+    return size if size >= MIN_TEST_BYTES else None
+
+
+def _target(path: str, workdir: str, size: int) -> Target:
+    small = min(SMALL_FILES_MAX, size // 4 // SMALL_FILE_BYTES)  # a quarter of the allowance
+    return Target(path=path, workdir=workdir, file=os.path.join(workdir, "seq.bin"),
+                  size=(size - small * SMALL_FILE_BYTES) // SEQ_BLOCK * SEQ_BLOCK, small_files=small,
+                  direct=direct_io_works(workdir), storage=storage_for(path))
+
+
+def direct_io_works(directory: str) -> bool:
+    """Whether this file system accepts O_DIRECT (tmpfs before Linux 6.6 and many FUSE do not)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = os.path.join(directory, "direct.probe")
+    buffer = _aligned(RAND_BLOCK)
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        try:
+            os.pwrite(fd, buffer, 0)
+            os.preadv(fd, [buffer], 0)
+        finally:
+            os.close(fd)
+        return True
+    except OSError as err:
+        if err.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+            return False
+        raise
+    finally:
+        buffer.close()
+        if os.path.exists(probe):
+            os.unlink(probe)
+
+
+# -- the four measurements --------------------------------------------------------------------
+
+def _measure(target: Target, engines: list, seconds: float, progress: Progress, results: list[dict]) -> None:
+    """The four passes, each capped at its share of the path's `seconds` (fast disks finish early)."""
+    where, share = target.path, {phase: max(MIN_PHASE_S, seconds * part) for phase, part in PHASE_SHARE.items()}
+    progress(f"disk {where}: sequential write")
+    write, engine = _first_that_works(engines, "seq_write", target, share["seq_write"])
+    results.append(_seq_measurement("disk.seq_write", target, write, engine))
+    written = write.bytes // SEQ_BLOCK * SEQ_BLOCK
+    if written < SEQ_BLOCK:
+        raise EngineError(f"the sequential write wrote only {write.bytes} bytes")
+
+    progress(f"disk {where}: sequential read")
+    read, engine = _first_that_works(engines, "seq_read", target, share["seq_read"], written)
+    results.append(_seq_measurement("disk.seq_read", target, read, engine))
+
+    progress(f"disk {where}: random 4 KiB reads")
+    rand, engine = _first_that_works(engines, "rand_read", target, min(RAND_SECONDS, share["rand_read"]), written)
+    results.append(_rand_measurement(target, rand, engine))
+    if os.path.exists(target.file):  # fio has unlinked it already
+        os.unlink(target.file)
+
+    progress(f"disk {where}: {target.small_files} small files")
+    small = small_files(target, share["small_files"])
+    results.append(_small_files_measurement(target, small))
+
+
+def _first_that_works(engines: list, phase: str, target: Target, seconds: float, *args: int) -> tuple[Pass, str]:
+    """Run `phase` on the first engine; with auto, a failing fio hands over to the built-in one."""
+    failures = []
+    for engine in engines:
+        try:
+            result = getattr(engine, phase)(target, seconds, *args)
+        except EngineError as err:
+            failures.append(f"{engine.name}: {err}")
+            continue
+        if failures:
+            result.extra["fallback_reason"] = "; ".join(failures)
+        return result, engine.name
+    raise EngineError("; ".join(failures))
+
+
+def _common_details(target: Target, engine: str, result: Pass) -> dict[str, Any]:
+    storage = target.storage
+    details = {"engine": engine, "cache": target.cache, "fs_type": storage.fs_type, "kind": storage.kind,
+               "mount_point": storage.mount_point, "bytes": result.bytes, "runtime_s": round(result.seconds, 3)}
+    if storage.model:
+        details["model"] = storage.model
+    return {**details, **result.extra}
+
+
+def _seq_measurement(name: str, target: Target, result: Pass, engine: str) -> dict:
+    return measurement(name, round(result.mb_s, 1), "MB/s", target.path,
+                       **_common_details(target, engine, result), block_size=SEQ_BLOCK, queue_depth=SEQ_DEPTH)
+
+
+def _rand_measurement(target: Target, result: Pass, engine: str) -> dict:
+    return measurement("disk.rand_read_iops", round(result.iops), "IOPS", target.path,
+                       **_common_details(target, engine, result), block_size=RAND_BLOCK, queue_depth=RAND_DEPTH,
+                       reads=result.ops, p50_us=_round(result.p50_us), p99_us=_round(result.p99_us))
+
+
+def _small_files_measurement(target: Target, result: Pass) -> dict:
+    return measurement("disk.small_files", round(result.ops / result.seconds, 1), "files/s", target.path,
+                       **_common_details(target, "builtin", result), read_mb_s=round(result.mb_s, 1),
+                       file_bytes=SMALL_FILE_BYTES, readers=SMALL_FILE_READERS)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _engines(chosen: str, fio: str | None, fallback: bool) -> list:
+    if chosen == "fio" and fio:
+        return [FioEngine(fio), BuiltinEngine()] if fallback else [FioEngine(fio)]
+    return [BuiltinEngine()]
+
+
+# -- built-in engine --------------------------------------------------------------------------
+
+def _aligned(size: int) -> mmap.mmap:
+    """A page-aligned buffer, as O_DIRECT needs, filled with incompressible bytes."""
+    buffer = mmap.mmap(-1, size)
+    buffer.write(os.urandom(size))
+    return buffer
+
+
+def _drop_cache(fd: int) -> None:
+    """Ask the kernel to forget this file's (clean) pages, so the next read goes to the device."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class _Workers:
+    """`count` threads running `work(index, stop)` together; errors come back to the caller."""
+
+    def __init__(self, count: int, work: Callable[[int, threading.Event], Any]):
+        self.stop = threading.Event()
+        self.results: list[Any] = [None] * count
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i, work), daemon=True) for i in range(count)]
+
+    def _run(self, index: int, work: Callable) -> None:
+        try:
+            self.results[index] = work(index, self.stop)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller below
+            self.errors.append(err)
+            self.stop.set()
+
+    def run(self) -> list[Any]:
+        try:
+            for thread in self.threads:
+                thread.start()
+            for thread in self.threads:
+                thread.join()
+        except BaseException:  # Ctrl-C: let the threads see it before the files go away
+            self.stop.set()
+            for thread in self.threads:
+                thread.join()
+            raise
+        if self.errors:
+            err = self.errors[0]
+            raise EngineError(f"{type(err).__name__}: {err}") from err
+        return self.results
+
+
+@dataclass
+class Moved:
+    """What a transfer loop did: requests, bytes, seconds, per-request latencies (ns) if kept."""
+
+    ops: int
+    bytes: int
+    seconds: float
+    latencies_ns: list[int]
+    io: str  # "linux-aio" or "threads"
+
+
+def transfer(fd: int, write: bool, block: int, depth: int, next_offset: Callable[[], int | None],
+             seconds: float, direct: bool) -> Moved:
+    """Keep `depth` requests of `block` bytes in flight at the offsets `next_offset` gives (None:
+    done) until done or `seconds` have passed. Linux native AIO where it can work (O_DIRECT; the
+    same mechanism as fio's libaio engine, one thread, little CPU), `depth` threads otherwise."""
+    if direct and KernelAio.available():
+        try:
+            aio = KernelAio(depth)
+        except EngineError:  # aio-max-nr reached, or a seccomp profile forbids it: threads still work
+            aio = None
+        if aio is not None:
+            return aio.transfer(fd, write, block, next_offset, seconds)
+    return _threaded_transfer(fd, write, block, depth, next_offset, seconds)
+
+
+def _threaded_transfer(fd: int, write: bool, block: int, depth: int, next_offset: Callable[[], int | None],
+                       seconds: float) -> Moved:
+    def worker(_: int, stop: threading.Event) -> list[int]:
+        buffer, latencies, clock = _aligned(block), [], time.perf_counter_ns
+        try:
+            while not stop.is_set() and clock() < deadline:
+                offset = next_offset()
+                if offset is None:
+                    break
+                before = clock()
+                done = os.pwrite(fd, buffer, offset) if write else os.preadv(fd, [buffer], offset)
+                if done != block:
+                    raise EngineError(f"short {'write' if write else 'read'} at offset {offset}: {done} bytes")
+                latencies.append(clock() - before)
+        finally:
+            buffer.close()
+        return latencies
+
+    start = time.perf_counter_ns()
+    deadline = start + int(seconds * 1e9)
+    latencies = list(itertools.chain.from_iterable(_Workers(depth, worker).run()))
+    elapsed = (time.perf_counter_ns() - start) / 1e9
+    return Moved(len(latencies), len(latencies) * block, elapsed, latencies, "threads")
+
+
+def _sequential(size: int, block: int) -> Callable[[], int | None]:
+    """Offsets 0, block, 2*block ... below `size`, shared by all requesters."""
+    blocks, last = itertools.count(), size // block  # next() on a count is atomic under the GIL
+
+    def next_offset() -> int | None:
+        index = next(blocks)
+        return index * block if index < last else None
+
+    return next_offset
+
+
+def _random(size: int, block: int, seed: int = 0) -> Callable[[], int]:
+    """Uniform block-aligned offsets below `size` (fio's norandommap: repeats allowed)."""
+    uniform, blocks = random.Random(seed).random, size // block
+    return lambda: int(uniform() * blocks) * block
+
+
+class BuiltinEngine:
+    """gpuvet's own engine: the fio jobs' access patterns through `transfer`."""
+
+    name = "builtin"
+
+    def _open(self, target: Target, flags: int) -> int:
+        return os.open(target.file, flags | (os.O_DIRECT if target.direct else 0), 0o600)
+
+    def seq_write(self, target: Target, seconds: float) -> Pass:
+        fd = self._open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            _preallocate(fd, target.size)  # as fio does: writes into an extending file serialise
+            moved = transfer(fd, True, SEQ_BLOCK, SEQ_DEPTH, _sequential(target.size, SEQ_BLOCK), seconds, target.direct)
+            start = time.perf_counter()
+            os.fsync(fd)  # O_DIRECT leaves the drive's cache and metadata; without it, everything
+            flush = time.perf_counter() - start
+        finally:
+            os.close(fd)
+        return Pass(bytes=moved.bytes, seconds=moved.seconds + flush, ops=moved.ops,
+                    extra={"io": moved.io, "fsync_s": round(flush, 3)})
+
+    def seq_read(self, target: Target, seconds: float, size: int) -> Pass:
+        fd = self._open(target, os.O_RDONLY)
+        try:
+            if not target.direct:
+                _drop_cache(fd)
+            moved = transfer(fd, False, SEQ_BLOCK, SEQ_DEPTH, _sequential(size, SEQ_BLOCK), seconds, target.direct)
+        finally:
+            os.close(fd)
+        return Pass(bytes=moved.bytes, seconds=moved.seconds, ops=moved.ops, extra={"io": moved.io})
+
+    def rand_read(self, target: Target, seconds: float, size: int) -> Pass:
+        fd = self._open(target, os.O_RDONLY)
+        try:
+            if not target.direct:
+                _drop_cache(fd)
+            moved = transfer(fd, False, RAND_BLOCK, RAND_DEPTH, _random(size, RAND_BLOCK), seconds, target.direct)
+        finally:
+            os.close(fd)
+        if not moved.ops:
+            raise EngineError("no random read completed")
+        latencies = sorted(moved.latencies_ns)
+        return Pass(bytes=moved.bytes, seconds=moved.seconds, ops=moved.ops, extra={"io": moved.io},
+                    p50_us=_percentile(latencies, 50) / 1e3, p99_us=_percentile(latencies, 99) / 1e3)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks (fallocate(2)); where the file system cannot, writes just extend."""
+    libc = _libc()
+    fallocate = getattr(libc, "fallocate", None) if libc else None
+    if fallocate is not None:
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        fallocate(fd, 0, 0, size)  # failure (EOPNOTSUPP on NFSv3...) is fine
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name else None
+
+
+# -- Linux native AIO -------------------------------------------------------------------------
+
+class _Iocb(ctypes.Structure):
+    """struct iocb (linux/aio_abi.h), little-endian layout, 64 bytes."""
+
+    _fields_ = [("data", ctypes.c_uint64), ("key", ctypes.c_uint32), ("rw_flags", ctypes.c_int32),
+                ("opcode", ctypes.c_uint16), ("reqprio", ctypes.c_int16), ("fildes", ctypes.c_uint32),
+                ("buf", ctypes.c_uint64), ("nbytes", ctypes.c_uint64), ("offset", ctypes.c_int64),
+                ("reserved2", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("resfd", ctypes.c_uint32)]
+
+
+class _IoEvent(ctypes.Structure):
+    """struct io_event: which request (data) finished and its result (bytes or -errno)."""
+
+    _fields_ = [("data", ctypes.c_uint64), ("obj", ctypes.c_uint64), ("res", ctypes.c_int64), ("res2", ctypes.c_int64)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class KernelAio:
+    """io_setup / io_submit / io_getevents (the kernel AIO that fio's libaio engine uses), called
+    through syscall(2) so no library is needed. One thread keeps `depth` requests in flight."""
+
+    # (io_setup, io_destroy, io_submit, io_getevents) numbers; the struct layout is little-endian.
+    SYSCALLS = {"x86_64": (206, 207, 209, 208), "aarch64": (0, 1, 2, 4)}
+    PREAD, PWRITE = 0, 1
+
+    @classmethod
+    def available(cls) -> bool:
+        return (sys.platform.startswith("linux") and sys.byteorder == "little"
+                and platform.machine() in cls.SYSCALLS and ctypes.sizeof(_Iocb) == 64)
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        setup, self.destroy, self.submit, self.getevents = self.SYSCALLS[platform.machine()]
+        self.syscall = ctypes.CDLL(None, use_errno=True).syscall
+        self.syscall.restype = ctypes.c_long
+        self.context = ctypes.c_ulong(0)
+        self._call(setup, ctypes.c_long(depth), ctypes.byref(self.context))
+
+    def _call(self, number: int, *args: Any) -> int:
+        while True:
+            result = self.syscall(ctypes.c_long(number), *args)
+            if result >= 0:
+                return result
+            error = ctypes.get_errno()
+            if error != errno.EINTR:  # Ctrl-C: Python raises KeyboardInterrupt on return
+                raise EngineError(f"kernel AIO syscall {number} failed: {os.strerror(error)}")
+
+    def transfer(self, fd: int, write: bool, block: int, next_offset: Callable[[], int | None], seconds: float) -> Moved:
+        """Run the loop once; the AIO context is destroyed afterwards (one transfer per instance)."""
+        buffers = None
+        try:
+            buffers = _aligned(block * self.depth)
+            return self._loop(self.context, fd, write, block, buffers, next_offset, seconds)
+        finally:
+            self._call(self.destroy, self.context)  # waits for requests in flight: only then free buffers
+            if buffers is not None:
+                buffers.close()
+
+    def _loop(self, context: ctypes.c_ulong, fd: int, write: bool, block: int, buffers: mmap.mmap,
+              next_offset: Callable[[], int | None], seconds: float) -> Moved:
+        base = ctypes.addressof(ctypes.c_char.from_buffer(buffers))
+        # The kernel's structures live in bytearrays, so the hot loop reads and writes them as
+        # plain int64 views: far cheaper per request than ctypes attribute access.
+        raw_requests, raw_events, raw_ready = (bytearray(size * self.depth) for size in (64, 32, 8))
+        requests = (_Iocb * self.depth).from_buffer(raw_requests)
+        for slot, request in enumerate(requests):
+            request.data, request.fildes, request.nbytes = slot, fd, block
+            request.opcode = self.PWRITE if write else self.PREAD
+            request.buf = base + slot * block
+        request_words, event_words = memoryview(raw_requests).cast("q"), memoryview(raw_events).cast("q")
+        ready = memoryview(raw_ready).cast("Q")
+        offset_word, stride = _Iocb.offset.offset // 8, ctypes.sizeof(_Iocb) // 8
+        addresses = [ctypes.addressof(request) for request in requests]
+        events_at = ctypes.addressof((ctypes.c_char * len(raw_events)).from_buffer(raw_events))
+        ready_at = ctypes.addressof((ctypes.c_char * len(raw_ready)).from_buffer(raw_ready))
+        one, depth = ctypes.c_long(1), ctypes.c_long(self.depth)
+        wait = ctypes.byref(_Timespec(0, 200_000_000))  # wake up now and then even if a request hangs
+        clock, submitted_at, latencies = time.perf_counter_ns, [0] * self.depth, []
+        start = clock()
+        deadline = start + int(seconds * 1e9)
+
+        def refill(slots: Iterable[int], now: int) -> int:
+            count = 0
+            for slot in slots if now < deadline else ():
+                offset = next_offset()
+                if offset is None:
+                    break
+                request_words[slot * stride + offset_word] = offset
+                submitted_at[slot] = now
+                ready[count] = addresses[slot]
+                count += 1
+            if count:
+                self._call(self.submit, context, ctypes.c_long(count), ctypes.c_void_p(ready_at))
+            return count
+
+        in_flight = refill(range(self.depth), start)
+        while in_flight:
+            finished = self._call(self.getevents, context, one, depth, ctypes.c_void_p(events_at), wait)
+            now = clock()
+            slots = []
+            for index in range(0, 4 * finished, 4):  # io_event: data, obj, res, res2
+                slot, result = event_words[index], event_words[index + 2]
+                if result != block:
+                    what = os.strerror(-result) if result < 0 else f"{result} of {block} bytes"
+                    raise EngineError(f"{'write' if write else 'read'} failed: {what}")
+                latencies.append(now - submitted_at[slot])
+                slots.append(slot)
+            in_flight += refill(slots, now) - finished
+        elapsed = (clock() - start) / 1e9
+        return Moved(len(latencies), len(latencies) * block, elapsed, latencies, "linux-aio")
+
+
+def _percentile(ordered: list[int], pct: float) -> float:
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
+    return float(ordered[index])
+
+
+# -- fio engine -------------------------------------------------------------------------------
+
+class FioEngine:
+    """The same passes through fio: libaio at the built-in engine's depths, on the same file."""
+
+    name = "fio"
+
+    def __init__(self, binary: str, unlink: bool = True):
+        self.binary = binary
+        self.unlink = unlink  # remove the file after the last pass (our temporary directory goes anyway)
+
+    def seq_write(self, target: Target, seconds: float) -> Pass:
+        job = self._run(target, seconds, "write", SEQ_BLOCK, SEQ_DEPTH, target.size, "--end_fsync=1")
+        return self._pass(job, "write")
+
+    def seq_read(self, target: Target, seconds: float, size: int) -> Pass:
+        return self._pass(self._run(target, seconds, "read", SEQ_BLOCK, SEQ_DEPTH, size), "read")
+
+    def rand_read(self, target: Target, seconds: float, size: int) -> Pass:
+        job = self._run(target, seconds, "randread", RAND_BLOCK, RAND_DEPTH, size, "--time_based",
+                        "--norandommap", "--randrepeat=0", "--lat_percentiles=1", f"--unlink={int(self.unlink)}")
+        result = self._pass(job, "read")
+        stats = job["read"]
+        percentiles = (stats.get("lat_ns") or {}).get("percentile") or (stats.get("clat_ns") or {}).get("percentile") or {}
+        result.ops = int(stats.get("total_ios") or round(stats["iops"] * result.seconds))
+        result.p50_us = _ns_to_us(percentiles.get("50.000000"))
+        result.p99_us = _ns_to_us(percentiles.get("99.000000"))
+        return result
+
+    def _run(self, target: Target, seconds: float, rw: str, block: int, depth: int, size: int, *extra: str) -> dict:
+        command = [self.binary, "--output-format=json", "--name=gpuvet", f"--filename={_fio_path(target.file)}",
+                   f"--rw={rw}", f"--bs={block}", f"--size={size}", f"--runtime={max(100, int(seconds * 1000))}ms",
+                   "--ioengine=libaio", f"--iodepth={depth}", f"--direct={int(target.direct)}", "--invalidate=1", *extra]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + FIO_SLACK_S)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"fio did not finish within {seconds + FIO_SLACK_S:.0f} s") from None
+        return _fio_job(done.stdout, done.stderr, done.returncode)
+
+    @staticmethod
+    def _pass(job: dict, direction: str) -> Pass:
+        stats = job[direction]
+        runtime_s = (stats.get("runtime") or job.get("job_runtime") or 0) / 1e3
+        if runtime_s <= 0 or not stats.get("io_bytes"):
+            raise EngineError(f"fio measured no {direction}s")
+        return Pass(bytes=int(stats["io_bytes"]), seconds=runtime_s, ops=int(stats.get("total_ios") or 0))
+
+
+def _fio_path(path: str) -> str:
+    return path.replace(":", "\\:")  # fio splits --filename on ':'
+
+
+def _ns_to_us(value: Any) -> float | None:
+    return None if value is None else float(value) / 1e3
+
+
+def parse_fio_json(text: str) -> dict:
+    """fio's --output-format=json, even with warnings printed ahead of it."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON in fio output")
+    return json.loads(text[start:])
+
+
+def _fio_job(stdout: str, stderr: str, returncode: int) -> dict:
+    try:
+        jobs = parse_fio_json(stdout).get("jobs") or []
+    except ValueError:
+        jobs = []
+    error = jobs[0].get("error") if jobs else None
+    if returncode != 0 or not jobs or error:
+        lines = [line for line in (stderr + "\n" + stdout).splitlines() if line.strip() and not line.startswith(("{", " "))]
+        why = lines[-1] if lines else f"exit status {returncode}"
+        raise EngineError(f"fio failed: {why}")
+    return jobs[0]
+
+
+# -- small files (built-in for every engine) --------------------------------------------------
+
+def small_files(target: Target, seconds: float) -> Pass:
+    """Write `target.small_files` 16 KiB files, flush them to the device, drop them from the page
+    cache, and read them back in shuffled order. SMALL_FILE_READERS threads each way, like
+    DataLoader workers; half of `seconds` each way."""
+    paths = _small_file_paths(target)
+    for directory in sorted({os.path.dirname(p) for p in paths}):
+        os.makedirs(directory, exist_ok=True)
+    start = time.perf_counter()
+    written = _write_small_files(paths, seconds / 2)
+    _sync_file_system(target.workdir)
+    write_seconds = time.perf_counter() - start
+    if not written:
+        raise EngineError("could not write a single small file in time")
+    for path in written:
+        _forget(path)
+    random.Random(0).shuffle(written)
+    read_seconds, files = _read_small_files(written, seconds / 2)
+    return Pass(bytes=files * SMALL_FILE_BYTES, seconds=read_seconds, ops=files,
+                extra={"files": len(written), "write_files_s": round(len(written) / write_seconds, 1),
+                       "cache": "fsync+fadvise"})
+
+
+def _small_file_paths(target: Target) -> list[str]:
+    root = os.path.join(target.workdir, "small")
+    return [os.path.join(root, f"d{i // FILES_PER_DIR:03d}", f"f{i:05d}.bin") for i in range(target.small_files)]
+
+
+def _write_small_files(paths: list[str], seconds: float) -> list[str]:
+    """Create files until done or out of time; returns those written (each one whole)."""
+    body = os.urandom(SMALL_FILE_BYTES - 8)  # incompressible; each file starts with its own number
+    cursor = itertools.count()
+
+    def writer(_: int, stop: threading.Event) -> list[str]:
+        done = []
+        while not stop.is_set() and time.perf_counter() < deadline:
+            index = next(cursor)
+            if index >= len(paths):
+                break
+            with open(paths[index], "wb", buffering=0) as f:
+                f.write(index.to_bytes(8, "little") + body)
+            done.append(paths[index])
+        return done
+
+    deadline = time.perf_counter() + seconds
+    return list(itertools.chain.from_iterable(_Workers(SMALL_FILE_READERS, writer).run()))
+
+
+def _sync_file_system(directory: str) -> None:
+    """syncfs(2) on this file system only; sync(2) where libc has no syncfs."""
+    libc = _libc()
+    syncfs = getattr(libc, "syncfs", None) if libc else None
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def _forget(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _drop_cache(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_small_files(order: list[str], seconds: float) -> tuple[float, int]:
+    cursor = itertools.count()
+
+    def reader(_: int, stop: threading.Event) -> int:
+        done = 0
+        while not stop.is_set() and time.perf_counter() < deadline:
+            index = next(cursor)
+            if index >= len(order):
+                break
+            with open(order[index], "rb", buffering=0) as f:  # open/read/close, like PIL.Image.open
+                while f.read(SMALL_FILE_BYTES):
+                    pass
+            done += 1
+        return done
+
+    start = time.perf_counter()
+    deadline = start + seconds
+    files = sum(_Workers(SMALL_FILE_READERS, reader).run())
+    return time.perf_counter() - start, files
+

@@ -1,0 +1,43 @@
+"""The host benchmarks: storage, network and CPU feed rate. They need no GPU and no torch, so they
+run in gpuvet's own process (each with its own time budget) before the GPU benchmarks."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+HOST = ("disk", "net", "cpu")
+BUDGET_S = {"disk": 10.0, "net": 3.0, "cpu": 10.0}
+# Where a benchmark's failure note goes: the subject its findings are about.
+_SUBJECT = {"net": "loopback", "cpu": "cpu"}
+
+
+def run(names: list[str], paths: list[str], engine: str = "auto",
+        progress: Callable[[str], None] = lambda message: None) -> list[dict[str, Any]]:
+    measurements: list[dict[str, Any]] = []
+    for name in names:
+        progress(f"benchmark {name}")
+        try:
+            measurements += _one(name, paths, engine, progress)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # one broken benchmark must not stop the others
+            subject = paths[0] if name == "disk" and paths else _SUBJECT.get(name, "host")
+            measurements.append({"name": f"bench.{name}", "value": None, "unit": "", "subject": subject,
+                                 "details": {"outcome": "failed", "reason": f"{type(err).__name__}: {err}"}})
+    return measurements
+
+
+def _one(name: str, paths: list[str], engine: str, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    if name == "disk":
+        from . import disk
+
+        return disk.run(paths, engine=engine, budget_s=BUDGET_S["disk"] * max(1, len(paths)) ** 0.5, progress=progress)
+    if name == "net":
+        from . import net
+
+        return net.run_loopback(engine=engine, budget_s=BUDGET_S["net"], progress=progress)
+    if name == "cpu":
+        from . import cpufeed
+
+        return cpufeed.run(budget_s=BUDGET_S["cpu"], progress=progress)
+    raise ValueError(f"unknown host benchmark {name!r}")

@@ -1,0 +1,368 @@
+"""storage.* and net.*: can the disks and the network keep the GPUs fed?
+
+Two yardsticks, and a finding says which one it failed:
+- the device: what its kind (NVMe, SATA SSD, HDD) does when healthy. Falling far short is a FAIL
+  (a throttled, shared or mislabelled volume); falling short is a WARN.
+- the training job: what the GPUs of this machine consume (image-classification figures, see
+  NEED_SOURCE). Falling short is a WARN: the GPUs may wait on data, depending on the job.
+Network file systems, virtual disks ("unknown") and container layers have no device yardstick,
+only the job's.
+"""
+
+from __future__ import annotations
+
+from ..facts import Host, Nic, RdmaPort
+from ..record import Finding, Measurement
+from .bench_common import measured, planned
+from .common import FAIL, PASS, SKIP, WARN, Context, finding
+
+# -- storage yardsticks -----------------------------------------------------------------------
+
+DEVICE_SOURCE = ("typical healthy figures (vendor datasheets): NVMe SSD 2-7 GB/s sequential and 100k+ random "
+                 "4 KiB reads/s at queue depth 32; SATA SSD capped by SATA III at ~550 MB/s, 75-100k reads/s; "
+                 "7200 rpm HDD 120-250 MB/s, 100-200 reads/s")
+# kind -> measurement -> (warn below, fail below, what a healthy one does)
+DEVICE_FLOOR: dict[str, dict[str, tuple[float, float, str]]] = {
+    "nvme": {"disk.seq_read": (1500, 500, "2-7 GB/s"), "disk.seq_write": (1000, 300, "1-6 GB/s"),
+             "disk.rand_read_iops": (50_000, 10_000, "100k+ reads/s")},
+    "ssd": {"disk.seq_read": (250, 80, "~500 MB/s (SATA III)"), "disk.seq_write": (200, 60, "~450 MB/s"),
+            "disk.rand_read_iops": (20_000, 2_000, "75-100k reads/s")},
+    "hdd": {"disk.seq_read": (80, 30, "120-250 MB/s"), "disk.seq_write": (80, 30, "120-250 MB/s"),
+            "disk.rand_read_iops": (75, 30, "100-200 reads/s")},
+}
+# Block volumes that show up as NVMe but are network storage with provisioned limits.
+NETWORK_VOLUME_MODELS = ("Elastic Block Store", "PersistentDisk", "nvme_card-pd", "Virtual_Disk")
+
+NEED_SOURCE = ("gpuvet rule of thumb: ResNet-50 training consumes ~2,500 images/s per A100 (NVIDIA "
+               "DeepLearningExamples, mixed precision) and ImageNet JPEGs average ~110 KB: ~300 MB/s, "
+               "2,500 files or random reads per second per GPU")
+NEED_MB_S_PER_GPU = 300.0
+NEED_SAMPLES_PER_GPU = 2500.0  # files/s or random reads/s
+CHECKPOINT_WRITE_MB_S = 100.0  # below: a 10 GB checkpoint keeps the GPUs idle for minutes
+DEFAULT_DATASET_GB = 50.0  # the seed's example
+DEFAULT_CHECKPOINT_GB = 10.0
+
+CHECKS = {"disk.seq_write": "storage.write", "disk.seq_read": "storage.read",
+          "disk.rand_read_iops": "storage.random_read", "disk.small_files": "storage.small_files"}
+REMEDY_DATA = ("copy the dataset to local NVMe before training, or pack small files into large shards "
+               "(WebDataset tar, TFRecord, LMDB); confirm with `gpuvet bench disk --path DIR` or "
+               "`fio --name=r --rw=read --bs=1M --direct=1 --size=1G --directory=DIR`")
+REMEDY_DEVICE = ("ask the provider which volume type backs this path and its IOPS/throughput limits; "
+                 "check the device with `lsblk -d -o NAME,ROTA,MODEL,SIZE` and `iostat -x 1` while it runs")
+
+
+def check_storage(ctx: Context) -> list[Finding]:
+    if not planned(ctx, "disk"):
+        return []
+    paths = _tested_paths(ctx)
+    if not paths:
+        return [finding("storage.read", "storage", SKIP, "disk was not measured")]
+    findings = []
+    for path in paths:
+        for name, check in CHECKS.items():
+            m = _one(ctx, name, path)
+            findings.append(_storage_finding(ctx, check, m) if m else _not_measured(ctx, "disk", check, path))
+    return findings
+
+
+def _tested_paths(ctx: Context) -> list[str]:
+    names = set(CHECKS) | {"bench.disk"}
+    return list(dict.fromkeys(m.subject for m in ctx.measurements if m.name in names))
+
+
+def _one(ctx: Context, name: str, subject: str) -> Measurement | None:
+    return next((m for m in measured(ctx, name, subject) if m.value is not None), None)
+
+
+def _not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding:
+    """A planned host benchmark that left no figure: its note's reason (never a GPU verdict)."""
+    note = next((m for m in measured(ctx, f"bench.{bench}", subject)), None)
+    if note is None:
+        return finding(check, subject, SKIP, f"{bench} gave no figure here")
+    reason = note.details.get("reason", "no reason given")
+    failed = note.details.get("outcome") == "failed"
+    return finding(check, subject, SKIP, f"the {bench} benchmark could not run: {reason}" if failed else reason)
+
+
+def _storage_finding(ctx: Context, check: str, m: Measurement) -> Finding:
+    details = m.details
+    kind = details.get("kind") or "unknown"
+    where = f"({_describe_kind(kind, details.get('model'))}, {details.get('fs_type') or '?'})"  # the subject is the path
+    measured_text = _measured_text(m)
+    if kind == "tmpfs":
+        return finding(check, m.subject, PASS, f"{_figure(m)} {where}: RAM, not a disk (data here is lost at reboot)",
+                       measured=measured_text)
+    device_status, device_words, device_expected = _against_device(m, kind, details.get("model"))
+    need_status, need_words, need_expected = _against_need(ctx, m)
+    status = _worse(device_status, need_status)
+    words = "; ".join(w for w in (device_words, need_words) if w)
+    expected = "; ".join(e for e in (device_expected, need_expected) if e) or None
+    sources = [s for s, st in ((DEVICE_SOURCE, device_expected), (NEED_SOURCE, need_expected)) if st]
+    remedy = None
+    if status != PASS:
+        remedy = REMEDY_DEVICE if device_status != PASS and device_status is not None else REMEDY_DATA
+    return finding(check, m.subject, status, f"{_figure(m)} {where}{': ' + words if words else ''}",
+                   measured=measured_text, expected=expected, source="; ".join(sources) or None, remedy=remedy)
+
+
+def _describe_kind(kind: str, model: str | None) -> str:
+    label = {"nvme": "NVMe", "ssd": "SATA/SAS SSD", "hdd": "HDD", "network": "network file system",
+             "overlay": "container layer", "tmpfs": "tmpfs", "unknown": "virtual or unknown disk"}.get(kind, kind)
+    return f"{label} {model}" if model else label
+
+
+def _figure(m: Measurement) -> str:
+    label = {"disk.seq_write": "sequential write", "disk.seq_read": "sequential read",
+             "disk.rand_read_iops": "random 4 KiB reads", "disk.small_files": "small-file reads"}[m.name]
+    return f"{label} {_number(m.value)} {m.unit}"
+
+
+def _number(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _measured_text(m: Measurement) -> str:
+    d = m.details
+    parts = [f"{_number(m.value)} {m.unit}", f"engine {d.get('engine', '?')}", f"cache {d.get('cache', '?')}"]
+    if m.name == "disk.rand_read_iops":
+        parts.append(f"depth {d.get('queue_depth')}, p50 {d.get('p50_us')} us, p99 {d.get('p99_us')} us")
+    elif m.name == "disk.small_files":
+        parts.append(f"{d.get('files')} files of {(d.get('file_bytes') or 0) // 1024} KiB, {d.get('readers')} readers, "
+                     f"{_number(d.get('read_mb_s'))} MB/s; created at {_number(d.get('write_files_s'))} files/s")
+    else:
+        parts.append(f"{(d.get('block_size') or 0) // 2**20} MiB blocks x {d.get('queue_depth')} in flight, "
+                     f"{(d.get('bytes') or 0) / 1e9:.2f} GB in {d.get('runtime_s')} s")
+    return "; ".join(parts)
+
+
+def _against_device(m: Measurement, kind: str, model: str | None) -> tuple[str | None, str, str]:
+    floors = DEVICE_FLOOR.get(kind, {}).get(m.name)
+    if floors is None:
+        return None, "", ""
+    warn, fail, healthy = floors
+    volume = model and any(tag in model for tag in NETWORK_VOLUME_MODELS)
+    label = _describe_kind(kind, None)
+    expected = f"a healthy {label} does {healthy} (at least {_number(warn)} {m.unit} expected)"
+    if m.value < fail:
+        words = f"far below any healthy {label} ({healthy})"
+    elif m.value < warn:
+        words = f"below a healthy {label} ({healthy})"
+    else:
+        return PASS, "", expected
+    if volume:
+        words += f"; {model} is a network block volume: its provisioned limits decide this"
+    return (FAIL if m.value < fail else WARN), words, expected
+
+
+def _against_need(ctx: Context, m: Measurement) -> tuple[str | None, str, str]:
+    gpus = max(1, len(ctx.machine.gpus))
+    per = f" for {gpus} GPUs" if gpus > 1 else " for one GPU"
+    if m.name == "disk.seq_write":
+        checkpoint_gb = float(ctx.options.get("checkpoint_gb") or DEFAULT_CHECKPOINT_GB)
+        seconds = checkpoint_gb * 1000 / m.value if m.value else float("inf")
+        words = f"a {checkpoint_gb:g} GB checkpoint takes {_duration(seconds)}"
+        expected = f">= {CHECKPOINT_WRITE_MB_S:.0f} MB/s to save checkpoints without long pauses"
+        return (WARN if m.value < CHECKPOINT_WRITE_MB_S else PASS), words, expected
+    if m.name == "disk.seq_read":
+        dataset_gb = float(ctx.options.get("dataset_gb") or DEFAULT_DATASET_GB)
+        need = NEED_MB_S_PER_GPU * gpus
+        words = f"reading a {dataset_gb:g} GB dataset takes {_duration(dataset_gb * 1000 / m.value)} per epoch"
+        words += _page_cache_hint(ctx.machine.host, dataset_gb)
+        return (WARN if m.value < need else PASS), words, f">= {need:,.0f} MB/s to stream images{per}"
+    need = NEED_SAMPLES_PER_GPU * gpus
+    if m.name == "disk.small_files":
+        dataset_gb = float(ctx.options.get("dataset_gb") or DEFAULT_DATASET_GB)
+        mb_s = m.details.get("read_mb_s") or 0.0
+        epoch = _duration(dataset_gb * 1000 / mb_s) if mb_s else "?"
+        words = f"a {dataset_gb:g} GB dataset of such files takes {epoch} per epoch"
+        if m.value < need:
+            words += f"; the GPUs consume about {need:,.0f} samples/s"
+            if m.details.get("kind") == "network":
+                words += "; every open is a round trip to the file server"
+        return (WARN if m.value < need else PASS), words, f">= {need:,.0f} files/s{per}"
+    words = f"the GPUs consume about {need:,.0f} samples/s" if m.value < need else ""
+    return (WARN if m.value < need else PASS), words, f">= {need:,.0f} random reads/s{per} (shuffled records)"
+
+
+def _page_cache_hint(host: Host | None, dataset_gb: float) -> str:
+    ram = host.memory_total_bytes if host else None
+    if ram and dataset_gb * 1e9 < 0.5 * ram:
+        return f" (after the first epoch it fits in the page cache: {ram / 2**30:.0f} GiB RAM)"
+    return ""
+
+
+def _duration(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "forever"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _worse(*statuses: str | None) -> str:
+    order = {FAIL: 3, WARN: 2, PASS: 1}
+    present = [s for s in statuses if s]
+    return max(present, key=order.__getitem__) if present else PASS
+
+
+# -- network ----------------------------------------------------------------------------------
+
+# The seed's `ping 127.0.0.1` table: 0.02 ms healthy (bare metal 0.03), 0.15 ms behind security-group
+# filtering, 0.38 ms through a container overlay network. gpuvet's round trip adds Python at both
+# ends (~10 us on a 2-core VM, measured: 25-30 us median), so the first bad band starts at 120 us.
+LOOPBACK_WARN_US = 120.0
+LOOPBACK_SOURCE = "seed: ping 127.0.0.1 averages 0.02 ms when healthy, 0.15 ms with filtering, 0.38 ms through overlay networking"
+LOOPBACK_MIN_GBIT = 2.0  # one TCP stream over lo does 5-50 Gbit/s; less means starved CPUs or heavy filtering
+MULTI_NODE_MIN_GBIT = 100.0  # per node, for data-parallel training without RDMA
+NODE_LATENCY_WARN_US = 500.0  # same-zone TCP round trips are 50-200 us as an application sees them
+NODE_LINK_SHARE_WARN = 0.5
+MULTI_NODE_SOURCE = ("seed: multi-node training wants RDMA/RoCE; on plain TCP the speed-up of 8 GPUs fell below 5x. "
+                     "NCCL's ring all-reduce moves 2(n-1)/n of the gradients per step over each node's link")
+
+
+def check_network(ctx: Context) -> list[Finding]:
+    """net.loopback (when the net benchmark was planned), net.nics and net.rdma (when the facts
+    were read), net.node_to_node (for each `gpuvet net test` peer)."""
+    findings = []
+    if planned(ctx, "net"):
+        findings.append(_loopback(ctx))
+    findings += _nics(ctx) + _rdma(ctx) + _node_to_node(ctx)
+    return findings
+
+
+def _loopback(ctx: Context) -> Finding:
+    latency = _one(ctx, "net.loopback_latency", "loopback")
+    throughput = _one(ctx, "net.loopback_throughput", "loopback")
+    if latency is None and throughput is None:
+        return _not_measured(ctx, "net", "net.loopback", "loopback")
+    parts, status = [], PASS
+    if latency:
+        parts.append(f"TCP round trip {latency.value:.0f} us median (p99 {latency.details.get('p99_us')} us, "
+                     f"{latency.details.get('round_trips')} round trips)")
+        if latency.value >= LOOPBACK_WARN_US:
+            status = WARN
+    if throughput:
+        parts.append(f"one stream {throughput.value:.1f} Gbit/s ({throughput.details.get('engine')})")
+        if throughput.value < LOOPBACK_MIN_GBIT:
+            status = WARN
+    text = "; ".join(parts)
+    if status == PASS:
+        return finding("net.loopback", "loopback", PASS, text, measured=text)
+    return finding("net.loopback", "loopback", WARN,
+                   f"slow TCP stack on loopback: {text}: packet filtering, an overlay network or starved CPUs add this to every "
+                   "connection (Jupyter, data loading, monitoring)",
+                   measured=text, expected=f"round trip under {LOOPBACK_WARN_US:.0f} us, one stream over {LOOPBACK_MIN_GBIT:.0f} Gbit/s",
+                   source=LOOPBACK_SOURCE,
+                   remedy="`sudo iptables -S | wc -l` and `sudo nft list ruleset | wc -l` (filter rules), `cat /proc/loadavg` "
+                          "(CPU starvation); inside a container, compare with `--network host`")
+
+
+def _known(ctx: Context, field: str) -> bool:
+    """Whether the live probe read this host fact (captures and older records do not have it)."""
+    host = ctx.machine.host
+    return host is not None and getattr(host, field) is not None
+
+
+def _active_rdma(host: Host) -> list[RdmaPort]:
+    return [p for p in host.rdma or [] if (p.state or "").upper() == "ACTIVE"]
+
+
+def _describe_nic(nic: Nic) -> str:
+    speed = f"{nic.speed_mbps / 1000:g} Gbit/s" if nic.speed_mbps else "speed not reported"
+    return f"{nic.name} ({', '.join(filter(None, [nic.driver, nic.operstate, speed]))})"
+
+
+def _nics(ctx: Context) -> list[Finding]:
+    if not _known(ctx, "nics"):
+        return []
+    host = ctx.machine.host
+    physical = [n for n in host.nics if not n.virtual]
+    if not physical:
+        virtual = ", ".join(n.name for n in host.nics) or "none"
+        return [finding("net.nics", "host", SKIP, f"no physical network interface visible (only {virtual}): "
+                                                   "a container in its own network namespace sees veth devices only")]
+    listing = ", ".join(_describe_nic(n) for n in physical)
+    speeds = [n.speed_mbps for n in physical if n.speed_mbps and n.operstate == "up"]
+    fastest = max(speeds) / 1000 if speeds else None
+    if ctx.options.get("multi_node") and not _active_rdma(host) and fastest is not None and fastest < MULTI_NODE_MIN_GBIT:
+        return [finding("net.nics", "host", WARN,
+                        f"multi-node training over {fastest:g} Gbit/s Ethernet without RDMA: gradient exchange will dominate each step",
+                        measured=listing, expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE",
+                        source=MULTI_NODE_SOURCE,
+                        remedy="ask for instances with InfiniBand/RoCE or 100+ GbE; measure with `gpuvet net serve` / `gpuvet net test HOST`")]
+    hint = "" if speeds else " (virtual NICs do not report a speed: measure with `gpuvet net serve` / `gpuvet net test HOST`)"
+    return [finding("net.nics", "host", PASS, f"{listing}{hint}", measured=listing)]
+
+
+def _describe_port(port: RdmaPort) -> str:
+    rate = f"{port.rate_gbps:g} Gb/s" if port.rate_gbps else "rate ?"
+    return f"{port.device} port {port.port} {port.state or '?'} {rate} {port.link_layer or ''}".strip()
+
+
+def _rdma(ctx: Context) -> list[Finding]:
+    if not _known(ctx, "rdma"):
+        return []
+    host = ctx.machine.host
+    multi_node = bool(ctx.options.get("multi_node"))
+    remedy = ("`ibstat` / `ibv_devinfo` show the ports; NCCL_DEBUG=INFO prints NET/IB when NCCL uses them "
+              "(NET/Socket when it falls back to TCP)")
+    if not host.rdma:
+        if multi_node:
+            return [finding("net.rdma", "host", WARN, "no RDMA device (InfiniBand/RoCE): multi-node all-reduce runs over TCP sockets",
+                            measured="no /sys/class/infiniband devices", expected="InfiniBand or RoCE ports, ACTIVE",
+                            source=MULTI_NODE_SOURCE, remedy=remedy)]
+        scope = "this multi-GPU machine" if len(ctx.machine.gpus) > 1 else "one machine"
+        return [finding("net.rdma", "host", SKIP, f"no RDMA device (InfiniBand/RoCE): not needed on {scope}; "
+                                                   "it matters for multi-node training (judge with the multi-node option)")]
+    listing = ", ".join(_describe_port(p) for p in host.rdma)
+    active = _active_rdma(host)
+    if not active and multi_node:
+        return [finding("net.rdma", "host", WARN, f"RDMA ports present but none ACTIVE: {listing}",
+                        measured=listing, expected="at least one ACTIVE port (phys_state LinkUp)",
+                        source=MULTI_NODE_SOURCE, remedy=remedy)]
+    return [finding("net.rdma", "host", PASS, f"{len(active)} of {len(host.rdma)} RDMA ports ACTIVE: {listing}", measured=listing)]
+
+
+def _node_to_node(ctx: Context) -> list[Finding]:
+    subjects = list(dict.fromkeys(m.subject for m in ctx.measurements
+                                  if m.subject.startswith("net:") and m.name in ("net.tcp_throughput", "net.tcp_latency", "bench.net")))
+    return [_one_peer(ctx, subject) for subject in subjects]
+
+
+def _one_peer(ctx: Context, subject: str) -> Finding:
+    throughput = _one(ctx, "net.tcp_throughput", subject)
+    latency = _one(ctx, "net.tcp_latency", subject)
+    if throughput is None and latency is None:
+        return _not_measured(ctx, "net", "net.node_to_node", subject)
+    peer = subject.removeprefix("net:")
+    parts, problems, expected = [], [], []
+    if latency:
+        parts.append(f"round trip {latency.value:.0f} us median (p99 {latency.details.get('p99_us')} us)")
+        expected.append(f"round trip under {NODE_LATENCY_WARN_US:.0f} us in one zone")
+        if latency.value >= NODE_LATENCY_WARN_US:
+            problems.append("high latency: another zone, a VPN or an overlay network between the nodes")
+    if throughput:
+        streams = throughput.details.get("streams") or 1
+        parts.append(f"{throughput.value:.1f} Gbit/s, {streams} stream{'s' if streams > 1 else ''} ({throughput.details.get('engine')})")
+        link = _fastest_link_gbit(ctx.machine.host)
+        if link:
+            expected.append(f">= {NODE_LINK_SHARE_WARN:.0%} of the {link:g} Gbit/s link")
+            if throughput.value < NODE_LINK_SHARE_WARN * link:
+                problems.append(f"{throughput.value / link:.0%} of this machine's {link:g} Gbit/s link")
+        if ctx.options.get("multi_node") and throughput.value < MULTI_NODE_MIN_GBIT and not _active_rdma(ctx.machine.host or Host()):
+            problems.append("too slow for multi-node training without RDMA")
+            expected.append(f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s or RDMA for multi-node training")
+    text = "; ".join(parts)
+    if problems:
+        return finding("net.node_to_node", subject, WARN, f"to {peer}: {text}: {'; '.join(problems)}", measured=text,
+                       expected="; ".join(expected), source=MULTI_NODE_SOURCE,
+                       remedy=f"iperf3 -c {peer} -P 8 (several streams); check MTU (`ip link`) and that both nodes sit in one "
+                              "zone / placement group")
+    return finding("net.node_to_node", subject, PASS, f"to {peer}: {text}", measured=text)
+
+
+def _fastest_link_gbit(host: Host | None) -> float | None:
+    speeds = [n.speed_mbps for n in (host.nics or []) if not n.virtual and n.speed_mbps and n.operstate == "up"] if host else []
+    return max(speeds) / 1000 if speeds else None

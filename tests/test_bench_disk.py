@@ -1,0 +1,302 @@
+"""The disk benchmark on this machine's real disk: both engines, the page cache kept out, test
+files always removed, and clear skips for directories it cannot use."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpuvet.bench import disk
+from gpuvet.probe.host import storage_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = 64 * disk.MIB  # test size: big enough to time, small enough to keep each run ~1.5 s
+BUDGET_S = 2.0
+FIGURES = ("disk.seq_write", "disk.seq_read", "disk.rand_read_iops", "disk.small_files")
+
+
+@pytest.fixture
+def disk_dir(tmp_path):
+    """A directory on a real disk: tmp_path unless that is tmpfs (RAM), else one in the project."""
+    if storage_for(str(tmp_path)).kind != "tmpfs":
+        yield str(tmp_path)
+        return
+    directory = tempfile.mkdtemp(prefix="disk-test-", dir=ROOT)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def no_fio(monkeypatch, tmp_path):
+    """Hide fio (and everything else) from gpuvet by pointing PATH at an empty directory."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    assert disk.find_fio() is None
+
+
+needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install fio)")
+
+
+def leftovers(directory: str) -> list[str]:
+    return [name for name in os.listdir(directory) if name.startswith(disk.TEMP_PREFIX)]
+
+
+def by_name(results: list[dict]) -> dict[str, dict]:
+    return {m["name"]: m for m in results}
+
+
+def check_figures(results: list[dict], directory: str, engine: str) -> dict[str, dict]:
+    found = by_name(results)
+    assert "bench.disk" not in found, found.get("bench.disk")
+    assert set(found) == set(FIGURES)
+    kind = storage_for(directory).kind
+    for name in FIGURES:
+        m = found[name]
+        assert m["subject"] == directory and m["value"] > 0
+        assert m["details"]["kind"] == kind and m["details"]["fs_type"]
+        assert m["details"]["engine"] == (engine if name != "disk.small_files" else "builtin")
+    rand = found["disk.rand_read_iops"]["details"]
+    assert rand["queue_depth"] == disk.RAND_DEPTH and rand["block_size"] == 4096
+    assert 0 < rand["p50_us"] <= rand["p99_us"]
+    assert found["disk.seq_write"]["details"]["bytes"] <= SMALL
+    assert found["disk.small_files"]["details"]["files"] >= 10  # thousands in a real run; the test's budget is tiny
+    # A read served by the page cache runs at memory speed, many times what the disk writes.
+    assert found["disk.seq_read"]["value"] < 4 * found["disk.seq_write"]["value"]
+    return found
+
+
+# -- both engines, really run -----------------------------------------------------------------
+
+@needs_fio
+def test_fio_engine_measures_all_four(disk_dir):
+    found = check_figures(disk.run([disk_dir], engine="fio", budget_s=BUDGET_S, max_bytes=SMALL), disk_dir, "fio")
+    assert found["disk.seq_read"]["details"]["cache"] in ("O_DIRECT", "fsync+fadvise")
+    assert leftovers(disk_dir) == []
+
+
+def test_builtin_engine_when_fio_is_hidden(disk_dir, no_fio, tmp_path):
+    missing = str(tmp_path / "gone")  # and a second path it cannot use: a note for that one only
+    results = disk.run([missing, disk_dir], budget_s=2 * BUDGET_S, max_bytes=SMALL)
+    assert [m["name"] for m in results if m["subject"] == missing] == ["bench.disk"]
+    found = check_figures([m for m in results if m["subject"] == disk_dir], disk_dir, "builtin")
+    details = found["disk.seq_read"]["details"]
+    if details["cache"] == "O_DIRECT" and disk.KernelAio.available():
+        assert details["io"] == "linux-aio"
+    assert leftovers(disk_dir) == []
+
+
+def test_builtin_engine_without_o_direct_flushes_and_drops_the_cache(disk_dir, no_fio, monkeypatch):
+    monkeypatch.setattr(disk, "direct_io_works", lambda directory: False)  # as on a FUSE mount
+    found = check_figures(disk.run([disk_dir], budget_s=BUDGET_S, max_bytes=SMALL), disk_dir, "builtin")
+    assert {m["details"]["cache"] for m in found.values()} == {"fsync+fadvise"}
+    assert found["disk.rand_read_iops"]["details"]["io"] == "threads"
+    assert found["disk.seq_write"]["details"]["fsync_s"] >= 0
+
+
+def test_fio_requested_but_missing_is_a_skip_note(disk_dir, no_fio):
+    (note,) = disk.run([disk_dir], engine="fio")
+    assert note["name"] == "bench.disk" and note["details"]["outcome"] == "skipped"
+    assert "fio is not installed" in note["details"]["reason"] and leftovers(disk_dir) == []
+
+
+# -- the page cache stays out (checked with mincore(2), which reads nothing itself) -----------
+
+def resident_bytes(path: str) -> int:
+    """Bytes of `path` in the page cache: mmap the file and ask mincore which pages are resident."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size, page = os.path.getsize(path), os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            pages = ctypes.create_string_buffer((size + page - 1) // page)
+            assert libc.mincore(address, size, pages) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in pages.raw) * page
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def mincore_works(disk_dir):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("mincore residency check written for Linux")
+    probe = os.path.join(disk_dir, "probe")
+    with open(probe, "wb") as f:
+        f.write(b"x" * 65536)
+    try:
+        if resident_bytes(probe) != 65536:
+            pytest.skip("mincore does not report this file system's page cache")
+    finally:
+        os.unlink(probe)
+
+
+def target_in(directory: str, direct: bool) -> disk.Target:
+    return disk.Target(path=directory, workdir=directory, file=os.path.join(directory, "seq.bin"), size=SMALL // 4,
+                       small_files=0, direct=direct, storage=storage_for(directory))
+
+
+def test_direct_io_never_fills_the_page_cache(disk_dir, mincore_works):
+    target = target_in(disk_dir, direct=disk.direct_io_works(disk_dir))
+    if not target.direct:
+        pytest.skip("this file system refuses O_DIRECT")
+    engine = disk.BuiltinEngine()
+    written = engine.seq_write(target, 5.0).bytes
+    assert written == target.size and resident_bytes(target.file) == 0
+    engine.seq_read(target, 5.0, written)
+    engine.rand_read(target, 0.2, written)
+    assert resident_bytes(target.file) == 0
+
+
+def test_fadvise_drops_a_flushed_file_from_the_cache(disk_dir, mincore_works):
+    """The fallback where O_DIRECT is refused: written pages are flushed, then dropped."""
+    path = os.path.join(disk_dir, "buffered.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    assert resident_bytes(path) == 1 << 20
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        disk._drop_cache(fd)
+    finally:
+        os.close(fd)
+    assert resident_bytes(path) == 0
+
+
+# -- test files are always removed ------------------------------------------------------------
+
+def interrupt_at(phase: str):
+    def progress(message: str) -> None:
+        if phase in message:
+            raise KeyboardInterrupt
+    return progress
+
+
+@pytest.mark.parametrize("engine", [pytest.param("fio", marks=needs_fio), "builtin"])
+def test_ctrl_c_between_passes_removes_the_test_files(disk_dir, engine):
+    with pytest.raises(KeyboardInterrupt):
+        disk.run([disk_dir], engine=engine, budget_s=BUDGET_S, max_bytes=SMALL, progress=interrupt_at("random"))
+    assert leftovers(disk_dir) == []
+
+
+def test_error_in_the_middle_of_random_reads_keeps_earlier_figures_and_cleans_up(disk_dir, no_fio, monkeypatch):
+    def failing_offsets(size: int, block: int, seed: int = 0):
+        calls = iter(range(200))
+        def next_offset() -> int:
+            if next(calls, None) is None:
+                raise OSError(errno.EIO, "injected IO error")
+            return 0
+        return next_offset
+
+    monkeypatch.setattr(disk, "_random", failing_offsets)  # fails with requests in flight
+    results = by_name(disk.run([disk_dir], budget_s=BUDGET_S, max_bytes=SMALL))
+    assert results["disk.seq_write"]["value"] > 0 and results["disk.seq_read"]["value"] > 0
+    note = results["bench.disk"]["details"]
+    assert note["outcome"] == "failed" and "injected IO error" in note["reason"]
+    assert leftovers(disk_dir) == []
+
+
+def test_ctrl_c_while_reading_small_files_removes_them(disk_dir, no_fio, monkeypatch):
+    def interrupted(order, seconds):
+        assert order and all(os.path.exists(p) for p in order)  # the small files exist now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(disk, "_read_small_files", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        disk.run([disk_dir], budget_s=BUDGET_S / 2, max_bytes=SMALL)
+    assert leftovers(disk_dir) == []
+
+
+# -- directories it cannot use ----------------------------------------------------------------
+
+def only_note(results: list[dict]) -> dict:
+    (note,) = results
+    assert note["name"] == "bench.disk" and note["value"] is None and note["details"]["outcome"] == "skipped"
+    return note
+
+
+def test_missing_directory_and_file_are_skipped(tmp_path):
+    missing = str(tmp_path / "nope")
+    assert "does not exist" in only_note(disk.run([missing]))["details"]["reason"]
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "not a directory" in only_note(disk.run([str(a_file)]))["details"]["reason"]
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory gpuvet cannot write in: a read-only bind mount as root, mode 0555 otherwise."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        yield str(directory), "no permission"
+        directory.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(directory), str(directory)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root without mount rights: {mounted.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True, capture_output=True)
+        yield str(directory), "read-only file system"
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_read_only_directory_is_a_clear_skip(read_only_dir):
+    directory, why = read_only_dir
+    assert why in only_note(disk.run([directory]))["details"]["reason"]
+
+
+def test_full_disk_is_a_skip_and_writes_nothing(disk_dir, monkeypatch):
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 200 * disk.MIB)
+    reason = only_note(disk.run([disk_dir]))["details"]["reason"]
+    assert "only 200 MiB free" in reason and leftovers(disk_dir) == []
+
+
+@pytest.mark.parametrize("free, expected", [
+    (100 * disk.GIB, disk.GIB),  # capped at 1 GiB
+    (2 * disk.GIB, 204 * disk.MIB),  # 10% of the free space, whole MiB
+    (200 * disk.MIB, None),  # 20 MiB would be too little to measure
+])
+def test_test_size_is_a_tenth_of_free_space_at_most_1_gib(free, expected):
+    assert disk.allowed_bytes(free) == expected
+
+
+def test_not_writable_reasons():
+    assert "read-only" in disk._not_writable(OSError(errno.EROFS, "Read-only file system", "/data"))
+    assert "no permission" in disk._not_writable(OSError(errno.EACCES, "Permission denied", "/data"))
+    assert "no space left" in disk._not_writable(OSError(errno.ENOSPC, "No space left", "/data"))
+
+
+
+# -- fio output -------------------------------------------------------------------------------
+
+def test_fio_json_is_found_after_warnings_and_errors_are_reported():
+    text = 'fio: this platform does not support process shared mutexes, forcing use of threads\n{"jobs": [{"error": 0, "read": {}}]}'
+    assert disk.parse_fio_json(text)["jobs"][0]["error"] == 0
+    with pytest.raises(disk.EngineError, match="O_DIRECT"):
+        disk._fio_job('{"jobs": [{"error": 22}]}', "fio: looks like your file system does not support direct=1/buffered=0\n"
+                      "fio: destination does not support O_DIRECT", 1)
+    with pytest.raises(disk.EngineError, match="exit status 1"):
+        disk._fio_job("", "", 1)

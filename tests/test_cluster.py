@@ -1,0 +1,424 @@
+"""Cluster mode (gpuvet.cluster): the launcher environment, the plan and the cross-node results,
+and the whole flow for real: several `python -m gpuvet.cluster` processes on this machine, each a
+"node" with its own name and store, meeting over torch.distributed's TCPStore and gloo.
+
+The processes use --quick (facts only) and a tiny cross-node all-reduce and ring (1 MiB) so the
+file stays fast; most of its time is each process importing PyTorch. Waits are bounded by
+generous timeouts that only guard against a hang: no assertion depends on how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gpuvet import cluster
+from gpuvet.cluster import (LaunchError, NodeState, Options, Plan, combine_rank_reports, cross_measurements,
+                            expand_hostlist, launch_from_env, make_plan, print_launch, shuffled_rings, summarise_record)
+from gpuvet.judge.cluster import ALLREDUCE_BUSBW, NOTE, RING
+from gpuvet.store import Store
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+GUARD_S = 180  # a process still running after this is hung: the test fails (never reached when healthy)
+
+
+# == unit: where am I ==========================================================================
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("a1,b[2-3]", ["a1", "b2", "b3"]),
+    ("gpu[008-010]", ["gpu008", "gpu009", "gpu010"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("single", ["single"]),
+    ("x[9-11]y,z", ["x9y", "x10y", "x11y", "z"]),
+])
+def test_slurm_host_lists_expand(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+def test_a_malformed_host_range_is_refused():
+    with pytest.raises(LaunchError):
+        expand_hostlist("node[a-c]")
+
+
+def test_torchrun_environment():
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400",
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "0"}
+    launch = launch_from_env(env)
+    assert (launch.kind, launch.rank, launch.world_size, launch.master_addr, launch.master_port) == ("torchrun", 3, 8, "10.0.0.1", 29400)
+    assert launch.agent_store and launch.cluster_id == "abc-0"
+
+
+def test_torchrun_with_several_processes_per_node_is_refused():
+    env = {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    with pytest.raises(LaunchError, match="--nproc-per-node 1"):
+        launch_from_env(env)
+
+
+def test_slurm_environment_takes_the_first_host_as_master():
+    env = {"SLURM_PROCID": "2", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2", "SLURM_JOB_ID": "123456",
+           "SLURM_JOB_NODELIST": "gpu[01-04,07]"}
+    launch = launch_from_env(env)
+    assert (launch.kind, launch.rank, launch.world_size, launch.master_addr) == ("slurm", 2, 5, "gpu01")
+    assert launch.master_port == 20000 + 123456 % 20000 and launch.cluster_id == "slurm-123456"
+    assert launch.expected_nodes == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]
+    assert launch_from_env({**env, "MASTER_PORT": "4000"}).master_port == 4000
+    assert launch_from_env(env, port=5000).master_port == 5000
+
+
+def test_slurm_with_more_tasks_than_nodes_is_refused():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "16", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_JOB_ID": "1"}
+    with pytest.raises(LaunchError, match="ntasks-per-node=1"):
+        launch_from_env(env)
+
+
+def test_without_a_launcher_the_error_shows_how_to_start():
+    with pytest.raises(LaunchError, match="torchrun --nnodes"):
+        launch_from_env({})
+
+
+def test_print_launch_inside_and_outside_slurm():
+    inside = print_launch({"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4"}, python="/venv/bin/python")
+    assert inside.startswith("srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=0 /venv/bin/python -m gpuvet.cluster")
+    counted = print_launch({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-3]"})
+    assert "--nodes=3" in counted
+    outside = print_launch({}, options=["--quick"])
+    assert outside.startswith("torchrun --nnodes <NUMBER_OF_NODES> --nproc-per-node 1 --rdzv-backend c10d "
+                              "--rdzv-endpoint <FIRST_NODE_HOST>:")
+    assert "-m gpuvet.cluster" in outside and outside.endswith("--quick")
+
+
+def test_the_route_to_loopback_is_lo():
+    assert cluster.interface_towards("127.0.0.1") == "lo"
+
+
+# == unit: what a node ships, what rank 0 plans ===============================================
+
+def test_time_series_are_summarised_unless_asked():
+    series = {"name": "sustained.telemetry", "subject": "gpu0", "interval_s": 0.5, "columns": ["t", "power_w"],
+              "rows": [[0.0, 100.0], [0.5, 300.0], [1.0, 200.0]]}
+    record = {"schema": "gpuvet.run/1", "series": [series]}
+    shipped = summarise_record(record)
+    assert shipped["series"] == [] and record["series"] == [series]
+    assert shipped["series_summary"][0]["stats"]["power_w"] == {"min": 100.0, "median": 200.0, "max": 300.0,
+                                                                "first": 100.0, "last": 200.0}
+    assert summarise_record(record, keep_series=True)["series"] == [series]
+
+
+def test_rings_are_shuffled_permutations():
+    rings = shuffled_rings(6, 3, random.Random(0))
+    assert len(rings) == 3 and all(sorted(r) == list(range(6)) for r in rings)
+    assert len({tuple(r) for r in rings}) > 1
+    assert shuffled_rings(1, 3, random.Random(0)) == []
+
+
+def test_nccl_with_one_rank_per_gpu_when_every_node_has_gpus_else_gloo():
+    ready = {0: {"name": "a", "gpus": 8}, 1: {"name": "b", "gpus": 4}}
+    plan = make_plan(ready, Options(device="cuda"), random.Random(0))
+    assert (plan.backend, plan.device, plan.ranks_per_node, plan.names) == ("nccl", "cuda", 4, ["a", "b"])
+    assert plan.allreduce_max_bytes == 1024 * 2**20
+    mixed = make_plan({**ready, 2: {"name": "c", "gpus": 0}}, Options(device="cuda"), random.Random(0))
+    assert (mixed.backend, mixed.ranks_per_node) == ("gloo", 1) and "c" in mixed.notes[0]
+    assert make_plan(ready, Options(device="cpu", allreduce_max_mib=1, ring_mib=1), random.Random(0)).ring_bytes == 2**20
+
+
+def _plan(rounds: list[list[int]], ranks_per_node: int = 2) -> Plan:
+    return Plan([0, 5, 9], ["a", "b", "c"], ranks_per_node, "nccl", "cuda", 2**20, 2**20, 5, rounds, 60.0)
+
+
+def test_a_nodes_local_ranks_add_up_rail_by_rail():
+    plan = _plan([[0, 1, 2]])
+    reports = [{"allreduce": {"rows": [{"bytes": 1}]}, "ring": [{"round": 0, "bytes": 100, "seconds": 0.5, "wrong": 0}], "finished": True},
+               {"allreduce": {"rows": [{"bytes": 1}]}, "ring": [{"round": 0, "bytes": 100, "seconds": 1.0, "wrong": 0}], "finished": True}]
+    result = combine_rank_reports(plan, 1, reports, None)
+    assert result["ring"] == [{"round": 0, "src_member": 0, "bytes": 200, "seconds": 1.0, "wrong": 0}]
+    assert result["errors"] == [] and result["allreduce"] == [{"bytes": 1}]
+
+
+def test_a_broken_transfer_counts_against_its_pair_but_an_abort_does_not():
+    plan = _plan([[0, 1, 2], [2, 1, 0]], ranks_per_node=1)
+    broken = [{"ring": [{"round": 0, "bytes": 1, "seconds": 1, "wrong": 0}], "finished": False,
+               "error": {"step": "ring round 2: transfer", "error": "Connection reset by peer"}}]
+    assert combine_rank_reports(plan, 1, broken, None)["ring"][1] == {"round": 1, "src_member": 2, "error": "Connection reset by peer"}
+    stopped = [{"ring": [], "finished": False, "step": "ring round 1: transfer", "error": None}]
+    result = combine_rank_reports(plan, 1, stopped, "aborted: c went silent")
+    assert result["ring"] == [] and result["errors"][0]["error"] == "aborted: c went silent"
+    barrier = [{"ring": [], "finished": False, "error": {"step": "ring round 1: barrier", "error": "peer gone"}}]
+    assert combine_rank_reports(plan, 1, barrier, None)["ring"] == []  # the barrier is everyone's, not this pair's
+
+
+def test_cross_node_results_become_named_measurements():
+    plan = _plan([[0, 1, 2]], ranks_per_node=1)
+    rows = [{"bytes": 2**20, "time_us": 100.0, "algbw_gbps": 10.0, "busbw_gbps": 13.3, "iterations": 5, "wrong": 0}]
+    nodes = [NodeState(0, "a", "done", cross={"allreduce": rows, "ring": [{"round": 0, "src_member": 2, "bytes": 10**9, "seconds": 0.1,
+                                                                         "wrong": 0}], "errors": [], "aborted": None}),
+             NodeState(5, "b", "done", cross={"allreduce": rows, "ring": [], "errors": [], "aborted": None}),
+             NodeState(9, "c", "failed", reason="it stopped answering (no heartbeat for 3 s)")]
+    measurements = cross_measurements(plan, nodes)
+    ring = next(m for m in measurements if m.name == RING)
+    assert (ring.subject, ring.value) == ("c->a", pytest.approx(10.0))
+    assert next(m for m in measurements if m.name == ALLREDUCE_BUSBW).details["members"] == ["a", "b", "c"]
+    note = next(m for m in measurements if m.name == NOTE)
+    assert note.details["nodes"] == ["c"] and "no result from c" in note.details["reason"]
+
+
+def test_a_vet_that_hangs_is_reported_not_waited_for():
+    outcome = cluster.vet_with_deadline(Options(test_pause_at="vet"), 0.5, lambda step: None)
+    assert outcome.hung and outcome.record is None and "did not finish in 0 s" in outcome.error
+
+
+def test_out_must_not_eat_a_file_that_is_not_a_cluster_record(tmp_path):
+    mine = tmp_path / "train.py"
+    mine.write_text("print('hello')\n")
+    assert "not a gpuvet cluster record" in cluster.check_out_path(str(mine))
+    assert cluster.check_out_path(str(tmp_path / "new.json")) is None
+    assert "does not exist" in cluster.check_out_path(str(tmp_path / "no" / "x.json"))
+
+
+# == real processes ===========================================================================
+
+class Nodes:
+    """`python -m gpuvet.cluster` processes started as a launcher would, one per "node"."""
+
+    def __init__(self, tmp_path: Path, world_size: int, master: str = "127.0.0.1", port: int | None = None):
+        from gpuvet.bench.allreduce import free_port
+
+        self.tmp, self.world_size, self.master = tmp_path, world_size, master
+        self.port = port or free_port()
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, rank: int, *extra: str, netns: str | None = None) -> subprocess.Popen:
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": self.master, "MASTER_PORT": str(self.port), "PYTHONPATH": SRC, "NO_COLOR": "1"}
+        command = [sys.executable, "-m", "gpuvet.cluster", "--node-name", self.name(rank), "--device", "cpu", "--quick",
+                   "--allreduce-max-mib", "1", "--ring-mib", "1", "--db", str(self.db(rank)), "--dead-after", "3",
+                   "--join-timeout", "60", *extra]
+        if rank == 0:
+            command += ["--out", str(self.out)]
+        if netns:
+            command = ["ip", "netns", "exec", netns, *command]
+        with open(self.tmp / f"out{rank}.txt", "wb") as out, open(self.tmp / f"err{rank}.txt", "wb") as err:
+            self.procs[rank] = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
+        return self.procs[rank]
+
+    def name(self, rank: int) -> str:
+        return f"node-{rank}"
+
+    def db(self, rank: int) -> Path:
+        return self.tmp / f"{self.name(rank)}.sqlite3"
+
+    @property
+    def out(self) -> Path:
+        return self.tmp / "cluster.json"
+
+    def stdout(self, rank: int) -> str:
+        return (self.tmp / f"out{rank}.txt").read_text()
+
+    def stderr(self, rank: int) -> str:
+        return (self.tmp / f"err{rank}.txt").read_text()
+
+    def wait(self, rank: int) -> int:
+        try:
+            return self.procs[rank].wait(timeout=GUARD_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"node {rank} still running after {GUARD_S} s; stderr: {self.stderr(rank)[-2000:]}")
+
+    def wait_for_text(self, rank: int, text: str) -> None:
+        deadline = time.monotonic() + GUARD_S
+        while text not in self.stderr(rank):
+            if self.procs[rank].poll() is not None:
+                pytest.fail(f"node {rank} exited before printing {text!r}: {self.stderr(rank)[-2000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"node {rank} never printed {text!r}")
+            time.sleep(0.1)
+
+    def kill(self, rank: int) -> None:
+        os.killpg(self.procs[rank].pid, signal.SIGKILL)
+        self.procs[rank].wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+    def record(self) -> dict:
+        return json.loads(self.out.read_text())
+
+
+@pytest.fixture
+def nodes_factory(tmp_path):
+    made: list[Nodes] = []
+
+    def make(world_size: int, **kwargs) -> Nodes:
+        made.append(Nodes(tmp_path, world_size, **kwargs))
+        return made[-1]
+
+    yield make
+    for nodes in made:  # a failed test leaves no process behind
+        nodes.stop_all()
+
+
+def _node(record: dict, name: str) -> dict:
+    return next(n for n in record["nodes"] if n["name"] == name)
+
+
+def _finding(record: dict, check: str, subject: str | None = None) -> dict:
+    return next(f for f in record["findings"] if f["check"] == check and (subject is None or f["subject"] == subject))
+
+
+def test_three_nodes_vet_meet_and_report(nodes_factory):
+    nodes = nodes_factory(3)
+    for rank in range(3):
+        nodes.start(rank)
+    codes = {rank: nodes.wait(rank) for rank in range(3)}
+    record = nodes.record()
+
+    assert record["schema"] == "gpuvet.cluster/1" and record["launcher"]["world_size"] == 3
+    assert codes[0] == (1 if record["verdict"] == "fail" else 0), nodes.stderr(0)
+    assert [(n["name"], n["rank"], n["status"]) for n in record["nodes"]] == [("node-0", 0, "ok"), ("node-1", 1, "ok"), ("node-2", 2, "ok")]
+    for rank in range(3):
+        node = _node(record, nodes.name(rank))
+        assert node["record"]["schema"] == "gpuvet.run/1"
+        assert node["record"]["options"]["cluster"] == {"id": record["cluster_id"], "node": nodes.name(rank), "rank": rank,
+                                                        "world_size": 3, "launcher": "torchrun"}
+        with Store(nodes.db(rank), create=False) as store:  # every node's record also lands in its own store
+            stored = store.get(node["saved_run"])
+        assert stored.options["cluster"]["node"] == nodes.name(rank)
+        assert codes[rank] == (1 if stored.verdict == "fail" else 0)
+
+    measurements = record["cross_node"]["measurements"]
+    busbw = next(m for m in measurements if m["name"] == ALLREDUCE_BUSBW)
+    assert busbw["value"] > 0 and busbw["details"]["check_ok"] and busbw["details"]["world_size"] == 3
+    assert busbw["details"]["backend"] == "gloo" and busbw["details"]["largest_bytes"] == 2**20
+    ring = [m for m in measurements if m["name"] == RING]
+    assert len(ring) == 9  # 3 shuffled rounds x 3 nodes, each receiving from its predecessor
+    assert all(m["value"] > 0 and m["details"]["wrong"] == 0 for m in ring)
+    names = {nodes.name(r) for r in range(3)}
+    assert all(m["details"]["src"] in names and m["details"]["dst"] in names and m["details"]["src"] != m["details"]["dst"]
+               for m in ring)
+    assert not [m for m in measurements if m["name"] == NOTE]
+    assert _finding(record, "cluster.nodes")["status"] == "pass"
+    assert _finding(record, "cluster.allreduce")["status"] in ("pass", "warn", "fail")
+
+    report = nodes.stdout(0)
+    node_lines = [line for line in report.splitlines() if " rank " in line]
+    assert sorted(line.split()[1] for line in node_lines) == sorted(names)
+    assert "Cross-node" in report and f"cluster record: {nodes.out}" in report
+    for rank in (1, 2):
+        assert f"node-{rank} (rank {rank}): local verdict" in nodes.stdout(rank)
+        assert f"cluster verdict {record['verdict'].upper()}" in nodes.stdout(rank)
+
+
+def test_a_node_killed_mid_run_and_one_that_never_joined_are_named(nodes_factory):
+    """World of 4: node-3 never starts; node-2 stops inside the cross-node phase (as a hung rank
+    would) and is killed there. The two others finish, and the report names both by name."""
+    nodes = nodes_factory(4)
+    join = ("--join-timeout", "12", "--nodes", "node-[0-3]")
+    nodes.start(1, *join)  # started first: they wait for rank 0's store, and join as soon as it is up
+    nodes.start(2, *join, "--test-pause-at", "cross")
+    nodes.start(0, *join)
+    nodes.wait_for_text(2, "paused at cross-node")
+    nodes.kill(2)
+    codes = {rank: nodes.wait(rank) for rank in (0, 1)}
+    record = nodes.record()
+
+    assert codes[0] == 1 and record["verdict"] == "fail"  # a node missing and one failed: the cluster fails
+    assert codes[1] == 0, nodes.stderr(1)
+    missing, killed = _node(record, "node-3"), _node(record, "node-2")
+    assert missing["status"] == "missing" and "never joined" in missing["reason"] and missing["record"] is None
+    assert killed["status"] == "failed" and "stopped answering" in killed["reason"]
+    assert killed["step"] == "cross-node measurements"
+    assert killed["record"] is not None  # posted before it died: its facts are still in the report
+    assert [_node(record, n)["status"] for n in ("node-0", "node-1")] == ["ok", "ok"]
+    assert "node-3 is missing" in _finding(record, "cluster.nodes", "node:node-3")["summary"]
+    assert "node-2 failed" in _finding(record, "cluster.nodes", "node:node-2")["summary"]
+    note = next(m for m in record["cross_node"]["measurements"] if m["name"] == NOTE)
+    assert note["details"]["outcome"] == "aborted" and "node-2" in note["details"]["reason"]
+
+    report = nodes.stdout(0)
+    node_lines = [line for line in report.splitlines() if " rank " in line]
+    assert [line.split()[:2] for line in node_lines[:2]] == [["MISSING", "node-3"], ["FAILED", "node-2"]]
+    assert "cluster verdict FAIL" in nodes.stdout(1)
+
+
+# == two hosts joined by a real (virtual) link ================================================
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@contextmanager
+def two_hosts():
+    """Two network namespaces joined by a veth pair, shaped to 200 Mbit/s each way: two hosts
+    whose only path between them is that link."""
+    tag = uuid.uuid4().hex[:6]
+    spaces, links = (f"gva{tag}", f"gvb{tag}"), (f"gva{tag}", f"gvb{tag}")
+    try:
+        for space in spaces:
+            _ip("netns", "add", space)
+        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for space, link, address in zip(spaces, links, ("10.231.77.1/24", "10.231.77.2/24")):
+            _ip("link", "set", link, "netns", space)
+            _ip("-n", space, "addr", "add", address, "dev", link)
+            _ip("-n", space, "link", "set", link, "up")
+            _ip("-n", space, "link", "set", "lo", "up")
+            subprocess.run(["ip", "netns", "exec", space, "tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", "200mbit",
+                            "burst", "64kb", "latency", "400ms"], check=True, capture_output=True)
+        yield spaces, links
+    finally:
+        for space in spaces:
+            _ip("netns", "del", space, check=False)
+
+
+def _netns_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    try:
+        probe = f"gvprobe{uuid.uuid4().hex[:6]}"
+        _ip("netns", "add", probe)
+        _ip("netns", "del", probe)
+        subprocess.run(["tc", "-V"], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        return f"ip netns / tc not usable here: {err}"
+    return None
+
+
+def _tx_bytes(space: str, link: str) -> int:
+    out = subprocess.run(["ip", "netns", "exec", space, "cat", f"/sys/class/net/{link}/statistics/tx_bytes"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(_netns_unavailable() is not None, reason=str(_netns_unavailable()))
+def test_two_hosts_measured_across_a_shaped_link(nodes_factory):
+    """The cross-node path crosses the veth: the bytes counted on it cover the transfers, and no
+    transfer beats the 200 Mbit/s (0.025 GB/s) the link is shaped to. The ranks run in processes
+    of their own here, the path NCCL ranks take on GPUs."""
+    with two_hosts() as (spaces, links):
+        nodes = nodes_factory(2, master="10.231.77.1", port=29517)
+        before = _tx_bytes(spaces[0], links[0]), _tx_bytes(spaces[1], links[1])
+        nodes.start(0, "--rank-processes", netns=spaces[0])
+        nodes.start(1, "--rank-processes", netns=spaces[1])
+        codes = [nodes.wait(0), nodes.wait(1)]
+        sent = [_tx_bytes(spaces[0], links[0]) - before[0], _tx_bytes(spaces[1], links[1]) - before[1]]
+    record = nodes.record()
+    assert codes[1] == 0, nodes.stderr(1)
+    assert [n["status"] for n in record["nodes"]] == ["ok", "ok"], nodes.stderr(0)
+    ring = [m for m in record["cross_node"]["measurements"] if m["name"] == RING]
+    assert len(ring) == 6 and all(m["value"] is not None for m in ring)
+    assert max(m["value"] for m in ring) < 0.025 * 1.1  # bytes / time of a shaped link, with slack for its burst
+    ring_bytes = sum(m["details"]["bytes"] for m in ring) // 2  # each node received half of them
+    assert min(sent) > ring_bytes  # (warm-up and all-reduce traffic come on top)
+    busbw = next(m for m in record["cross_node"]["measurements"] if m["name"] == ALLREDUCE_BUSBW)
+    assert 0 < busbw["value"] < 0.025 * 1.1 and busbw["details"]["check_ok"]

@@ -1,0 +1,345 @@
+"""The cluster judgement (judge/cluster.py) and its report, on records of SYNTHETIC clusters.
+
+Every synthetic node is the real record `gpuvet inspect` makes of the 8x H100 capture
+(tests/fixtures/smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt), with invented benchmark
+figures, network facts and faults added: no machine here has eight GPUs, let alone 1,000 nodes.
+`benchmarks/cluster_scale.py` times the same generator at 100 / 1,000 / 5,000 nodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpuvet import runner
+from gpuvet.judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, NOTE, RING, FAILED, MISSING, NodeEntry, RingPair,
+                                  attribute_ring, judge_cluster, natural_key, robust_baseline)
+from gpuvet.record import FAIL, PASS, SKIP, WARN, Measurement
+
+CAPTURE = Path(__file__).parent / "fixtures" / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"
+
+# Typical figures of a healthy H100 SXM node (invented around published ones) and their noise.
+HEALTHY = {"gemm.bf16": (760.0, "TFLOPS", 0.015), "membw.copy": (2900.0, "GB/s", 0.01),
+           "pcie.h2d_pinned": (52.0, "GB/s", 0.02), "latency.kernel_launch": (4.5, "us", 0.05)}
+RING_GBS = 360.0  # per node pair, rail to rail over 8 x 400 Gb/s (400 GB/s) at 90%; invented
+
+
+def template_record() -> dict:
+    """The record `gpuvet inspect CAPTURE --out FILE` writes."""
+    return runner.inspect([str(CAPTURE)]).to_dict()
+
+
+def _host(rdma_state: str = "ACTIVE") -> dict:
+    return {"hostname": None, "nics": [{"name": "eth0", "speed_mbps": 100000, "operstate": "up", "virtual": False}],
+            "rdma": [{"device": f"mlx5_{i}", "port": 1, "state": rdma_state, "rate_gbps": 400.0, "link_layer": "InfiniBand"}
+                     for i in range(8)]}
+
+
+def synthetic_cluster(nodes: int, seed: int = 7, template: dict | None = None) -> tuple[list[NodeEntry], list[Measurement], dict]:
+    """`nodes` SYNTHETIC 8-GPU nodes named node-0000... with these faults (when the cluster is big
+    enough to hold them): node-0017 gpu3 at 62% bf16 GEMM; node-0333 gpu5 at 70% memory copy;
+    node-0500 power-capped to 500 W (every GPU at 86% GEMM); node-0900 on another driver;
+    node-0777 without active RDMA; node-0042 with a slow NIC (every ring transfer at 1/8);
+    the link node-0100 -> node-0101 slow. Returns the nodes, the cross-node measurements and the
+    faults actually planted."""
+    rng = random.Random(seed)
+    template = template or template_record()
+    names = [f"node-{i:04d}" for i in range(nodes)]
+    faults = {name: fault for name, fault in (("node-0017", "gpu3 gemm"), ("node-0333", "gpu5 membw"), ("node-0500", "power cap"),
+                                              ("node-0900", "driver"), ("node-0777", "no rdma"), ("node-0042", "slow nic"))
+              if name in set(names)}
+    entries = [NodeEntry(name, rank, record=_node_record(template, name, faults.get(name), rng))
+               for rank, name in enumerate(names)]
+    return entries, _cross(names, faults, rng), faults
+
+
+def _node_record(template: dict, name: str, fault: str | None, rng: random.Random) -> dict:
+    # Shallow copies: nodes share the template's unchanged parts (the judge never mutates them),
+    # so 5,000 nodes build in a second.
+    record = dict(template)
+    machine = dict(template["machine"])
+    machine["host"] = _host("DOWN" if fault == "no rdma" else "ACTIVE")
+    if fault == "driver":
+        machine["driver"] = {**machine["driver"], "version": "550.54.15"}
+    if fault == "power cap":
+        machine["gpus"] = [{**g, "power": {**g["power"], "enforced_limit_w": 500.0, "limit_w": 500.0}} for g in machine["gpus"]]
+    record["machine"] = machine
+    record["options"] = {"benchmarks": ["gemm", "membw", "pcie", "latency"], "synthetic": "invented figures"}
+    measurements = []
+    for gpu in range(8):
+        for metric, (typical, unit, noise) in HEALTHY.items():
+            value = typical * (1 + rng.gauss(0, noise))
+            if fault == "gpu3 gemm" and gpu == 3 and metric == "gemm.bf16":
+                value = typical * 0.62
+            if fault == "gpu5 membw" and gpu == 5 and metric == "membw.copy":
+                value = typical * 0.70
+            if fault == "power cap" and metric == "gemm.bf16":
+                value = typical * 0.86
+            measurements.append({"name": metric, "value": value, "unit": unit, "subject": f"gpu{gpu}", "details": {}})
+    record["measurements"] = measurements
+    return record
+
+
+def _cross(names: list[str], faults: dict[str, str], rng: random.Random) -> list[Measurement]:
+    index = {n: i for i, n in enumerate(names)}
+    rounds = []
+    for _ in range(3):
+        order = list(range(len(names)))
+        rng.shuffle(order)
+        rounds.append(order)
+    if "node-0101" in index:  # round 0 holds the bad link: node-0100 sends to node-0101
+        order = [i for i in rounds[0] if i not in (index["node-0100"], index["node-0101"])]
+        rounds[0] = [index["node-0100"], index["node-0101"], *order]
+    measurements = []
+    for number, order in enumerate(rounds):
+        for position, src in enumerate(order):
+            dst = order[(position + 1) % len(order)]
+            gbps = RING_GBS * (1 + rng.gauss(0, 0.03))
+            if "slow nic" in (faults.get(names[src]), faults.get(names[dst])):
+                gbps = RING_GBS / 8
+            if (names[src], names[dst]) == ("node-0100", "node-0101"):
+                gbps = RING_GBS / 4
+            measurements.append(Measurement(RING, gbps, "GB/s", f"{names[src]}->{names[dst]}",
+                                            {"src": names[src], "dst": names[dst], "round": number, "backend": "nccl"}))
+    common = {"members": names, "ranks_per_node": 8, "world_size": 8 * len(names), "backend": "nccl"}
+    sizes = [{"bytes": 1 << 20, "time_us": 80.0, "algbw_gbps": 13.1, "busbw_gbps": 26.2, "iterations": 50, "wrong": 0},
+             {"bytes": 1 << 30, "time_us": 3.0e3, "algbw_gbps": 179.0, "busbw_gbps": 330.0, "iterations": 20, "wrong": 0}]
+    measurements.append(Measurement(ALLREDUCE_LATENCY, 80.0, "us", "cluster", {"bytes": 1 << 20, **common}))
+    measurements.append(Measurement(ALLREDUCE_BUSBW, 330.0, "GB/s", "cluster",
+                                    {"largest_bytes": 1 << 30, "sizes": sizes, "check_ok": True, **common}))
+    return measurements
+
+
+@pytest.fixture(scope="module")
+def template() -> dict:
+    return template_record()
+
+
+# -- 1,000 nodes x 8 GPUs ------------------------------------------------------------------------
+
+def test_a_thousand_synthetic_nodes_are_judged_in_under_two_seconds_and_the_faults_are_named(template):
+    entries, cross, faults = synthetic_cluster(1000, template=template)
+    started = time.perf_counter()
+    judgement = judge_cluster(entries, cross)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 2.0, f"judging 1,000 nodes took {elapsed:.2f} s"
+
+    stragglers = {(s.node, s.subject, s.metric): s for s in judgement.stragglers}
+    assert set(stragglers) == ({("node-0017", "gpu3", "gemm.bf16"), ("node-0333", "gpu5", "membw.copy")}
+                               | {("node-0500", f"gpu{i}", "gemm.bf16") for i in range(8)})
+    assert stragglers[("node-0017", "gpu3", "gemm.bf16")].status == FAIL  # 62%: more than twice the tolerance below
+    assert stragglers[("node-0500", "gpu0", "gemm.bf16")].status == WARN  # 86%
+    bf16 = next(b for b in judgement.baselines if b.metric == "gemm.bf16")
+    assert bf16.value == pytest.approx(760, rel=0.01) and bf16.total == 8000
+
+    uniform = {row.field: row for row in judgement.uniformity}
+    assert uniform["driver"].value == "535.183.01" and uniform["driver"].odd == {"550.54.15": ["node-0900"]}
+    assert uniform["power limit"].odd == {"500 W": ["node-0500"]}
+    assert uniform["GPU model"].uniform and uniform["GPU count"].uniform
+    assert list(uniform["network"].odd.values()) == [["node-0777"]]
+
+    assert set(judgement.ring.suspect_nodes) == {"node-0042"}
+    assert [(p.src, p.dst) for p in judgement.ring.suspect_links] == [("node-0100", "node-0101")]
+
+    allreduce = next(f for f in judgement.findings if f.check == "cluster.allreduce")
+    assert allreduce.status == WARN and "node-0777" in allreduce.summary  # NCCL falls back to TCP there
+
+    # One line per node, worst first: the slowest straggler leads.
+    assert len(judgement.rows) == 1000
+    assert [r.name for r in judgement.rows[:3]] == ["node-0017", "node-0333", "node-0500"]
+    assert "gpu3" in judgement.rows[0].headline and "62%" in judgement.rows[0].headline
+
+
+def test_the_baseline_is_not_dragged_down_by_many_slow_nodes(template):
+    """30% of the nodes 20% slow: a mean would sit 6% low and hide the mildly slow; the robust
+    baseline stays on the healthy nodes and names every slow one."""
+    entries, _, _ = synthetic_cluster(100, seed=3, template=template)
+    slow = {e.name for e in entries[::3][:30]}
+    for e in entries:
+        if e.name in slow:
+            e.record = {**e.record, "measurements": [{**m, "value": m["value"] * 0.8} if m["name"] == "gemm.bf16" else m
+                                                     for m in e.record["measurements"]]}
+    judgement = judge_cluster(entries, [])
+    bf16 = next(b for b in judgement.baselines if b.metric == "gemm.bf16")
+    assert bf16.value == pytest.approx(760, rel=0.01)
+    named = {s.node for s in judgement.stragglers if s.metric == "gemm.bf16"}
+    assert slow <= named
+
+
+# -- robust baseline -----------------------------------------------------------------------------
+
+def test_robust_baseline_drops_the_bad_side_and_stops():
+    base, threshold, kept, _ = robust_baseline([100.0] * 8 + [50.0, 40.0], tolerance=0.1)
+    assert (base, threshold, kept) == (100.0, 0.1, 8)
+
+
+def test_noise_wider_than_the_tolerance_widens_the_threshold_instead_of_naming_innocent_nodes():
+    rng = random.Random(1)
+    values = [100 * (1 + rng.uniform(-0.2, 0.2)) for _ in range(200)]
+    base, threshold, kept, spread = robust_baseline(values, tolerance=0.1)
+    assert threshold > 0.3 and kept == 200
+
+
+def test_lower_is_better_figures_flag_the_slow_side():
+    base, threshold, kept, _ = robust_baseline([5.0] * 9 + [20.0], tolerance=0.3, higher_is_better=False)
+    assert base == 5.0 and kept == 9
+
+
+def test_nothing_to_compare_with_fewer_than_two_values():
+    assert robust_baseline([5.0], 0.1) is None and robust_baseline([], 0.1) is None
+
+
+# -- nodes, rows, uniformity ----------------------------------------------------------------------
+
+def test_missing_and_failed_nodes_are_named_and_listed_first(template):
+    entries, cross, _ = synthetic_cluster(4, template=template)
+    entries[1] = NodeEntry("node-0001", 1, FAILED, "it stopped answering (no heartbeat for 60 s)", "cross-node measurements",
+                           record=entries[1].record)
+    entries.append(NodeEntry("node-0004", 4, MISSING, "it never joined (waited 300 s)"))
+    judgement = judge_cluster(entries, cross)
+    nodes = {f.subject: f for f in judgement.findings if f.check == "cluster.nodes"}
+    assert nodes["node:node-0004"].status == FAIL and "never joined" in nodes["node:node-0004"].summary
+    assert "cross-node measurements" in nodes["node:node-0001"].summary
+    assert [r.badge for r in judgement.rows[:2]] == ["MISSING", "FAILED"]
+
+
+def test_the_nodes_own_problems_are_grouped_by_check(template):
+    entries, _, _ = synthetic_cluster(5, template=template)
+    judgement = judge_cluster(entries, [])
+    throttle = next(f for f in judgement.findings if f.check == "cluster.node_checks" and f.subject == "gpu.throttle")
+    assert throttle.status == FAIL and "5 of 5 nodes" in throttle.summary  # the capture's gpu2 is power-braked
+
+
+def test_quick_records_have_no_straggler_figures():
+    record = {"machine": {"gpus": []}, "measurements": [], "findings": [], "verdict": PASS}
+    judgement = judge_cluster([NodeEntry("a", 0, record=record), NodeEntry("b", 1, record=record)], [])
+    stragglers = next(f for f in judgement.findings if f.check == "cluster.stragglers")
+    assert stragglers.status == SKIP and "--quick" in stragglers.summary
+
+
+def test_natural_order_of_names():
+    assert sorted(["node10", "node2", "node1"], key=natural_key) == ["node1", "node2", "node10"]
+
+
+# -- cross-node ----------------------------------------------------------------------------------
+
+def _allreduce(busbw: float, backend: str = "nccl", members=("a", "b"), check_ok: bool = True) -> Measurement:
+    return Measurement(ALLREDUCE_BUSBW, busbw, "GB/s", "cluster", {"members": list(members), "backend": backend,
+                                                                   "ranks_per_node": 1, "largest_bytes": 1 << 26,
+                                                                   "check_ok": check_ok, "sizes": []})
+
+
+def _two_nodes(host: dict | None) -> list[NodeEntry]:
+    record = {"machine": {"gpus": [], "host": host}, "measurements": [], "findings": [], "verdict": PASS}
+    return [NodeEntry("a", 0, record=record), NodeEntry("b", 1, record=record)]
+
+
+def _check(judgement, check: str):
+    return next(f for f in judgement.findings if f.check == check)
+
+
+def test_allreduce_is_judged_against_the_rdma_ports_on_nccl_and_the_nic_on_gloo():
+    nodes = _two_nodes(_host())  # 8 x 400 Gb/s = 400 GB/s RDMA; 100 Gbit/s = 12.5 GB/s Ethernet
+    assert _check(judge_cluster(nodes, [_allreduce(300.0)]), "cluster.allreduce").status == PASS
+    assert _check(judge_cluster(nodes, [_allreduce(60.0)]), "cluster.allreduce").status == FAIL
+    gloo = _check(judge_cluster(nodes, [_allreduce(10.0, "gloo")]), "cluster.allreduce")
+    assert gloo.status == PASS and "100 Gbit/s Ethernet" in gloo.summary
+
+
+def test_allreduce_wrong_sums_fail_and_unknown_links_still_report():
+    assert _check(judge_cluster(_two_nodes(_host()), [_allreduce(300.0, check_ok=False)]), "cluster.allreduce").status == FAIL
+    unknown = _check(judge_cluster(_two_nodes(None), [_allreduce(1.0, "gloo")]), "cluster.allreduce")
+    assert unknown.status == PASS and "no NIC link rate" in unknown.summary
+
+
+def test_an_aborted_cross_node_phase_fails_with_the_reason_and_a_skipped_one_skips():
+    aborted = Measurement(NOTE, None, "", "cluster", {"outcome": "aborted", "reason": "aborted: b: it stopped answering"})
+    judgement = judge_cluster(_two_nodes(None), [aborted])
+    assert _check(judgement, "cluster.allreduce").status == FAIL and "b: it stopped" in _check(judgement, "cluster.ring").summary
+    skipped = Measurement(NOTE, None, "", "cluster", {"outcome": "skipped", "reason": "needs at least 2 nodes ready; 1 was"})
+    assert _check(judge_cluster(_two_nodes(None), [skipped]), "cluster.allreduce").status == SKIP
+
+
+def test_with_two_nodes_a_slow_direction_is_a_link_not_a_node():
+    pairs = [RingPair("a", "b", 10.0, transfers=3), RingPair("b", "a", 2.0, transfers=3)]
+    verdict = attribute_ring(pairs)
+    assert verdict.suspect_nodes == {} and [(p.src, p.dst) for p in verdict.suspect_links] == [("b", "a")]
+
+
+def test_a_pair_is_judged_on_the_median_of_its_transfers():
+    ring = [Measurement(RING, gbps, "GB/s", "a->b", {"src": "a", "dst": "b", "round": i}) for i, gbps in enumerate((10, 10.5, 0.5))]
+    ring += [Measurement(RING, 10.0, "GB/s", "b->a", {"src": "b", "dst": "a", "round": i}) for i in range(3)]
+    assert _check(judge_cluster(_two_nodes(None), ring), "cluster.ring").status == PASS
+
+
+def test_a_failed_transfer_names_its_pair():
+    ring = [Measurement(RING, 10.0, "GB/s", "a->b", {"src": "a", "dst": "b", "round": 0}),
+            Measurement(RING, None, "GB/s", "b->a", {"src": "b", "dst": "a", "round": 0, "error": "Connection reset"})]
+    finding = _check(judge_cluster(_two_nodes(None), ring), "cluster.ring")
+    assert finding.status == FAIL and finding.subject == "link:b->a" and "Connection reset" in finding.summary
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+def _rendered(record: dict, verbose: bool = False) -> str:
+    from gpuvet.report import cluster_view
+
+    console = Console(record=True, width=220, highlight=False, color_system=None)
+    cluster_view.render(record, console, verbose=verbose)
+    return console.export_text()
+
+
+def _cluster_record(entries, cross) -> dict:
+    from gpuvet.cluster import Launch, Options, cluster_record
+
+    launch = Launch("slurm", 0, len(entries), "node-0000", 20001, job_id="slurm-42")
+    return cluster_record(launch, Options(quick=False), "2026-01-01T00:00:00Z", 12.0, entries, None, cross)
+
+
+def test_the_report_has_one_line_per_node_worst_first_and_the_sections(template):
+    entries, cross, _ = synthetic_cluster(40, template=template)
+    entries[-1] = NodeEntry("node-0039", 39, MISSING, "it never joined (waited 300 s)")
+    text = _rendered(_cluster_record(entries, cross), verbose=True)
+    node_lines = [line for line in text.splitlines() if " rank " in line]
+    assert len(node_lines) == 40
+    assert node_lines[0].split()[:2] == ["MISSING", "node-0039"] and "node-0017" in node_lines[1]
+    for section in ("Stragglers", "Uniformity", "Cross-node", "Problems"):
+        assert f"\n{section}" in text
+    assert "node-0017 gpu3" in text and "62% of" in text
+    assert text.rstrip().splitlines()[-1].startswith("FAIL")
+
+
+def test_passing_nodes_are_counted_not_listed_beyond_twenty():
+    record = {"machine": {"gpus": []}, "measurements": [], "findings": [], "verdict": PASS}
+    entries = [NodeEntry(f"n{i}", i, record=record) for i in range(30)]
+    text = _rendered(_cluster_record(entries, []))
+    assert "... and 10 more nodes PASS" in text
+    assert len([line for line in text.splitlines() if " rank " in line]) == 20
+
+
+def test_a_saved_cluster_record_is_judged_again_the_same(template):
+    import json
+
+    from gpuvet.cluster import rejudge_cluster
+
+    entries, cross, _ = synthetic_cluster(12, template=template)
+    record = json.loads(json.dumps(_cluster_record(entries, cross)))
+    again = rejudge_cluster(copy.deepcopy(record))
+    assert again["findings"] == record["findings"] and again["summary"] == record["summary"]
+
+
+def test_nccl_pairs_far_below_the_network_warn_but_gloo_streams_do_not():
+    nodes = _two_nodes(_host())  # 400 GB/s RDMA, 12.5 GB/s Ethernet
+
+    def ring(gbps: float, backend: str) -> list[Measurement]:
+        return [Measurement(RING, gbps, "GB/s", f"{s}->{d}", {"src": s, "dst": d, "round": 0, "backend": backend})
+                for s, d in (("a", "b"), ("b", "a"))]
+
+    assert _check(judge_cluster(nodes, ring(40.0, "nccl")), "cluster.ring").status == WARN  # 10% of 400 GB/s
+    assert _check(judge_cluster(nodes, ring(300.0, "nccl")), "cluster.ring").status == PASS
+    assert _check(judge_cluster(nodes, ring(2.0, "gloo")), "cluster.ring").status == PASS  # one TCP stream
