@@ -1125,8 +1125,7 @@ class Node:
         return outcome
 
     def _mark(self, record: RunRecord) -> RunRecord:
-        """The node's place in the cluster, its network facts, and multi-node judging of them."""
-        add_network_facts(record)
+        """The node's place in the cluster, and multi-node judging of its network facts."""
         record.options["cluster"] = {"id": self.launch.cluster_id, "node": self.name, "rank": self.launch.rank,
                                      "world_size": self.launch.world_size, "launcher": self.launch.kind}
         record.options["multi_node"] = True
@@ -1180,22 +1179,6 @@ class Node:
 
     def local_exit_code(self) -> int:
         return EXIT_FAIL if self.record is None or self.record.verdict == FAIL else EXIT_OK
-
-
-def add_network_facts(record: RunRecord) -> None:
-    """NIC link rates and RDMA ports, which the cross-node verdict is judged against, where the
-    local vet did not read them."""
-    from .probe import network
-
-    host = record.machine.host
-    if host is None:
-        return
-    for name, collect in (("nics", network.collect_nics), ("rdma", network.collect_rdma)):
-        if getattr(host, name) is None:
-            try:
-                setattr(host, name, collect())
-            except OSError as err:
-                host.unavailable[name] = f"could not read it: {err}"
 
 
 def run_node(launch: Launch, options: Options, say: Callable[[str], None]) -> int:
@@ -1406,9 +1389,9 @@ def check_out_path(out: str | None) -> str | None:
 # == command line ============================================================================
 
 def _benchmark_names() -> tuple[str, ...]:
-    from .bench.plan import ALL
+    from .runner import ALL_BENCHMARKS
 
-    return ALL
+    return ALL_BENCHMARKS
 
 
 @click.command(name="cluster", context_settings={"help_option_names": ["-h", "--help"]})

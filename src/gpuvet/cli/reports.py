@@ -24,6 +24,9 @@ from ..report import terminal
 def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) -> None:
     """Render a stored run record (judged again with this version's rules), or a `gpuvet watch --log` file."""
     check_out_path(out)
+    if _is_cluster_record(path):
+        _cluster_report(path, fmt, out, verbose)
+        return
     try:
         record = runner.load_watch_log(path) or runner.rejudge(runner.load_record(path))
     except CaptureError as err:
@@ -76,3 +79,37 @@ def _record_for_doctor(run_path: str | None, db: str | None):
         return runner.rejudge(latest) if latest else None
     except StoreError:
         return None  # no history yet: answer with the checks to run
+
+
+def _is_cluster_record(path: str) -> bool:
+    from ..cluster import CLUSTER_SCHEMA
+
+    try:
+        with open(path, "rb") as f:
+            return CLUSTER_SCHEMA.encode() in f.read(512)
+    except OSError:
+        return False
+
+
+def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool) -> None:
+    """A cluster record (gpuvet cluster --out): one line per node, stragglers, cross-node verdict."""
+    import json
+
+    from ..cluster import rejudge_cluster
+    from ..report import cluster_view
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = rejudge_cluster(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageProblem(f"{path}: not a readable gpuvet cluster record ({err})") from None
+    if fmt == "json":
+        text = cluster_view.to_json(data)
+        if out:
+            write_atomically(out, text)
+        else:
+            click.echo(text)
+        return
+    if fmt != "terminal" or out:
+        raise UsageProblem("a cluster record renders as terminal or json")
+    cluster_view.render(data, Console(highlight=False, soft_wrap=True), verbose)
