@@ -8,10 +8,8 @@ refuses the rest the way NVML does on a vGPU guest (NotSupported) or an old driv
 
 from __future__ import annotations
 
-import types
 
 import pynvml
-import pytest
 
 from gpuvet.probe import live, nvml
 

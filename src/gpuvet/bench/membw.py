@@ -77,5 +77,4 @@ def time_copies(ctx: BenchContext, size: int) -> list[float]:
     synchronize(ctx.device)
     repeats = calibrate_repeats(ctx.device, copy, ctx.budget.remaining() * BUDGET_FRACTION, at_most=MAX_COPIES)
     times = time_each(ctx.device, copy, repeats)
-    del src, dst
     return times

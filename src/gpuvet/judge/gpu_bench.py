@@ -154,8 +154,8 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
             "gpu.pcie_bandwidth", s, status, words, measured=measured_text, expected=expected,
             source="PCIe line rate per lane and generation (after encoding)",
             remedy=None if status == PASS else
-            f"compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
-            f"rerun `gpuvet bench pcie`"))
+            "compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
+            "rerun `gpuvet bench pcie`"))
     return findings
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..facts import Gpu, Machine, to_dict
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
-from .terminal import VERDICT_TEXT, by_area, header_line, machine_lines, options_line, problems, status_counts, subject_range
+from .terminal import VERDICT_TEXT, header_line, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
 
 GIB = 1024**3
 MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
@@ -119,16 +119,9 @@ def _card(f: Finding) -> str:
 
 
 def _quiet(findings: list[Finding]) -> str:
-    rows = []
-    for area, group in by_area(findings):
-        by_key: dict[tuple[str, str, str], list[str]] = {}
-        for f in group:
-            if f.status in (PASS, SKIP):
-                by_key.setdefault((f.status, f.check, f.summary), []).append(f.subject)
-        for (status, check, summary), subjects in sorted(by_key.items(), key=lambda kv: kv[0][0] == SKIP):
-            rows.append(f'<tr class="{status}"><td><span class="badge {status}">{status.upper()}</span></td><td>{_e(area)}</td>'
-                        f"<td class=\"check\"><code>{_e(check)}</code></td><td>{_e(subject_range(list(dict.fromkeys(subjects))))}</td>"
-                        f"<td>{rich_text(summary)}</td></tr>")
+    rows = [f'<tr class="{status}"><td><span class="badge {status}">{status.upper()}</span></td><td>{_e(area)}</td>'
+            f"<td class=\"check\"><code>{_e(check)}</code></td><td>{_e(who)}</td><td>{rich_text(summary)}</td></tr>"
+            for area, status, check, who, summary in quiet_rows(findings)]
     if not rows:
         return ""
     return ('<section id="passed"><h2>Passed and skipped</h2><table><thead><tr><th>Status</th><th>Area</th><th>Check</th>'

@@ -10,7 +10,7 @@ import re
 
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped
-from .terminal import by_area, header_line, machine_lines, options_line, problems, subject_range, verdict_line
+from .terminal import header_line, machine_lines, options_line, problems, quiet_rows, verdict_line
 
 MARK = {TICKED: "✅", CROSSED: "❌", WARNED: "⚠️", UNKNOWN: "❔"}
 STATUS_MARK = {FAIL: "❌ FAIL", WARN: "⚠️ WARN", PASS: "✅ PASS", SKIP: "➖ SKIP"}
@@ -89,15 +89,8 @@ def _problem(f: Finding) -> str:
 
 def _quiet(findings: list[Finding]) -> str:
     """Passes and skips, one row per check and summary, in area order."""
-    rows = []
-    for area, group in by_area(findings):
-        by_key: dict[tuple[str, str, str], list[str]] = {}
-        for f in group:
-            if f.status in (PASS, SKIP):
-                by_key.setdefault((f.status, f.check, f.summary), []).append(f.subject)
-        for (status, check, summary), subjects in sorted(by_key.items(), key=lambda kv: kv[0][0] == SKIP):
-            who = subject_range(list(dict.fromkeys(subjects)))
-            rows.append(f"| {STATUS_MARK[status]} | {cell(area)} | `{check}` | {cell(who)} | {cell(summary)} |")
+    rows = [f"| {STATUS_MARK[status]} | {cell(area)} | `{check}` | {cell(who)} | {cell(summary)} |"
+            for area, status, check, who, summary in quiet_rows(findings)]
     if not rows:
         return ""
     return "## Passed and skipped\n\n| Status | Area | Check | Subject | Summary |\n|---|---|---|---|---|\n" + "\n".join(rows)

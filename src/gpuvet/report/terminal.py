@@ -63,6 +63,20 @@ def by_area(findings: list[Finding]) -> list[tuple[str, list[Finding]]]:
     return [(t, [f for f in findings if area_title(f.check) == t]) for t in titles]
 
 
+def quiet_rows(findings: list[Finding]) -> list[tuple[str, str, str, str, str]]:
+    """Passes and skips as (area, status, check, subjects, summary): one row per check and
+    summary, subjects merged ("gpu0-7"), passes before skips within each area."""
+    rows = []
+    for area, group in by_area(findings):
+        by_key: dict[tuple[str, str, str], list[str]] = {}
+        for f in group:
+            if f.status in (PASS, SKIP):
+                by_key.setdefault((f.status, f.check, f.summary), []).append(f.subject)
+        for (status, check, summary), subjects in sorted(by_key.items(), key=lambda kv: kv[0][0] == SKIP):
+            rows.append((area, status, check, subject_range(list(dict.fromkeys(subjects))), summary))
+    return rows
+
+
 def problems(findings: list[Finding]) -> list[Finding]:
     """Failures, then warnings; each in rule order (a stable sort keeps it)."""
     return sorted((f for f in findings if f.status in (FAIL, WARN)), key=lambda f: _ORDER[f.status])
