@@ -26,6 +26,8 @@ from rich.console import Console
 from gpuvet import watch as w
 from gpuvet.facts import Gpu, Host, Machine, NvLink
 from gpuvet.telemetry import COLUMNS
+from gpuvet.watch.keys import _Keys, _NoStream
+from gpuvet.watch.loop import _Outputs
 from test_telemetry import _healthy_gpu_answers, _NvmlStandIn
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -200,9 +202,9 @@ def test_the_loop_runs_ticks_and_appends_a_second_session(monkeypatch, tmp_path)
     for session in range(2):
         m = w.Monitor(interval_s=0.05, machine=_machine(), threaded=False)
         m.start()
-        outputs = w._Outputs(log=w.WatchLog(str(path), 0.05, sorted(m._facts.items()), m.hostname))
+        outputs = _Outputs(log=w.WatchLog(str(path), 0.05, sorted(m._facts.items()), m.hostname))
         try:
-            w.run_loop(m, outputs, None, w._Keys(w._NoStream()), max_ticks=3)
+            w.run_loop(m, outputs, None, _Keys(_NoStream()), max_ticks=3)
         finally:
             outputs.close()
             m.close()
@@ -224,7 +226,7 @@ def test_log_refuses_a_file_that_is_not_a_watch_log(tmp_path):
 def test_headless_prints_a_line_when_a_diagnosis_changes(monitor):
     m, clock, _ = monitor
     lines: list[str] = []
-    outputs = w._Outputs(print_changes=lines.append)
+    outputs = _Outputs(print_changes=lines.append)
     for _ in range(3):
         clock.now += 1.0
         outputs.publish(m.tick())

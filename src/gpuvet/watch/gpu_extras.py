@@ -1,0 +1,115 @@
+"""The once-a-second GPU readings besides the sampler's: PCIe and NVLink throughput and each GPU's
+process list from NVML, and the helper thread that reads them so the view never waits on NVML."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..facts import Gpu, GpuProcess
+from ..probe import nvml
+from ..telemetry import _is_permanent, _next_tick
+from .host import _rate
+from .snapshot import GpuExtras
+
+
+class GpuExtrasReader:
+    """PCIe and NVLink throughput and the process list of each GPU (NVML must be started).
+
+    A call the GPU or driver lacks is dropped for good with its reason, like telemetry._GpuReader."""
+
+    def __init__(self, gpus: dict[int, Gpu], clock: Callable[[], float] = time.monotonic):
+        self.gpus = gpus
+        self.clock = clock
+        self.unavailable: dict[int, dict[str, str]] = {i: {} for i in gpus}
+        self._nvlink_last: dict[int, tuple[float, int, int]] = {}
+        self._handles: dict[int, Any] = {}
+        for index in gpus:
+            try:
+                self._handles[index] = nvml.pynvml.nvmlDeviceGetHandleByIndex(index)
+            except Exception as err:
+                self.unavailable[index]["gpu"] = nvml._reason(err)
+
+    def read_all(self) -> dict[int, tuple[GpuExtras, list[GpuProcess] | None]]:
+        return {index: self._read(index, handle) for index, handle in self._handles.items()}
+
+    def _call(self, index: int, what: str, fn: Callable[[], Any]) -> Any:
+        if what in self.unavailable[index]:
+            return None
+        try:
+            return fn()
+        except Exception as err:
+            if _is_permanent(err):
+                self.unavailable[index][what] = nvml._reason(err)
+            return None
+
+    def _read(self, index: int, handle: Any) -> tuple[GpuExtras, list[GpuProcess] | None]:
+        p = nvml.pynvml
+        extras = GpuExtras()
+        extras.pcie_tx_kbs = self._call(index, "pcie_tx", lambda: p.nvmlDeviceGetPcieThroughput(handle, p.NVML_PCIE_UTIL_TX_BYTES))
+        extras.pcie_rx_kbs = self._call(index, "pcie_rx", lambda: p.nvmlDeviceGetPcieThroughput(handle, p.NVML_PCIE_UTIL_RX_BYTES))
+        extras.nvlink_tx_bps, extras.nvlink_rx_bps = self._nvlink(index, handle)
+        processes = None
+        if "processes" not in self.unavailable[index]:
+            holder = Gpu(index=index)
+            processes = nvml._processes(handle, nvml._Query(holder))
+            if processes is None and "processes" in holder.unavailable:
+                self.unavailable[index]["processes"] = holder.unavailable["processes"]
+        extras.unavailable = dict(self.unavailable[index])
+        return extras, processes
+
+    def _nvlink(self, index: int, handle: Any) -> tuple[float | None, float | None]:
+        """Bytes/s over the GPU's active NVLinks, from NVML's cumulative KiB counters."""
+        links = [link.link for link in self.gpus[index].nvlinks or [] if link.active]
+        if not links:
+            return None, None
+        p = nvml.pynvml
+        fields = [(p.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link) for link in links]
+        fields += [(p.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in links]
+        values = self._call(index, "nvlink", lambda: p.nvmlDeviceGetFieldValues(handle, fields))
+        if values is None:
+            return None, None
+        ok = [v.value.ullVal if v.nvmlReturn == p.NVML_SUCCESS else None for v in values]
+        if any(v is None for v in ok):
+            return None, None
+        tx, rx = sum(ok[: len(links)]) * 1024, sum(ok[len(links):]) * 1024
+        now = self.clock()
+        last = self._nvlink_last.get(index)
+        self._nvlink_last[index] = (now, tx, rx)
+        if last is None:
+            return None, None
+        return _rate(last[1], tx, now - last[0]), _rate(last[2], rx, now - last[0])
+
+
+class _Periodic:
+    """Runs `fn` every `every_s` on a daemon thread and keeps its last result (NVML calls that block)."""
+
+    def __init__(self, fn: Callable[[], Any], every_s: float):
+        self._fn, self._every_s = fn, every_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._result: Any = None
+        self._thread = threading.Thread(target=self._run, name="gpuvet-watch-extras", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tick = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                result = self._fn()
+            except Exception:  # a bug must not kill the view; the last result stays
+                result = None
+            if result is not None:
+                with self._lock:
+                    self._result = result
+            tick = _next_tick(tick, time.monotonic(), self._every_s)
+            self._stop.wait(max(0.0, tick - time.monotonic()))
+
+    def latest(self) -> Any:
+        with self._lock:
+            return self._result
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)

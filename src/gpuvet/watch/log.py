@@ -1,0 +1,181 @@
+"""The watch's JSON, named by LOG_SCHEMA: one snapshot as an object (`--once --json`), and the
+JSON-lines log of `--log` (WatchLog writes it; read_log turns it back into run-record series)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+from .. import __version__
+from ..facts import Gpu
+from ..judge.diagnose import Diagnosis
+from ..telemetry import COLUMNS, to_series
+from .snapshot import GpuView, Snapshot
+
+LOG_SCHEMA = "gpuvet.watch/1"
+HOST_COLUMNS = ("t", "cpu_pct", "steal_pct", "iowait_pct", "mem_used_bytes", "disk_read_bps", "disk_write_bps",
+                "net_rx_bps", "net_tx_bps", "workers", "workers_cpu_pct")
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3) if math.isfinite(value) else None
+    return value
+
+
+def gpu_to_dict(view: GpuView) -> dict[str, Any]:
+    s, f, e = view.sample, view.facts, view.extras
+    return {
+        "index": view.index,
+        "name": view.name,
+        "uuid": view.uuid,
+        "bus_id": view.bus_id,
+        "sample": {c: _round(getattr(s, c)) for c in COLUMNS} if s else None,
+        "max_sm_mhz": f.clocks.max_sm_mhz,
+        "sm_pct_of_max": _round(None if view.sm_ratio is None else 100 * view.sm_ratio),
+        "power_pct_of_limit": _round(None if view.power_ratio is None else 100 * view.power_ratio),
+        "default_power_limit_w": f.power.default_limit_w,
+        "memory_total_mib": f.memory_total_mib,
+        "slowdown_margin_c": _round(view.slowdown_margin_c),
+        "reasons": view.reasons,
+        "pcie": {"tx_kbs": e.pcie_tx_kbs, "rx_kbs": e.pcie_rx_kbs},
+        "nvlink": {"tx_bps": _round(e.nvlink_tx_bps), "rx_bps": _round(e.nvlink_rx_bps)},
+        "processes": [asdict(p) for p in e.processes] if e.processes is not None else None,
+        "unavailable": e.unavailable,
+        "diagnosis": view.diagnosis.to_dict(),
+    }
+
+
+def snapshot_to_dict(snap: Snapshot) -> dict[str, Any]:
+    host = None
+    if snap.host is not None:
+        host = {k: _round(v) for k, v in asdict(snap.host).items() if k != "worker_list"}
+        host["worker_list"] = [asdict(w) for w in snap.host.worker_list]
+    return {
+        "schema": LOG_SCHEMA,
+        "gpuvet": __version__,
+        "t": _round(snap.t),
+        "hostname": snap.hostname,
+        "driver_version": snap.driver_version,
+        "gpu_error": snap.gpu_error,
+        "gpus": [gpu_to_dict(g) for g in snap.gpus],
+        "host": host,
+        "job": asdict(snap.job) if snap.job else None,
+        "job_diagnosis": snap.job_diagnosis.to_dict() if snap.job_diagnosis else None,
+    }
+
+
+# -- the log (JSON lines) --------------------------------------------------------------------------
+
+class WatchLog:
+    """JSON lines: a header naming the series and their columns, then one line per row.
+
+    GPU rows use telemetry.COLUMNS exactly as telemetry.to_series writes them (t in seconds since
+    the header's t0), so the report plots a watch log like a benchmark's telemetry. A file that
+    already holds a watch log gets a new session appended; any other existing file is refused."""
+
+    def __init__(self, path: str, interval_s: float, gpus: list[tuple[int, Gpu]], hostname: str):
+        self.path = path
+        self.t0 = time.time()
+        self._file = open(path, "a", encoding="utf-8")
+        self._last_t: dict[int, float] = {}
+        self._states: dict[str, str] = {}
+        header = {
+            "schema": LOG_SCHEMA,
+            "kind": "header",
+            "gpuvet": __version__,
+            "hostname": hostname,
+            "t0": self.t0,
+            "interval_s": interval_s,
+            "series": {
+                **{f"gpu{i}": {"name": "watch.telemetry", "columns": list(COLUMNS), "gpu": g.name, "uuid": g.uuid}
+                   for i, g in gpus},
+                "host": {"name": "watch.host", "columns": list(HOST_COLUMNS)},
+            },
+            "note": "rows of each subject use the columns named here, as telemetry.to_series writes them: "
+                    "t is seconds since t0; {\"subject\", \"diagnosis\"} lines record diagnosis changes; "
+                    "gpuvet.watch.read_log() turns this file into run-record series",
+        }
+        self._write(header)
+
+    @staticmethod
+    def check_path(path: str) -> str | None:
+        """Why `path` cannot take a watch log (None: it can)."""
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            return f"the folder {folder} does not exist"
+        if os.path.isdir(path):
+            return "is a folder; give a file name"
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            with open(path, "rb") as f:
+                head = f.read(200)
+            if LOG_SCHEMA.encode() not in head:
+                return "the file exists and is not a gpuvet watch log; choose another name"
+        return None
+
+    def _write(self, obj: dict) -> None:
+        self._file.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+
+    def write(self, snap: Snapshot) -> None:
+        for view in snap.gpus:
+            s = view.sample
+            if s is not None and self._last_t.get(view.index) != s.t:
+                self._last_t[view.index] = s.t
+                row = to_series([s], "watch.telemetry", f"gpu{view.index}", snap.interval_s)["rows"][0]
+                row[0] = round(s.t - self.t0, 3)
+                self._write({"subject": f"gpu{view.index}", "row": row})
+            self._diagnosis(f"gpu{view.index}", view.diagnosis, snap.t)
+        if snap.host is not None and self._last_t.get(-1) != snap.host.t:
+            self._last_t[-1] = snap.host.t
+            row = [round(snap.host.t - self.t0, 3)] + [_round(getattr(snap.host, c)) for c in HOST_COLUMNS[1:]]
+            self._write({"subject": "host", "row": row})
+        if snap.job_diagnosis is not None:
+            self._diagnosis("job", snap.job_diagnosis, snap.t)
+        self._file.flush()
+
+    def _diagnosis(self, subject: str, d: Diagnosis, t: float) -> None:
+        if self._states.get(subject) == d.state:
+            return
+        self._states[subject] = d.state
+        self._write({"subject": subject, "t": round(t - self.t0, 3), "diagnosis": {"state": d.state, "text": d.text}})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_log(path: str) -> list[dict[str, Any]]:
+    """A watch log -> series like telemetry.to_series makes ({"name", "subject", "interval_s", "t0",
+    "columns", "rows"}), one per subject and session, plus a "watch.diagnosis" series (t, state, text)."""
+    series: list[dict[str, Any]] = []
+    session: dict[str, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if obj.get("kind") == "header":
+                session = {}
+                for subject, spec in obj["series"].items():
+                    session[subject] = {"name": spec["name"], "subject": subject, "interval_s": obj["interval_s"],
+                                        "t0": obj["t0"], "columns": spec["columns"], "rows": []}
+                    series.append(session[subject])
+                continue
+            subject = obj.get("subject")
+            if "row" in obj and subject in session:
+                session[subject]["rows"].append(obj["row"])
+            elif "diagnosis" in obj:
+                key = f"{subject}.diagnosis"
+                if key not in session:
+                    any_series = next(iter(session.values()), {"t0": None, "interval_s": None})
+                    session[key] = {"name": "watch.diagnosis", "subject": subject, "interval_s": any_series["interval_s"],
+                                    "t0": any_series["t0"], "columns": ["t", "state", "text"], "rows": []}
+                    series.append(session[key])
+                d = obj["diagnosis"]
+                session[key]["rows"].append([obj["t"], d["state"], d["text"]])
+    return series

@@ -1,0 +1,177 @@
+"""The Monitor: the state kept between ticks (sampler, windows, once-a-second readers) and the
+building of each tick's Snapshot with its diagnoses."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections import deque
+from typing import Callable
+
+from ..facts import Gpu, GpuProcess, Machine
+from ..judge import diagnose
+from ..judge.diagnose import Diagnosis, GpuProcessSeen
+from ..telemetry import Sample, Sampler
+from .gpu_extras import GpuExtrasReader, _Periodic
+from .host import HostReader
+from .processes import same_process
+from .snapshot import GpuExtras, GpuView, HostReading, JobReading, ProcessView, Snapshot
+
+SLOW_EVERY_S = 1.0  # host, processes, PCIe/NVLink throughput and the diagnosis: at most once a second
+HOST_KEEP_S = diagnose.WINDOW_S + 5
+
+
+class Monitor:
+    """Everything a tick needs: the sampler, the windows, the once-a-second readers, the diagnosis.
+
+    `threaded=False` (tests, --once) samples and reads inline on each tick() instead of on threads;
+    `clock` (monotonic seconds) decides when the once-a-second readings are due."""
+
+    def __init__(self, interval_s: float = 1.0, pid: int | None = None, machine: Machine | None = None,
+                 threaded: bool = True, clock: Callable[[], float] = time.monotonic,
+                 slow_every_s: float = SLOW_EVERY_S):
+        if machine is None:
+            from ..probe import live  # the full facts probe: imported only when watch runs
+
+            machine = live.collect(steal_window_s=0.1, import_torch=False)
+        self.machine = machine
+        self.interval_s = interval_s
+        self.pid = pid
+        self.threaded = threaded
+        self.clock = clock
+        self.slow_every_s = slow_every_s
+        self.hostname = (machine.host.hostname if machine.host else None) or socket.gethostname()
+        self.in_container = bool(machine.host and machine.host.container)
+        self.sampler = Sampler(None, interval_s, max_samples=2)  # the watch keeps its own windows
+        self.host_reader = HostReader(pid)
+        self.tick_count = 0
+        self._facts: dict[int, Gpu] = {}
+        self._recent: dict[int, deque[Sample]] = {}
+        self._trend: dict[int, deque[Sample]] = {}  # one sample a second, for the 10-minute trend
+        self._host: deque[HostReading] = deque()
+        self._extras_reader: GpuExtrasReader | None = None
+        self._extras_thread: _Periodic | None = None
+        self._extras: dict[int, tuple[GpuExtras, list[GpuProcess] | None]] = {}
+        self._last_slow: float | None = None
+        self._host_now: HostReading | None = None
+        self._job: JobReading | None = None
+        self._job_tree: set[int] = set()
+        self._diagnoses: dict[int, Diagnosis] = {}
+        self._job_diagnosis: Diagnosis | None = None
+        self._views_extras: dict[int, GpuExtras] = {}
+
+    # lifecycle
+
+    def start(self) -> None:
+        if self.sampler.open():
+            indices = sorted(self.sampler.sample_once())  # the GPUs that could be opened, and a first reading
+            by_index = {g.index: g for g in self.machine.gpus}
+            self._facts = {i: by_index.get(i) or Gpu(index=i) for i in indices}
+            keep = max(1, math.ceil(diagnose.WINDOW_S / self.interval_s)) + 1
+            self._recent = {i: deque(maxlen=keep) for i in indices}
+            self._trend = {i: deque(maxlen=int(diagnose.TREND_WINDOW_S / SLOW_EVERY_S) + 1) for i in indices}
+            self._extras_reader = GpuExtrasReader(self._facts, self.clock)
+            if self.threaded:
+                self.sampler.start()
+                self._extras_thread = _Periodic(self._extras_reader.read_all, SLOW_EVERY_S)
+
+    def close(self) -> None:
+        if self._extras_thread is not None:
+            self._extras_thread.stop()
+        self.sampler.stop()
+
+    @property
+    def gpu_error(self) -> str | None:
+        if self.sampler.error:
+            return self.sampler.error
+        if self.sampler.gpu_errors:
+            return "; ".join(self.sampler.gpu_errors.values())
+        return None
+
+    # one tick
+
+    def tick(self) -> Snapshot:
+        self.tick_count += 1
+        if not self.threaded and self._facts:
+            self.sampler.sample_once()
+        latest = self.sampler.latest()
+        for index, sample in latest.items():
+            self._keep(index, sample)
+        now = self.clock()
+        if self._last_slow is None or now - self._last_slow >= self.slow_every_s - 1e-6:
+            seconds = now - self._last_slow if self._last_slow is not None else 0.0
+            self._last_slow = now
+            self._slow(seconds)
+        return Snapshot(
+            t=time.time(), tick=self.tick_count, hostname=self.hostname, interval_s=self.interval_s,
+            gpus=[GpuView(i, self._facts[i], latest.get(i), self._views_extras.get(i) or GpuExtras(),
+                          self._diagnoses.get(i) or Diagnosis("no_data", "no reading of this GPU yet"))
+                  for i in sorted(self._facts)],
+            gpu_error=self.gpu_error, host=self._host_now, job=self._job, job_diagnosis=self._job_diagnosis,
+            driver_version=self.machine.driver.version,
+        )
+
+    def _keep(self, index: int, sample: Sample) -> None:
+        recent = self._recent[index]
+        if recent and recent[-1].t >= sample.t:
+            return  # the sampler has not read a new one since the last tick
+        recent.append(sample)
+        trend = self._trend[index]
+        if not trend or sample.t - trend[-1].t >= SLOW_EVERY_S:
+            trend.append(sample)
+
+    def _slow(self, seconds: float) -> None:
+        """The once-a-second part: extras, host, job, diagnosis."""
+        if self._extras_reader is not None:
+            fresh = self._extras_thread.latest() if self._extras_thread else self._extras_reader.read_all()
+            if fresh is not None:
+                self._extras = fresh
+        self.host_reader.scan(self._focus())
+        if self.pid is not None:
+            self._job, self._job_tree = self.host_reader.job(seconds)
+        self._views_extras = {i: self._with_process_views(extras, procs) for i, (extras, procs) in self._extras.items()}
+        # Workers are looked for under the job, or else under the GPUs' processes this machine has.
+        gpu_roots = [p.pid for e in self._views_extras.values() for p in e.processes or [] if p.visible]
+        reading = self.host_reader.read([self.pid] if self.pid is not None else gpu_roots)
+        self._host_now = reading
+        self._host.append(reading)
+        while self._host and reading.t - self._host[0].t > HOST_KEEP_S:
+            self._host.popleft()
+        self._diagnose()
+
+    def _focus(self) -> set[int]:
+        """The processes read every second: the job, and the GPUs' processes this machine has."""
+        focus = {self.pid} if self.pid is not None else set()
+        return focus | {p.pid for e in self._views_extras.values() for p in e.processes or [] if p.visible}
+
+    def _with_process_views(self, extras: GpuExtras, procs: list[GpuProcess] | None) -> GpuExtras:
+        if procs is None:
+            return extras
+        views = []
+        for p in procs:
+            names = self.host_reader.local_names(p.pid)
+            visible = names is not None and same_process(p.name, names)
+            views.append(ProcessView(
+                pid=p.pid, name=os.path.basename(p.name) if p.name else (names[0] if visible else None),
+                user=self.host_reader.user_of(p.pid) if visible else None, used_mib=p.used_memory_mib,
+                visible=visible, in_job=(p.pid in self._job_tree) if self.pid is not None else None))
+        return GpuExtras(extras.pcie_tx_kbs, extras.pcie_rx_kbs, extras.nvlink_tx_bps, extras.nvlink_rx_bps,
+                         views, extras.unavailable)
+
+    def _diagnose(self) -> None:
+        following = self.pid is not None
+        for index, facts in self._facts.items():
+            extras = self._views_extras.get(index)
+            seen = None
+            if extras is not None and extras.processes is not None:
+                seen = [GpuProcessSeen(p.pid, p.used_mib, p.visible, p.in_job, p.name) for p in extras.processes]
+            self._diagnoses[index] = diagnose.diagnose_gpu(
+                list(self._recent[index]), facts, seen, list(self._host), following_job=following,
+                in_container=self.in_container, trend=list(self._trend[index]))
+        if self._job is not None:
+            job_gpus = sorted(i for i, e in self._views_extras.items() if any(p.in_job for p in e.processes or []))
+            self._job.gpus = job_gpus
+            listed = any(e.processes is not None for e in self._views_extras.values())
+            self._job_diagnosis = diagnose.diagnose_job(self._job.alive, {i: self._diagnoses[i] for i in job_gpus}, listed)
