@@ -1,0 +1,111 @@
+"""The command line: `gpuvet cluster` and `python -m gpuvet.cluster` (the click command), main and
+finish."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+import click
+
+from .cross import RankThread
+from .flow import run_node
+from .launch import LaunchError, expand_hostlist, launch_from_env, print_launch
+from .node import EXIT_USAGE
+from .options import CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, RING_ROUNDS, Options
+from .record import check_out_path
+
+
+def _benchmark_names() -> tuple[str, ...]:
+    from ..runner import ALL_BENCHMARKS
+
+    return ALL_BENCHMARKS
+
+
+@click.command(name="cluster", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--print-launch", "show_launch", is_flag=True, help="Print the command that starts gpuvet on every node, and exit.")
+@click.option("--quick", is_flag=True, help="Facts only on each node, no local benchmarks (the cross-node tests still run).")
+@click.option("--bench", "benchmarks", multiple=True, type=click.Choice(_benchmark_names()), metavar="NAME",
+              help="Run only these local benchmarks (repeatable).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu: benchmark the CPUs and meet over gloo (tests, machines without GPU).")
+@click.option("--soak", "soak_minutes", type=click.FloatRange(min=0.1), metavar="MINUTES",
+              help="Hold the sustained load this long.")
+@click.option("--force", is_flag=True, help="Benchmark GPUs even when other processes use them.")
+@click.option("--preemptible/--on-demand", default=None, help="Say whether the nodes can be reclaimed (spot/preemptible).")
+@click.option("--expect", metavar="MODEL", help='The GPU model you paid for, e.g. "H100 80GB".')
+@click.option("--workdir", metavar="PATH", help="Where the work lives on each node (storage facts).")
+@click.option("--node-name", metavar="NAME", help="This node's name in the report (default: its hostname).")
+@click.option("--nodes", "nodes", metavar="HOSTLIST", help='The nodes expected, in rank order ("node[01-04]"); '
+              "names the ones that never join (Slurm: from SLURM_JOB_NODELIST).")
+@click.option("--out", metavar="FILE", help="Rank 0 writes the cluster record (JSON) to FILE.")
+@click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the cluster record as JSON instead of the report.")
+@click.option("-v", "--verbose", is_flag=True, help="List every node and straggler.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@click.option("--db", metavar="PATH", help="Each node's history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
+@click.option("--no-save", is_flag=True, help="Do not keep the node records in the local history.")
+@click.option("--label", metavar="TEXT", help="Label of every node's stored run.")
+@click.option("--price", type=click.FloatRange(min=0), metavar="USD_PER_HOUR", help="What one node costs per hour.")
+@click.option("--full-records", is_flag=True, help="Ship every node's time series whole to rank 0 (default: summarised).")
+@click.option("--no-cross", is_flag=True, help="Skip the cross-node all-reduce and ring.")
+@click.option("--allreduce-max-mib", type=click.FloatRange(min=0.004), metavar="MIB",
+              help=f"Largest cross-node all-reduce (default {GPU_ALLREDUCE_MAX_MIB:g} on GPUs, "
+                   f"{CPU_ALLREDUCE_MAX_MIB:g} on CPUs).")
+@click.option("--ring-mib", type=click.FloatRange(min=0.004), metavar="MIB",
+              help=f"Bytes per node-to-node transfer (default {GPU_RING_MIB:g} on GPUs, {CPU_RING_MIB:g} on CPUs).")
+@click.option("--ring-rounds", type=click.IntRange(min=1), default=RING_ROUNDS, show_default=True, help="Shuffled ring rounds.")
+@click.option("--tolerance", type=click.FloatRange(min=0.01, max=0.9), metavar="FRACTION",
+              help="Straggler tolerance for every figure (default: per figure, 10% for GEMM).")
+@click.option("--join-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True, metavar="S",
+              help="How long nodes may take to join.")
+@click.option("--vet-timeout", type=click.FloatRange(min=1), metavar="S",
+              help="Longest local vet (default 120 s with --quick, else 1200 s + soak).")
+@click.option("--cross-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True, metavar="S",
+              help="Longest cross-node phase.")
+@click.option("--dead-after", type=click.FloatRange(min=0.5), default=60.0, show_default=True, metavar="S",
+              help="A node silent this long (no heartbeat) has failed.")
+@click.option("--port", type=click.IntRange(1, 65535),
+              help="The rendezvous port (default: MASTER_PORT, or one from the Slurm job id).")
+@click.option("--test-pause-at", type=click.Choice(["vet", "meet", "cross"]), hidden=True)
+@click.option("--rank-processes", is_flag=True, hidden=True)
+def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], no_cross: bool, **values: Any) -> None:
+    """Vet every node of a multi-node job at once (one process per node, from torchrun or srun),
+    measure the network between the nodes, and name the stragglers."""
+    if show_launch:
+        click.echo(print_launch())
+        return
+    options = Options(benchmarks=list(benchmarks) or None, cross=not no_cross,
+                      nodes=expand_hostlist(nodes) if nodes else [], **values)
+    finish(main(options))
+
+
+def finish(code: int) -> None:
+    """Exit; without waiting for a rank thread stuck in gloo until its timeout, nor for process
+    group destructors at interpreter exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(t.is_alive() for t in RankThread.abandoned):
+        os._exit(code)
+    sys.exit(code)
+
+
+def main(options: Options, env: dict[str, str] | os._Environ = os.environ) -> int:
+    try:
+        launch = launch_from_env(env, options.port)
+    except LaunchError as err:
+        click.echo(f"gpuvet cluster: {err}", err=True)
+        return EXIT_USAGE
+    problem = check_out_path(options.out) if launch.rank == 0 else None
+    if problem:
+        click.echo(f"gpuvet cluster: {problem}", err=True)
+        return EXIT_USAGE
+    name = options.node_name or socket.gethostname()
+    talk = launch.rank == 0 and not options.quiet
+
+    def say(message: str) -> None:
+        if talk:
+            click.echo(f"gpuvet cluster [{name}]: {message}", err=True)
+
+    return run_node(launch, options, say)

@@ -1,0 +1,153 @@
+"""Where am I: the launcher's environment (torchrun or Slurm), Slurm's compressed host lists, the
+command line that starts gpuvet on every node, and the network interface towards rank 0."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import socket
+import sys
+from dataclasses import dataclass, field
+
+
+class LaunchError(Exception):
+    """Not started by a launcher gpuvet understands, or started wrongly; the message says how."""
+
+
+@dataclass
+class Launch:
+    kind: str  # "torchrun" or "slurm"
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    agent_store: bool = False  # torchrun's agent hosts the store: no rank starts one
+    job_id: str | None = None
+    expected_nodes: list[str] = field(default_factory=list)  # host per rank, where the launcher says
+
+    @property
+    def cluster_id(self) -> str:
+        return self.job_id or f"{self.master_addr}-{self.master_port}"
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list: "node[01-04,07],gpu-a[1-2]-x" -> node01..node04, node07,
+    gpu-a1-x, gpu-a2-x (zero padding kept; several bracket groups multiply)."""
+    hosts: list[str] = []
+    for item in _split_top_level(text.strip()):
+        hosts += _expand_one(item)
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_one(item: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", item)
+    if not match:
+        return [item]
+    head, tail = item[:match.start()], item[match.end():]
+    return [head + value + rest for value in _range_values(match.group(1)) for rest in _expand_one(tail)]
+
+
+def _range_values(spec: str) -> list[str]:
+    values = []
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        if not high:
+            values.append(low)
+            continue
+        if not (low.isdigit() and high.isdigit()):
+            raise LaunchError(f"cannot read the host range [{spec}]")
+        width = len(low) if low.startswith("0") else 0
+        values += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+    return values
+
+
+def launch_from_env(env: dict[str, str] | os._Environ = os.environ, port: int | None = None) -> Launch:
+    """The rank, world size and master from torchrun's or Slurm's variables."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return _torchrun_launch(env, port)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return _slurm_launch(env, port)
+    raise LaunchError("not started by torchrun or srun (no RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS); "
+                      f"start it on every node with:\n  {print_launch(env)}")
+
+
+def _torchrun_launch(env: dict[str, str] | os._Environ, port: int | None) -> Launch:
+    if int(env.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        raise LaunchError(f"one gpuvet process per node vets all its GPUs: use --nproc-per-node 1 "
+                          f"(this node has {env['LOCAL_WORLD_SIZE']})")
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        raise LaunchError("torchrun did not set MASTER_ADDR and MASTER_PORT")
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], port or int(env["MASTER_PORT"]),
+                  agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+                  job_id=f"{run_id}-{attempt}" if run_id else None)
+
+
+def _slurm_launch(env: dict[str, str] | os._Environ, port: int | None) -> Launch:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    hosts = expand_hostlist(nodelist) if nodelist else []
+    world_size = int(env["SLURM_NTASKS"])
+    if hosts and world_size > len(hosts):
+        raise LaunchError(f"{world_size} tasks on {len(hosts)} nodes: one gpuvet process per node vets all its GPUs; "
+                          "use srun --ntasks-per-node=1")
+    master = env.get("MASTER_ADDR") or (hosts[0] if hosts else None)
+    if not master:
+        raise LaunchError("no SLURM_JOB_NODELIST and no MASTER_ADDR: cannot tell which node is rank 0")
+    job = env.get("SLURM_JOB_ID")
+    if port is None:
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else 20000 + (int(job) % 20000 if job and job.isdigit() else 0)
+    step = env.get("SLURM_STEP_ID")
+    return Launch("slurm", int(env["SLURM_PROCID"]), world_size, master, port,
+                  job_id=f"slurm-{job}" + (f".{step}" if step else "") if job else None,
+                  expected_nodes=hosts if len(hosts) == world_size else [])
+
+
+def print_launch(env: dict[str, str] | os._Environ = os.environ, options: list[str] | None = None,
+                 python: str | None = None) -> str:
+    """The command line that starts gpuvet on every node from here: srun inside a Slurm
+    allocation, else torchrun with placeholders to fill in."""
+    extra = " ".join(options or [])
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+        if not nodes and env.get("SLURM_JOB_NODELIST"):
+            nodes = str(len(expand_hostlist(env["SLURM_JOB_NODELIST"])))
+        line = (f"srun --nodes={nodes or '<NODES>'} --ntasks-per-node=1 --kill-on-bad-exit=0 {python or sys.executable} "
+                f"-m gpuvet.cluster --out gpuvet-cluster-{job}.json")
+    else:
+        line = ("torchrun --nnodes <NUMBER_OF_NODES> --nproc-per-node 1 --rdzv-backend c10d "
+                f"--rdzv-endpoint <FIRST_NODE_HOST>:29400 --rdzv-id gpuvet-{random.randrange(16**6):06x} --max-restarts 0 "
+                "-m gpuvet.cluster --out gpuvet-cluster.json")
+    return f"{line} {extra}".strip()
+
+
+def interface_towards(address: str) -> str | None:
+    """The local network interface the kernel routes `address` through (gloo otherwise picks the
+    interface of the hostname, which on multi-NIC nodes and in containers is often wrong)."""
+    import psutil
+
+    try:
+        family, kind, proto, _, target = socket.getaddrinfo(address, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(target)  # UDP: no packet is sent, the kernel only picks the route
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == local for a in addresses):
+            return name
+    return None

@@ -1,0 +1,62 @@
+"""The run options every node gets, the default transfer sizes, and the pause (tests only) that
+`Options.test_pause_at` asks for."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+
+GPU_ALLREDUCE_MAX_MIB = 1024.0
+CPU_ALLREDUCE_MAX_MIB = 64.0
+GPU_RING_MIB = 256.0
+CPU_RING_MIB = 16.0
+RING_ROUNDS = 3
+
+
+@dataclass
+class Options:
+    quick: bool = False
+    device: str = "cuda"
+    benchmarks: list[str] | None = None
+    soak_minutes: float | None = None
+    force: bool = False
+    preemptible: bool | None = None
+    expect: str | None = None
+    workdir: str | None = None
+    node_name: str | None = None
+    nodes: list[str] = field(default_factory=list)  # the node names expected (--nodes hostlist)
+    out: str | None = None
+    as_json: bool = False
+    verbose: bool = False
+    quiet: bool = False
+    db: str | None = None
+    no_save: bool = False
+    label: str | None = None
+    price: float | None = None
+    full_records: bool = False
+    cross: bool = True
+    allreduce_max_mib: float | None = None
+    ring_mib: float | None = None
+    ring_rounds: int = RING_ROUNDS
+    tolerance: float | None = None
+    join_timeout: float = 300.0
+    vet_timeout: float | None = None  # None: from the profile
+    cross_timeout: float = 300.0
+    dead_after: float = 60.0
+    port: int | None = None
+    rank_processes: bool = False  # gloo ranks in processes of their own, as NCCL's (tests of that path)
+    test_pause_at: str | None = None  # tests only: "vet", "meet" or "cross": this node stops there
+
+    def vet_deadline_s(self) -> float:
+        if self.vet_timeout:
+            return self.vet_timeout
+        if self.quick and not self.benchmarks:
+            return 120.0
+        return 1200.0 + 60.0 * (self.soak_minutes or 0.0)
+
+
+def pause(where: str) -> None:
+    """Tests only: stand still here, as a hung node would, until killed."""
+    print(f"gpuvet cluster: paused at {where} (test)", file=sys.stderr, flush=True)
+    threading.Event().wait()

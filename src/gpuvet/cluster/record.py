@@ -1,0 +1,213 @@
+"""The cluster record (gpuvet.cluster/1): what a node ships to rank 0, the cross-node results as
+measurements, the judged record, a saved record judged again, and the record on disk (--out)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+from dataclasses import asdict
+from typing import Any
+
+from .. import __version__
+from ..bench.allreduce import LATENCY_BYTES
+from ..facts import from_dict
+from ..judge.cluster import ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, MISSING, NOTE, OK, RING, NodeEntry, judge_cluster
+from ..record import Measurement, verdict_of
+from .launch import Launch
+from .options import Options
+from .plan import Plan
+from .roster import NodeState
+
+CLUSTER_SCHEMA = "gpuvet.cluster/1"
+
+
+# == what a node ships: its record, time series summarised ===================================
+
+def summarise_series(series: dict[str, Any]) -> dict[str, Any]:
+    """A time series as min/median/max/first/last per column instead of every row."""
+    columns, rows = series.get("columns") or [], series.get("rows") or []
+    stats = {}
+    for i, column in enumerate(columns):
+        values = [row[i] for row in rows if i < len(row) and isinstance(row[i], (int, float))]
+        if column != "t" and values:
+            stats[column] = {"min": min(values), "median": statistics.median(values), "max": max(values),
+                             "first": values[0], "last": values[-1]}
+    return {"name": series.get("name"), "subject": series.get("subject"), "interval_s": series.get("interval_s"),
+            "rows": len(rows), "stats": stats}
+
+
+def summarise_record(record: dict[str, Any], keep_series: bool = False) -> dict[str, Any]:
+    """The run record a node ships to rank 0: whole, except its time series (summarised unless
+    asked), which are most of its size and live on in the node's own store."""
+    if keep_series or not record.get("series"):
+        return record
+    shipped = dict(record)
+    shipped["series_summary"] = [summarise_series(s) for s in record["series"]]
+    shipped["series"] = []
+    return shipped
+
+
+# == rank 0: the cluster record ==============================================================
+
+def cross_measurements(plan: Plan | None, nodes: list[NodeState], skipped: str | None = None) -> list[Measurement]:
+    """The cross-node results of every member as measurements: the all-reduce sweep (from the
+    first member that has it) and one transfer per ring pair; a `bench.cluster` note for what
+    could not be measured, naming the nodes that stopped it."""
+    if plan is None:
+        return [_note("skipped", skipped or "not measured")]
+    by_rank = {n.rank: n for n in nodes}
+    members = [by_rank[r] for r in plan.members]
+    measurements: list[Measurement] = []
+    rows = next((m.cross["allreduce"] for m in members if m.cross and m.cross.get("allreduce")), None)
+    if rows:
+        measurements += _allreduce_measurements(plan, rows)
+    for member in members:
+        for entry in (member.cross or {}).get("ring") or []:
+            measurements.append(_ring_measurement(plan, member.name, entry))
+    problem = _cross_problem(plan, members)
+    if problem:
+        measurements.append(_note(*problem))
+    return measurements
+
+
+def _allreduce_measurements(plan: Plan, rows: list[dict[str, Any]]) -> list[Measurement]:
+    largest = rows[-1]
+    world_size = len(plan.members) * plan.ranks_per_node
+    common = {"members": plan.names, "ranks_per_node": plan.ranks_per_node, "world_size": world_size,
+              "backend": plan.backend, "device": plan.device}
+    latency_row = next((r for r in rows if r["bytes"] == LATENCY_BYTES), rows[0])
+    return [
+        Measurement(ALLREDUCE_LATENCY, latency_row["time_us"], "us", "cluster",
+                    {"bytes": latency_row["bytes"], "iterations": latency_row["iterations"], **common}),
+        Measurement(ALLREDUCE_BUSBW, largest["busbw_gbps"], "GB/s", "cluster",
+                    {"largest_bytes": largest["bytes"], "algbw_gbps": largest["algbw_gbps"], "time_us": largest["time_us"],
+                     "sizes": rows, "check_ok": all(r["wrong"] == 0 for r in rows), **common,
+                     "formula": "algbw = bytes / time / 1e9; busbw = algbw * 2(n-1)/n (nccl-tests)"}),
+    ]
+
+
+def _ring_measurement(plan: Plan, receiver: str, entry: dict[str, Any]) -> Measurement:
+    src = plan.names[entry["src_member"]]
+    details = {"src": src, "dst": receiver, "round": entry["round"], "backend": plan.backend,
+               "ranks_per_node": plan.ranks_per_node}
+    if entry.get("error") or not entry.get("seconds"):
+        return Measurement(RING, None, "GB/s", f"{src}->{receiver}", {**details, "error": entry.get("error", "no time")})
+    gbps = entry["bytes"] / entry["seconds"] / 1e9
+    return Measurement(RING, gbps, "GB/s", f"{src}->{receiver}",
+                       {**details, "bytes": entry["bytes"], "seconds": entry["seconds"], "wrong": entry["wrong"]})
+
+
+def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list[str]] | None:
+    silent = [m.name for m in members if m.cross is None]
+    aborted = next((m.cross["aborted"] for m in members if m.cross and m.cross.get("aborted")), None)
+    errors = [(m.name, e) for m in members if m.cross for e in m.cross.get("errors") or []]
+    if not (silent or aborted or errors):
+        return None
+    if aborted:  # rank 0 stopped everyone because these members went silent: that says it all
+        return "aborted", f"aborted: {aborted}", silent
+    parts = []
+    if silent:
+        why = "; ".join(f"{m.name}: {m.reason}" for m in members if m.cross is None and m.reason)
+        parts.append(f"no result from {', '.join(silent[:8])}" + (f" ({why})" if why else ""))
+    if errors:
+        name, error = errors[0]
+        parts.append(f"on {name} during {error.get('step')}: {error.get('error')}"
+                     + (f" (and {len(errors) - 1} more rank errors)" if len(errors) > 1 else ""))
+    return "failed", "; ".join(parts), silent
+
+
+def _note(outcome: str, reason: str, nodes: list[str] | None = None) -> Measurement:
+    return Measurement(NOTE, None, "", "cluster", {"outcome": outcome, "reason": reason, "nodes": nodes or []})
+
+
+def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], saved: dict[int, int | None]) -> list[NodeEntry]:
+    entries = []
+    for n in nodes:
+        status = OK if n.state in ("ready", "done") else MISSING if n.state == MISSING else FAILED
+        if n.state == "joined":  # alive but never ready: the plan went on without it
+            status, n.reason = FAILED, n.reason or "not ready when the others met"
+        entries.append(NodeEntry(n.name, n.rank, status, n.reason, n.step, n.host, records.get(n.rank), saved.get(n.rank)))
+    return entries
+
+
+def cluster_record(launch: Launch, options: Options, started_at: str, duration_s: float, entries: list[NodeEntry],
+                   plan: Plan | None, measurements: list[Measurement]) -> dict[str, Any]:
+    judgement = judge_cluster(entries, measurements, {"tolerance": options.tolerance})
+    return {
+        "schema": CLUSTER_SCHEMA,
+        "tool": {"name": "gpuvet", "version": __version__},
+        "cluster_id": launch.cluster_id,
+        "started_at": started_at,
+        "duration_s": round(duration_s, 3),
+        "launcher": {"kind": launch.kind, "world_size": launch.world_size,
+                     "master": f"{launch.master_addr}:{launch.master_port}"},
+        "options": _recorded_options(options),
+        "nodes": [_entry_dict(e) for e in sorted(entries, key=lambda e: (e.rank is None, e.rank or 0))],
+        "cross_node": {"plan": asdict(plan) if plan else None, "measurements": [asdict(m) for m in measurements]},
+        "summary": {"rows": [asdict(r) for r in judgement.rows], "baselines": [asdict(b) for b in judgement.baselines],
+                    "stragglers": [asdict(s) for s in judgement.stragglers],
+                    "uniformity": [asdict(u) for u in judgement.uniformity]},
+        "findings": [asdict(f) for f in judgement.findings],
+        "verdict": verdict_of(judgement.findings),
+    }
+
+
+def _entry_dict(entry: NodeEntry) -> dict[str, Any]:
+    """asdict() without its deep copy of the node's record (seconds at 1,000 nodes)."""
+    return {f: getattr(entry, f) for f in NodeEntry.__dataclass_fields__}
+
+
+def _recorded_options(options: Options) -> dict[str, Any]:
+    keep = ("quick", "device", "benchmarks", "soak_minutes", "preemptible", "expect", "tolerance", "join_timeout", "vet_timeout",
+            "cross_timeout", "dead_after", "allreduce_max_mib", "ring_mib", "ring_rounds", "cross", "full_records")
+    return {k: getattr(options, k) for k in keep if getattr(options, k) not in (None, [], False)}
+
+
+def rejudge_cluster(record: dict[str, Any], tolerance: float | None = None) -> dict[str, Any]:
+    """A saved cluster record judged again by this version's rules."""
+    entries = [from_dict(NodeEntry, n) for n in record.get("nodes") or []]
+    cross = record.get("cross_node") or {}
+    measurements = [from_dict(Measurement, m) for m in cross.get("measurements") or []]
+    judgement = judge_cluster(entries, measurements, {"tolerance": tolerance})
+    again = dict(record)
+    again["summary"] = {"rows": [asdict(r) for r in judgement.rows], "baselines": [asdict(b) for b in judgement.baselines],
+                        "stragglers": [asdict(s) for s in judgement.stragglers],
+                        "uniformity": [asdict(u) for u in judgement.uniformity]}
+    again["findings"] = [asdict(f) for f in judgement.findings]
+    again["verdict"] = verdict_of(judgement.findings)
+    return again
+
+
+# == the record on disk ======================================================================
+
+def write_atomically(path: str, text: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def check_out_path(out: str | None) -> str | None:
+    """Why --out cannot be written (None: it can): a missing folder, or a file that is not a
+    gpuvet cluster record (a typo must not eat the user's files)."""
+    if not out:
+        return None
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        return f"--out {out}: the folder {folder} does not exist"
+    if os.path.isdir(out):
+        return f"--out {out}: is a folder; give a file name"
+    if os.path.exists(out):
+        with open(out, "rb") as f:
+            head = f.read(512)
+        if head.strip() and CLUSTER_SCHEMA.encode() not in head:
+            return f"--out {out}: the file exists and is not a gpuvet cluster record; choose another name"
+    return None
