@@ -23,6 +23,7 @@ from .record import SCHEMA, Measurement, RunRecord
 # Every benchmark, in the order a default run takes them: the host first (no GPU needed), then
 # the GPUs.
 ALL_BENCHMARKS = host_plan.HOST + bench_plan.ALL
+RUN_WORKLOAD_STEPS = 50  # `gpuvet run` proves the platform end to end; `gpuvet workload` trains longer
 
 
 def _now() -> str:
@@ -64,6 +65,8 @@ def run_live(
     gpu_names = [n for n in names if n in bench_plan.ALL]
     measurements = host_plan.run(host_names, paths or [workdir or os.getcwd()], engine, progress) if host_names else []
     if gpu_names:
+        if workload_steps is None and benchmarks is None:
+            workload_steps = RUN_WORKLOAD_STEPS  # the default run's short version of the workload
         workload = {k: v for k, v in (("steps", workload_steps), ("path", (paths or [None])[0])) if v is not None}
         outcome = bench_plan.run(machine, gpu_names, device=device, force=force, soak_minutes=soak_minutes,
                                  progress=progress, workload=workload)
