@@ -132,6 +132,38 @@ def test_the_view_shows_each_block(monitor):
     assert "host test-node" in text and "steal" in text and "iowait" in text
 
 
+def _cells(console: Console, renderable, width: int) -> list[list[tuple[str, object]]]:
+    """What a screen shows: per line, each character with its style (no style and the null style alike)."""
+    lines = console.render_lines(renderable, console.options.update(width=width), pad=False)
+    return [[(ch, seg.style or None) for seg in line for ch in seg.text] for line in lines]
+
+
+def test_the_views_own_line_drawing_looks_exactly_like_rich_text(monitor):
+    """The view turns most lines into Segments itself (rich Text per line cost ~1 ms per GPU block
+    a frame): each line must look as rich draws the Text it stands for, cut with "…", cropped or
+    wrapped, with wide and combining characters, tabs and control characters, at any width."""
+    from rich.console import Group
+
+    from gpuvet.judge.diagnose import Diagnosis
+    from gpuvet.watch import view
+
+    m, clock, _ = monitor
+    snap = _ticks(m, clock, 3)
+    lines = list(w.render(snap).lines) + [
+        view._row("procs", ("123 alice 名前テスト 1.0 GiB", ""),
+                  ("  ·  9 ? e\u0301cole 2.0 GiB (not visible here)", "red")),
+        view._row("command", ("python train.py\t--lr 0.1\nsecond line \x07bell", "")),
+        view._row("", ("x" * 50, "dim"), ("y" * 50, ""), ("z" * 50, "yellow")),
+        view._title("GPU 7  " + "名" * 40 + "  0000:07:00.0", "cyan"),
+        view._diagnosis_line(Diagnosis("thermal", "util 100% but SM clock at 62% of max " * 4, {}, ("power_capped", "slowing"))),
+    ]
+    console = Console(file=io.StringIO(), width=160, force_terminal=True, color_system="truecolor")
+    for width in (1, 2, 7, 40, 61, 80, 150, 160, 400):
+        for _ in range(2):  # the second time, lines rich had to draw come from the view's cache
+            as_rich = Group(*[line.to_text() for line in lines])
+            assert _cells(console, view._Frame(lines), width) == _cells(console, as_rich, width), width
+
+
 def test_reads_once_a_second_whatever_the_tick_rate(monkeypatch):
     nvml = _two_gpus(monkeypatch)
     clock = _Clock()

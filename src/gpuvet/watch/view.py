@@ -1,11 +1,25 @@
-"""The live view: a Snapshot drawn with rich (GPU, host and job blocks, one diagnosis line each)."""
+"""The live view: a Snapshot drawn with rich (GPU, host and job blocks, one diagnosis line each).
+
+The view is redrawn every tick, so it is built for cost (issue 6: under 1% of one core at 1 Hz).
+A frame is a list of `_Line`s, each a few (text, style) pieces with the rich attributes its line
+has (base style, wrap or not, overflow); `_Frame` turns them into Segments itself: a line that fits
+the width (nearly all of them) becomes one Segment a piece, and a line cut with "…" or cropped is
+cut the way rich's Text.truncate cuts it. Only a line that rich would wrap, or one holding control
+characters or tabs, is handed to rich as the Text it stands for (and what rich makes of it is kept
+for the next frames while the line stays the same). Rich Text objects built, wrapped and rendered
+for every line of every frame were ~80% of a frame's cost (~1 ms per GPU block); what is left is
+mostly rich Live's own pass over the screen (splitting, padding, writing: ~1.5 ms for 8 GPUs).
+tests/test_watch.py checks that every line looks exactly as rich draws the Text it stands for.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterator, NamedTuple
 
-from rich.console import Group
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 
 from ..judge import diagnose
@@ -20,6 +34,9 @@ _STATE_STYLE = {"ok": "green", "idle": "dim", "no_data": "dim", "underused": "ye
                 "power_capped": "red", "neighbour": "red", "thermal": "red", "hw_slowdown": "red",
                 "no_gpu": "yellow", "job_gone": "dim"}
 
+_RULE = "─"
+_RULE_CELLS = 300  # a block's title line: dashes to the screen's edge, at most this many
+
 
 def _num(value: float | None, fmt: str = "{:.0f}", unit: str = "") -> str:
     return "-" if value is None else fmt.format(value) + unit
@@ -32,9 +49,12 @@ def _gib(mib: float | None) -> str:
 def _bps(value: float | None) -> str:
     if value is None:
         return "-"
-    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
+    if value >= 1e9:
+        return f"{value / 1e9:.1f} GB/s"
+    if value >= 1e6:
+        return f"{value / 1e6:.1f} MB/s"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f} kB/s"
     return f"{value:.0f} B/s"
 
 
@@ -45,130 +65,232 @@ def _bar(pct: float | None, width: int = 10) -> str:
     return "█" * filled + "·" * (width - filled)
 
 
-def _diagnosis_text(d: Diagnosis) -> Text:
-    text = Text("  → ", style="bold")
-    text.append(d.text, style=_STATE_STYLE.get(d.state, ""))
+# -- lines, and their Segments ---------------------------------------------------------------------
+
+Piece = tuple[str, str]  # (text, style): a style as rich parses it, "" for none
+
+
+class _Line(NamedTuple):
+    """One line of the view, as the rich Text it stands for: Text(style=base, no_wrap=no_wrap,
+    overflow=overflow) with each piece appended in its style. `fill`: a title line, whose last piece
+    is repeated to the screen's edge (at most _RULE_CELLS) and cropped there."""
+
+    pieces: tuple[Piece, ...]
+    base: str = ""
+    no_wrap: bool | None = None
+    overflow: str | None = None
+    fill: Piece | None = None
+
+    def to_text(self) -> Text:
+        text = Text(style=self.base, no_wrap=self.no_wrap, overflow=self.overflow)
+        for piece, style in self.pieces:
+            text.append(piece, style=style or None)
+        if self.fill is not None:
+            text.append(self.fill[0] * _RULE_CELLS, style=self.fill[1] or None)
+        return text
+
+
+def _row(label: str, *pieces: Piece) -> _Line:
+    """A label + value line of a block: cut with "…" at the screen's edge, never wrapped."""
+    return _Line(((f"  {label:<8} ", "bold"),) + pieces, no_wrap=True, overflow="ellipsis")
+
+
+_STYLES: dict[tuple[str, str], Style | None] = {}
+
+
+def _style(base: str, style: str) -> Style | None:
+    """The Style of a piece on a line: its line's base style and its own, combined as Text does
+    (parsed, not looked up in the console's theme: the view's consoles have rich's default one)."""
+    key = (base, style)
+    found = _STYLES.get(key, False)
+    if found is False:
+        found = _STYLES[key] = (Style.parse(base) + Style.parse(style)) or None
+    return found
+
+
+_SLOW: dict[tuple[_Line, int, int], list[Segment]] = {}  # lines rich drew (by width): reused while unchanged
+_SLOW_KEEP = 512
+
+
+class _Frame:
+    """The whole view: its lines, turned into Segments when rich asks (see the module's note)."""
+
+    def __init__(self, lines: list[_Line]):
+        self.lines = lines
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Segment | Text]:
+        width = options.max_width
+        # Console.print's own justify / overflow / no_wrap (the view never passes them) are left to rich.
+        plain_options = width >= 1 and options.justify in (None, "default") and not options.no_wrap and options.overflow is None
+        new_line = Segment.line()
+        for line in self.lines:
+            cut = self._cut(line, width) if plain_options else None
+            if cut is None:
+                yield from self._by_rich(line, console, options, plain_options)
+                continue
+            base = line.base
+            for piece, style in cut:
+                if piece:
+                    yield Segment(piece, _style(base, style))
+            yield new_line
+
+    @staticmethod
+    def _cut(line: _Line, width: int) -> list[Piece] | tuple[Piece, ...] | None:
+        """The pieces of `line` as rich would draw them in `width` cells, or None where only rich can
+        say (a line to wrap; control characters or tabs, which Text strips or expands)."""
+        pieces = line.pieces
+        if line.fill is not None:
+            head = "".join([piece for piece, _ in pieces])
+            used = cell_len(head)
+            if not head.isprintable() or used > width:
+                return None
+            dashes = min(_RULE_CELLS, width - used)
+            return pieces + ((line.fill[0] * dashes, line.fill[1]),) if dashes else pieces
+        plain = "".join([piece for piece, _ in pieces])
+        if not plain.isprintable():
+            return None
+        if cell_len(plain) <= width:
+            return pieces
+        if not line.no_wrap or line.overflow not in ("ellipsis", "crop"):
+            return None  # rich wraps it
+        # Text.truncate: the text set to width (width - 1 and "…"), each piece cut at the new length.
+        kept = set_cell_size(plain, width - 1) + "…" if line.overflow == "ellipsis" else set_cell_size(plain, width)
+        end, out = len(kept), []
+        start = 0
+        for piece, style in pieces:
+            if start >= end:
+                break
+            stop = start + len(piece)
+            out.append((kept[start:min(stop, end)], style))
+            start = stop
+        return out
+
+    @staticmethod
+    def _by_rich(line: _Line, console: Any, options: Any, cacheable: bool) -> Iterator[Segment | Text]:
+        if not cacheable:
+            yield line.to_text()
+            return
+        key = (line, options.max_width, console.tab_size)
+        segments = _SLOW.get(key)
+        if segments is None:
+            segments = list(console.render(line.to_text(), options))
+            if len(_SLOW) >= _SLOW_KEEP:
+                _SLOW.clear()
+            _SLOW[key] = segments
+        yield from segments
+
+
+# -- the blocks ------------------------------------------------------------------------------------
+
+def _title(title: str, style: str) -> _Line:
+    """A block's title line (not a bordered Panel: borders double the cost of a frame)."""
+    return _Line(((title + " ", f"bold {style}"),), no_wrap=True, overflow="crop", fill=(_RULE, style))
+
+
+def _diagnosis_line(d: Diagnosis) -> _Line:
+    pieces: tuple[Piece, ...] = (("  → ", ""), (d.text, _STATE_STYLE.get(d.state, "")))
     if d.also:
-        text.append("  (also: " + ", ".join(diagnose.LABELS[s] for s in d.also) + ")", style="dim")
-    return text
+        pieces += (("  (also: " + ", ".join(diagnose.LABELS[s] for s in d.also) + ")", "dim"),)
+    return _Line(pieces, base="bold")
 
 
-def _rows(rows: list[tuple[str, str | Text]]) -> Text:
-    """Label + value lines. Plain Text, not a rich Table: a table's layout pass costs ~10x more, and
-    the view is drawn every tick."""
-    out = Text(no_wrap=True, overflow="ellipsis")  # wrapping is most of a frame's cost
-    for i, (label, value) in enumerate(rows):
-        out.append(("\n" if i else "") + f"  {label:<8} ", style="bold")
-        out.append(value)
-    return out
-
-
-def _block(title: str, style: str, *body: Text) -> Group:
-    """A titled block. A title line, not a bordered Panel: borders double the cost of a frame."""
-    line = Text(no_wrap=True, overflow="crop")  # the dashes run to the screen's edge and are cut there
-    line.append(title + " ", style=f"bold {style}")
-    line.append("─" * 300, style=style)
-    return Group(line, *body)
-
-
-def _gpu_block(view: GpuView) -> Group:
+def _gpu_lines(view: GpuView, out: list[_Line]) -> None:
     s, f, e = view.sample, view.facts, view.extras
-    rows: list[tuple[str, str | Text]] = []
+    out.append(_title(f"GPU {view.index}  {view.name or 'unknown model'}" + (f"  {view.bus_id}" if view.bus_id else ""), "cyan"))
     if s is None:
-        rows.append(("", "waiting for the first reading"))
+        out.append(_row("", ("waiting for the first reading", "")))
     else:
-        sm = _num(s.sm_mhz, unit=" MHz") + (f" = {100 * view.sm_ratio:.0f}% of {f.clocks.max_sm_mhz} max" if view.sm_ratio else "")
+        sm_ratio = view.sm_ratio
+        sm = _num(s.sm_mhz, unit=" MHz") + (f" = {100 * sm_ratio:.0f}% of {f.clocks.max_sm_mhz} max" if sm_ratio else "")
         util = f"{_num(s.util_pct, unit='%'):>4} {_bar(s.util_pct)}"
-        rows.append(("util", f"{util}   SM {sm}   mem clock {_num(s.mem_mhz, unit=' MHz')}"))
+        out.append(_row("util", (f"{util}   SM {sm}   mem clock {_num(s.mem_mhz, unit=' MHz')}", "")))
         power = _num(s.power_w, unit=" W")
-        if view.power_ratio is not None:
-            power += f" = {100 * view.power_ratio:.0f}% of the {s.power_limit_w:.0f} W limit"
+        power_ratio = view.power_ratio
+        if power_ratio is not None:
+            power += f" = {100 * power_ratio:.0f}% of the {s.power_limit_w:.0f} W limit"
         if f.power.default_limit_w and s.power_limit_w and abs(f.power.default_limit_w - s.power_limit_w) > 1:
             power += f" (default {f.power.default_limit_w:.0f} W)"
         temp = _num(s.temp_c, unit=" C")
-        if view.slowdown_margin_c is not None:
-            temp += f", {view.slowdown_margin_c:.0f} C to slowdown"
-        rows.append(("power", f"{power}   temp {temp}"))
+        margin = view.slowdown_margin_c
+        if margin is not None:
+            temp += f", {margin:.0f} C to slowdown"
+        out.append(_row("power", (f"{power}   temp {temp}", "")))
         memory = f"{_gib(s.mem_used_mib)} of {_gib(f.memory_total_mib)}" if f.memory_total_mib else _gib(s.mem_used_mib)
         link = f"Gen{s.pcie_gen} x{s.pcie_width}" if s.pcie_gen and s.pcie_width else "link -"
         pcie = f"PCIe {link} tx {_bps(e.pcie_tx_kbs and e.pcie_tx_kbs * 1000)} rx {_bps(e.pcie_rx_kbs and e.pcie_rx_kbs * 1000)}"
         nvlink = f"   NVLink tx {_bps(e.nvlink_tx_bps)} rx {_bps(e.nvlink_rx_bps)}" if e.nvlink_tx_bps is not None else ""
-        rows.append(("memory", f"{memory}   {pcie}{nvlink}"))
-        rows.append(("reasons", _reasons_text(s.reasons, view.reasons)))
-    rows.append(("procs", _processes_text(e)))
-    title = f"GPU {view.index}  {view.name or 'unknown model'}" + (f"  {view.bus_id}" if view.bus_id else "")
-    return _block(title, "cyan", _rows(rows), _diagnosis_text(view.diagnosis))
+        out.append(_row("memory", (f"{memory}   {pcie}{nvlink}", "")))
+        out.append(_row("reasons", *_reasons_pieces(s.reasons, view.reasons)))
+    out.append(_row("procs", *_processes_pieces(e)))
+    out.append(_diagnosis_line(view.diagnosis))
 
 
-def _reasons_text(mask: int | None, names: list[str] | None) -> Text:
+def _reasons_pieces(mask: int | None, names: list[str] | None) -> tuple[Piece, ...]:
     if mask is None:
-        return Text("not reported", style="dim")
+        return (("not reported", "dim"),)
     if not names:
-        return Text("none", style="green")
-    text = Text(f"0x{mask:x} = ")
-    for i, name in enumerate(names):
-        text.append((" | " if i else "") + name, style="red" if name in _FAULT_REASONS else "yellow")
-    return text
+        return (("none", "green"),)
+    return ((f"0x{mask:x} = ", ""),) + tuple(
+        ((" | " if i else "") + name, "red" if name in _FAULT_REASONS else "yellow") for i, name in enumerate(names))
 
 
-def _processes_text(e: GpuExtras) -> Text:
+def _processes_pieces(e: GpuExtras) -> tuple[Piece, ...]:
     if e.processes is None:
-        return Text("not listed: " + e.unavailable.get("processes", "no reading yet"), style="dim")
+        return (("not listed: " + e.unavailable.get("processes", "no reading yet"), "dim"),)
     if not e.processes:
-        return Text("none", style="dim")
-    text = Text()
+        return (("none", "dim"),)
+    pieces = []
     for i, p in enumerate(sorted(e.processes, key=lambda p: -(p.used_mib or 0))[:6]):
-        style = "" if p.visible else "red"
         who = f"{p.pid} {p.user or '?'} {p.name or '?'} {_gib(p.used_mib)}" + ("" if p.visible else " (not visible here)")
-        text.append(("  ·  " if i else "") + who, style=style)
+        pieces.append((("  ·  " if i else "") + who, "" if p.visible else "red"))
     if len(e.processes) > 6:
-        text.append(f"  · +{len(e.processes) - 6} more", style="dim")
-    return text
+        pieces.append((f"  · +{len(e.processes) - 6} more", "dim"))
+    return tuple(pieces)
 
 
-def _host_block(h: HostReading | None, hostname: str) -> Group:
-    rows: list[tuple[str, str | Text]] = []
+def _host_lines(h: HostReading | None, hostname: str, out: list[_Line]) -> None:
+    out.append(_title(f"host {hostname}", "blue"))
     if h is None:
-        rows.append(("", "first reading in a second"))
+        out.append(_row("", ("first reading in a second", "")))
+        return
+    out.append(_row("cpu", (f"{_num(h.cpu_pct, unit='%'):>4} {_bar(h.cpu_pct)} of {h.cpu_count} CPUs   "
+                            f"steal {_num(h.steal_pct, '{:.1f}', '%')}   iowait {_num(h.iowait_pct, '{:.1f}', '%')}", "")))
+    mem = f"{h.mem_used_bytes / 2**30:.1f} of {h.mem_total_bytes / 2**30:.1f} GiB" if h.mem_total_bytes else "-"
+    out.append(_row("memory", (f"{mem}   disk read {_bps(h.disk_read_bps)} write {_bps(h.disk_write_bps)}   "
+                               f"net rx {_bps(h.net_rx_bps)} tx {_bps(h.net_tx_bps)}", "")))
+    if h.worker_list:
+        listed = ", ".join(f"{w.pid} {w.name} {w.cpu_pct:.0f}%" for w in h.worker_list[:6])
+        more = f", +{len(h.worker_list) - 6} more" if len(h.worker_list) > 6 else ""
+        out.append(_row("workers", (f"{h.workers} busy, {h.workers_cpu_pct:.0f}% CPU each on average: {listed}{more}", "")))
     else:
-        rows.append(("cpu", f"{_num(h.cpu_pct, unit='%'):>4} {_bar(h.cpu_pct)} of {h.cpu_count} CPUs   "
-                            f"steal {_num(h.steal_pct, '{:.1f}', '%')}   iowait {_num(h.iowait_pct, '{:.1f}', '%')}"))
-        mem = f"{h.mem_used_bytes / 2**30:.1f} of {h.mem_total_bytes / 2**30:.1f} GiB" if h.mem_total_bytes else "-"
-        rows.append(("memory", f"{mem}   disk read {_bps(h.disk_read_bps)} write {_bps(h.disk_write_bps)}   "
-                               f"net rx {_bps(h.net_rx_bps)} tx {_bps(h.net_tx_bps)}"))
-        if h.worker_list:
-            listed = ", ".join(f"{w.pid} {w.name} {w.cpu_pct:.0f}%" for w in h.worker_list[:6])
-            more = f", +{len(h.worker_list) - 6} more" if len(h.worker_list) > 6 else ""
-            rows.append(("workers", f"{h.workers} busy, {h.workers_cpu_pct:.0f}% CPU each on average: {listed}{more}"))
-        else:
-            rows.append(("workers", Text("no DataLoader-like worker busy", style="dim")))
-    return _block(f"host {hostname}", "blue", _rows(rows))
+        out.append(_row("workers", ("no DataLoader-like worker busy", "dim")))
 
 
-def _job_block(job: JobReading, d: Diagnosis | None) -> Group:
+def _job_lines(job: JobReading, d: Diagnosis | None, out: list[_Line]) -> None:
+    out.append(_title(f"job {job.pid} {job.name or ''}", "magenta"))
     if not job.alive:
-        rows: list[tuple[str, str | Text]] = [("", Text(f"process {job.pid} is not running", style="dim"))]
+        out.append(_row("", (f"process {job.pid} is not running", "dim")))
     else:
-        rows = [("command", job.cmdline or job.name or ""),
-                ("tree", f"{job.processes} process(es)   CPU {_num(job.cpu_pct, unit='%')}   read {_bps(job.read_bps)} "
-                         f"write {_bps(job.write_bps)}   GPUs {', '.join(map(str, job.gpus)) or 'none'}")]
-    body = [_rows(rows)] + ([_diagnosis_text(d)] if d is not None else [])
-    return _block(f"job {job.pid} {job.name or ''}", "magenta", *body)
+        out.append(_row("command", (job.cmdline or job.name or "", "")))
+        out.append(_row("tree", (f"{job.processes} process(es)   CPU {_num(job.cpu_pct, unit='%')}   read {_bps(job.read_bps)} "
+                                 f"write {_bps(job.write_bps)}   GPUs {', '.join(map(str, job.gpus)) or 'none'}", "")))
+    if d is not None:
+        out.append(_diagnosis_line(d))
 
 
-def render(snap: Snapshot, interactive: bool = True) -> Group:
+def render(snap: Snapshot, interactive: bool = True) -> _Frame:
     clock = time.strftime("%H:%M:%S", time.localtime(snap.t))
-    head = Text(f"gpuvet watch · {snap.hostname} · {len(snap.gpus)} GPU(s) · every {snap.interval_s:g} s · "
-                f"tick {snap.tick} · {clock}", style="bold")
-    if interactive:
-        head.append("   q quits", style="dim")
-    parts: list[Any] = [head]
+    head = (f"gpuvet watch · {snap.hostname} · {len(snap.gpus)} GPU(s) · every {snap.interval_s:g} s · "
+            f"tick {snap.tick} · {clock}", "")
+    lines = [_Line((head, ("   q quits", "dim")) if interactive else (head,), base="bold")]
     if snap.job is not None:
-        parts.append(_job_block(snap.job, snap.job_diagnosis))
-    parts.extend(_gpu_block(g) for g in snap.gpus)
+        _job_lines(snap.job, snap.job_diagnosis, lines)
+    for g in snap.gpus:
+        _gpu_lines(g, lines)
     if snap.gpu_error:
         words = "no GPU data: " if not snap.gpus else "some GPUs are not shown: "
         tail = "; the host part still works" if not snap.gpus else ""
-        parts.append(_block("GPUs", "yellow", Text(f"  {words}{snap.gpu_error}{tail}")))
-    parts.append(_host_block(snap.host, snap.hostname))
-    return Group(*parts)
+        lines.append(_title("GPUs", "yellow"))
+        lines.append(_Line(((f"  {words}{snap.gpu_error}{tail}", ""),)))
+    _host_lines(snap.host, snap.hostname, lines)
+    return _Frame(lines)
