@@ -7,6 +7,7 @@ import math
 import statistics
 import threading
 import time
+import types
 
 import pytest
 
@@ -42,12 +43,14 @@ def test_cpu_run_measures_fp32_with_the_default_shapes():
     assert m["value"] > 0
     d = m["details"]
     assert {"shape", "dtype", "iterations", "summary", "shapes_tried", "finalists", "check", "skipped_dtypes",
-            "timing"} <= set(d)
+            "timing", "spread_iqr_pct", "cpu_share", "blocks", "calm_blocks", "shapes_retimed"} <= set(d)
     assert d["dtype"] == "fp32"
     assert set(d["skipped_dtypes"]) == {"tf32", "fp16", "bf16", "fp8"}
     assert all("fp32 only" in why for why in d["skipped_dtypes"].values())
     assert d["shapes_tried"]  # how many fit in the time depends on the machine's load
-    assert all(1024 <= m_ <= 2048 and 1024 <= n <= 2048 for m_, n, _k, _rate in d["shapes_tried"])
+    candidates = [s.as_list() for s in gemm.default_candidates("cpu")]
+    assert all([m_, n, k] in candidates for m_, n, k, _rate in d["shapes_tried"])
+    assert 0 < d["cpu_share"] < 2 and 0 <= d["calm_blocks"] <= d["blocks"] >= 1
     assert d["summary"]["n"] == d["iterations"] >= gemm.MIN_TIMED_CALLS
     assert d["check"]["ok"] is True
     failures = by_name["gemm.check_failures"]
@@ -70,22 +73,117 @@ def test_the_value_is_the_best_finalist_median_and_finalists_are_the_best_scouts
 
 
 def test_the_value_comes_from_per_call_timings(monkeypatch):
-    calls = []
-    real_time_each = gemm.time_each
+    """The value is the median of per-call rates: on the CPU, over the calls of the best finalist's
+    calm blocks, every one of them timed on its own by time_each."""
+    timed, blocks = [], []
+    real_time_each, real_run_shape = gemm.time_each, gemm.run_shape
 
-    def spy(device, fn, repeats, before=None):
+    def spy_time_each(device, fn, repeats, before=None):
         times = real_time_each(device, fn, repeats, before=before)
-        calls.append((repeats, before, times))
+        timed.append((repeats, before, times))
         return times
 
-    monkeypatch.setattr(gemm, "time_each", spy)
-    by_name, _ = run_cpu(0.6, shapes=SMALL_SHAPES)
+    def spy_run_shape(device, workspace, shape, seconds, flush, **kwargs):
+        run = real_run_shape(device, workspace, shape, seconds, flush, **kwargs)
+        blocks.append((kwargs["check"], run))
+        return run
+
+    monkeypatch.setattr(gemm, "time_each", spy_time_each)
+    monkeypatch.setattr(gemm, "run_shape", spy_run_shape)
+    by_name, _ = run_cpu(1.0, shapes=SMALL_SHAPES)
     m = by_name["gemm.fp32"]
-    assert calls and all(len(times) == repeats and before is None for repeats, before, times in calls)  # CPU: no flush
-    m_, n, k = m["details"]["shape"]
-    per_call_medians = [statistics.median(2 * m_ * n * k / t / 1e12 for t in times) for _, _, times in calls]
-    assert any(rate == pytest.approx(m["value"]) for rate in per_call_medians)
-    assert m["details"]["iterations"] in [repeats for repeats, _, _ in calls]
+    d = m["details"]
+    assert timed and all(len(times) == repeats and before is None for repeats, before, times in timed)  # CPU: no flush
+    assert all(any(run.seconds is times for _, _, times in timed) for _, run in blocks)
+    final = [run for check, run in blocks if check and run.shape.as_list() == d["shape"]]
+    kept = [run for run in final if not run.noisy] or final
+    assert len(final) == d["blocks"] and len([run for run in final if not run.noisy]) == d["calm_blocks"]
+    m_, n, k = d["shape"]
+    rates = [2 * m_ * n * k / t / 1e12 for run in kept for t in run.seconds]
+    assert m["value"] == pytest.approx(statistics.median(rates))
+    assert d["iterations"] == len(rates)
+
+
+def cpu_run(side: int, seconds: list[float], share: float | None = 1.0, check: bool = False) -> gemm.ShapeRun:
+    check_result = {"ok": True, "max_error": 0.0, "tolerance": 1e-4, "nan_or_inf": False, "repeat_mismatch": False,
+                    "repeat_error": 0.0, "repeat_tolerance": 1e-5, "checksum_error": 0.0} if check else None
+    return gemm.ShapeRun(Shape(side, side, side), seconds, check_result, cpu_share=share)
+
+
+def test_a_run_is_noisy_when_the_cpus_were_taken_or_the_calls_scatter():
+    assert not cpu_run(100, [1.0, 1.0, 1.02, 0.98, 1.0]).noisy
+    assert cpu_run(100, [1.0, 1.0, 1.02, 0.98, 1.0], share=0.6).noisy  # another process held a core
+    assert cpu_run(100, [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]).noisy  # bimodal calls
+    assert not cpu_run(100, [1.0, 2.0, 1.0], share=None).noisy  # too few calls to tell; a GPU has no share
+    assert cpu_run(100, [1.0, 1.0, 1.0, 1.0]).spread == 0.0
+
+
+def test_noisy_blocks_are_set_aside_when_the_shape_has_a_calm_one():
+    calm, taken = cpu_run(100, [1.0] * 5, check=True), cpu_run(100, [2.0] * 5, share=0.5, check=True)
+    taken.check = dict(taken.check, ok=False)  # every block's check counts, calm or not
+    run = gemm.pooled(Shape(100, 100, 100), [taken, calm])
+    assert run.seconds == [1.0] * 5 and (run.blocks, run.calm_blocks) == (2, 1) and run.cpu_share == 1.0
+    assert run.check["ok"] is False and run.check["runs_checked"] == 2
+    all_taken = gemm.pooled(Shape(100, 100, 100), [taken, cpu_run(100, [3.0] * 5, share=0.4, check=True)])
+    assert len(all_taken.seconds) == 10 and all_taken.calm_blocks == 0  # none calm: all of them, and it says so
+
+
+FAKE_WORKSPACE = types.SimpleNamespace(dtype="fp32")  # what scout and confirm read of it, run_shape being replaced
+
+
+def scripted_run_shape(monkeypatch, script: dict):
+    """run_shape replaced by runs from `script` (shape side -> list of ShapeRuns, used in turn); returns the call log."""
+    log = []
+
+    def fake(device, workspace, shape, seconds, flush, *, max_calls, check, warm_up_fraction=gemm.WARM_UP_FRACTION):
+        log.append((shape.m, check, seconds))
+        run = script[shape.m].pop(0)
+        return gemm.ShapeRun(shape, run.seconds, run.check, cpu_share=run.cpu_share)
+
+    monkeypatch.setattr(gemm, "run_shape", fake)
+    return log
+
+
+def test_a_noisy_scout_is_timed_again_and_ranked_by_its_steadier_run(monkeypatch):
+    # 300 was slowed by load from elsewhere while scouting; timed again it is the fastest.
+    log = scripted_run_shape(monkeypatch, {
+        100: [cpu_run(100, [1e-3] * 5)],
+        200: [cpu_run(200, [5e-3] * 5)],
+        300: [cpu_run(300, [1.0] * 5, share=0.5), cpu_run(300, [0.01] * 5)],
+    })
+    shapes = [Shape(s, s, s) for s in (100, 200, 300)]
+    runs, not_tried = gemm.scout("cpu", FAKE_WORKSPACE, shapes, Budget(10.0), None, lambda message: None, gemm.CPU_METHOD)
+    assert [m for m, _, _ in log] == [100, 200, 300, 300] and not not_tried
+    assert runs[2].retimed and not runs[2].noisy and not runs[0].retimed
+    assert gemm.finalists(runs) == [Shape(300, 300, 300), Shape(200, 200, 200)]
+
+
+def test_the_gpu_method_trusts_its_scouts_and_times_each_finalist_once(monkeypatch):
+    assert gemm.method_for("cuda:0") is gemm.GPU_METHOD and gemm.method_for("cpu") is gemm.CPU_METHOD
+    assert (gemm.GPU_METHOD.scout_fraction, gemm.GPU_METHOD.retime_fraction, gemm.GPU_METHOD.final_block_s) == (0.5, 0.0, None)
+    log = scripted_run_shape(monkeypatch, {
+        100: [cpu_run(100, [1e-3] * 5), cpu_run(100, [1e-3] * 5, check=True)],
+        200: [cpu_run(200, [1.0] * 5, share=0.5)],
+        300: [cpu_run(300, [0.02] * 5), cpu_run(300, [0.02] * 5, check=True)],
+    })
+    monkeypatch.setattr(gemm, "method_for", lambda device: gemm.GPU_METHOD)
+    result = gemm.measure_dtype("cpu", "fp32", Budget(10.0), [Shape(s, s, s) for s in (100, 200, 300)])
+    assert [(m, check) for m, check, _ in log] == [(100, False), (200, False), (300, False), (300, True), (100, True)]
+    assert [run.blocks for run in result.confirmed] == [1, 1]
+
+
+def test_cpu_finalists_are_timed_in_turns_of_checked_blocks(monkeypatch):
+    blocks = 2 * 3  # three turns of two finalists
+    log = scripted_run_shape(monkeypatch, {
+        100: [cpu_run(100, [1e-3] * 5, check=True) for _ in range(blocks)],
+        200: [cpu_run(200, [8e-3] * 5, share=0.5 if i == 0 else 1.0, check=True) for i in range(blocks)],
+    })
+    runs = gemm.confirm_in_turns("cpu", FAKE_WORKSPACE, [Shape(200, 200, 200), Shape(100, 100, 100)],
+                                 Budget(blocks * gemm.CPU_METHOD.final_block_s), None,
+                                 lambda message: None, gemm.CPU_METHOD)
+    assert [m for m, _, _ in log] == [200, 100] * (blocks // 2) and all(check for _, check, _ in log)
+    assert [(run.shape.m, run.blocks, run.calm_blocks) for run in runs] == [(200, blocks // 2, blocks // 2 - 1),
+                                                                           (100, blocks // 2, blocks // 2)]
 
 
 def test_finalists_are_the_scouts_with_the_best_medians():
@@ -349,10 +447,12 @@ def test_a_tiny_budget_measures_fewer_shapes_without_overrunning():
 # ---------------------------------------------------------------- candidate shapes and memory
 
 
-def test_default_cpu_candidates_span_1024_to_2048():
+def test_default_cpu_candidates_are_calls_of_10_to_60_ms():
     shapes = gemm.default_candidates("cpu")
-    assert min(s.m for s in shapes) == 1024 and max(s.m for s in shapes) == 2048
-    assert any(s.k > s.m for s in shapes)  # a long-K shape too
+    # ~150 GFLOPS on two cores: long enough that a preempted thread is an outlier, short enough for
+    # dozens of calls per block.
+    assert all(1.5e9 <= s.flops <= 1e10 for s in shapes)
+    assert any(s.k > s.m for s in shapes) and any(s.k == s.m for s in shapes)  # squares and long-K shapes
 
 
 def test_wave_filling_shapes_fill_whole_waves_of_sms():

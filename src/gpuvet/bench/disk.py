@@ -8,8 +8,10 @@ back cold in shuffled order by 4 readers, like a DataLoader over a folder of sma
 Engines: fio when it is installed ("auto" or "fio": libaio, --direct=1, JSON output), gpuvet's
 own otherwise ("builtin": Linux native AIO through ctypes, the mechanism of fio's libaio engine,
 on page-aligned buffers; threads doing pwrite/preadv where AIO cannot work; `details.io` says
-which). Both run the same jobs (block size, depth, file), so they measure the same thing; the
-small-files test is always built-in, since fio has no per-file open/read/close pattern.
+which). Both run the same jobs (block size, depth, file, offsets drawn the same way) and keep
+the queue full the same way, fio's default: each request submitted on its own the moment one
+completes (`details.method`), so they measure the same thing; the small-files test is always
+built-in, since fio has no per-file open/read/close pattern.
 `details.engine` says which engine measured; with "auto", a fio failure hands over to the
 built-in engine and `details.fallback_reason` says why.
 
@@ -42,7 +44,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from ..facts import Storage
 from ..probe.host import storage_for
@@ -285,15 +287,30 @@ def _common_details(target: Target, engine: str, result: Pass) -> dict[str, Any]
     return {**details, **result.extra}
 
 
+# What both engines do in each pass (fio: the job's options; built-in: the same pattern).
+SUBMIT = "each request submitted on its own as soon as one completes"
+METHOD = {
+    "disk.seq_write": f"sequential {SEQ_BLOCK // MIB} MiB writes, {SEQ_DEPTH} in flight, {SUBMIT}, into a "
+                      "preallocated file; timed to the end of an fsync",
+    "disk.seq_read": f"sequential {SEQ_BLOCK // MIB} MiB reads of the written file, {SEQ_DEPTH} in flight, {SUBMIT}",
+    "disk.rand_read_iops": f"{RAND_BLOCK // KIB} KiB reads at uniform random {RAND_BLOCK // KIB} KiB-aligned offsets "
+                           f"over the whole written file (repeats allowed, a fresh sequence each run), "
+                           f"{RAND_DEPTH} in flight, {SUBMIT}; reads completed / seconds",
+}
+
+
 def _seq_measurement(name: str, target: Target, result: Pass, engine: str) -> dict:
     return measurement(name, round(result.mb_s, 1), "MB/s", target.path,
-                       **_common_details(target, engine, result), block_size=SEQ_BLOCK, queue_depth=SEQ_DEPTH)
+                       **_common_details(target, engine, result), block_size=SEQ_BLOCK, queue_depth=SEQ_DEPTH,
+                       method=METHOD[name])
 
 
 def _rand_measurement(target: Target, result: Pass, engine: str) -> dict:
-    return measurement("disk.rand_read_iops", round(result.iops), "IOPS", target.path,
+    name = "disk.rand_read_iops"
+    return measurement(name, round(result.iops), "IOPS", target.path,
                        **_common_details(target, engine, result), block_size=RAND_BLOCK, queue_depth=RAND_DEPTH,
-                       reads=result.ops, p50_us=_round(result.p50_us), p99_us=_round(result.p99_us))
+                       reads=result.ops, p50_us=_round(result.p50_us), p99_us=_round(result.p99_us),
+                       method=METHOD[name])
 
 
 def _small_files_measurement(target: Target, result: Pass) -> dict:
@@ -422,8 +439,10 @@ def _sequential(size: int, block: int) -> Callable[[], int | None]:
     return next_offset
 
 
-def _random(size: int, block: int, seed: int = 0) -> Callable[[], int]:
-    """Uniform block-aligned offsets below `size` (fio's norandommap: repeats allowed)."""
+def _random(size: int, block: int, seed: int | None = None) -> Callable[[], int]:
+    """Uniform block-aligned offsets below `size`, as fio's job draws them (--norandommap:
+    repeats allowed; --randrepeat=0: a fresh sequence each run, so no run re-reads the blocks
+    an earlier run left in a cache, such as a virtual disk's host page cache)."""
     uniform, blocks = random.Random(seed).random, size // block
     return lambda: int(uniform() * blocks) * block
 
@@ -552,54 +571,57 @@ class KernelAio:
 
     def _loop(self, context: ctypes.c_ulong, fd: int, write: bool, block: int, buffers: mmap.mmap,
               next_offset: Callable[[], int | None], seconds: float) -> Moved:
+        """fio's libaio loop at its defaults (iodepth_batch_submit=1): every request goes to the
+        kernel in an io_submit of its own the moment its slot is free, so the device always has
+        `depth` requests and starts on the first while the next are prepared. Submitting a batch
+        of completed slots in one io_submit instead lets the queue run in lock-step bursts: on a
+        virtio disk that read 15-20% fewer 4 KiB IOPS than fio. Completions are reaped all at
+        once (fio takes one per io_getevents call): fewer Python calls, the same requests."""
         base = ctypes.addressof(ctypes.c_char.from_buffer(buffers))
         # The kernel's structures live in bytearrays, so the hot loop reads and writes them as
         # plain int64 views: far cheaper per request than ctypes attribute access.
-        raw_requests, raw_events, raw_ready = (bytearray(size * self.depth) for size in (64, 32, 8))
+        raw_requests, raw_events = bytearray(64 * self.depth), bytearray(32 * self.depth)
         requests = (_Iocb * self.depth).from_buffer(raw_requests)
         for slot, request in enumerate(requests):
             request.data, request.fildes, request.nbytes = slot, fd, block
             request.opcode = self.PWRITE if write else self.PREAD
             request.buf = base + slot * block
+        # io_submit takes an array of iocb pointers: each slot's is a one-element array of its own.
+        pointers = (ctypes.c_uint64 * self.depth)(*(ctypes.addressof(request) for request in requests))
+        slot_array = [ctypes.c_void_p(ctypes.addressof(pointers) + 8 * slot) for slot in range(self.depth)]
         request_words, event_words = memoryview(raw_requests).cast("q"), memoryview(raw_events).cast("q")
-        ready = memoryview(raw_ready).cast("Q")
         offset_word, stride = _Iocb.offset.offset // 8, ctypes.sizeof(_Iocb) // 8
-        addresses = [ctypes.addressof(request) for request in requests]
-        events_at = ctypes.addressof((ctypes.c_char * len(raw_events)).from_buffer(raw_events))
-        ready_at = ctypes.addressof((ctypes.c_char * len(raw_ready)).from_buffer(raw_ready))
-        one, depth = ctypes.c_long(1), ctypes.c_long(int(os.environ.get('REAPMAX', self.depth)))
+        events_at = ctypes.c_void_p(ctypes.addressof((ctypes.c_char * len(raw_events)).from_buffer(raw_events)))
+        syscall, submit = self.syscall, ctypes.c_long(self.submit)
+        one, depth = ctypes.c_long(1), ctypes.c_long(self.depth)
         wait = ctypes.byref(_Timespec(0, 200_000_000))  # wake up now and then even if a request hangs
         clock, submitted_at, latencies = time.perf_counter_ns, [0] * self.depth, []
         start = clock()
         deadline = start + int(seconds * 1e9)
 
-        def refill(slots: Iterable[int], now: int) -> int:
-            count = 0
-            for slot in slots if now < deadline else ():
-                offset = next_offset()
-                if offset is None:
-                    break
-                request_words[slot * stride + offset_word] = offset
-                submitted_at[slot] = now
-                ready[count] = addresses[slot]
-                count += 1
-            if count:
-                self._call(self.submit, context, ctypes.c_long(count), ctypes.c_void_p(ready_at))
-            return count
+        def send(slot: int) -> int:
+            """Submit `slot` at the next offset: 1, or 0 when there is none (all done)."""
+            offset = next_offset()
+            if offset is None:
+                return 0
+            request_words[slot * stride + offset_word] = offset
+            submitted_at[slot] = clock()
+            if syscall(submit, context, one, slot_array[slot]) != 1:  # rare: retry on EINTR, else raise
+                self._call(self.submit, context, one, slot_array[slot])
+            return 1
 
-        in_flight = refill(range(self.depth), start)
+        in_flight = sum(send(slot) for slot in range(self.depth))
         while in_flight:
-            finished = self._call(self.getevents, context, one, depth, ctypes.c_void_p(events_at), wait)
+            finished = self._call(self.getevents, context, one, depth, events_at, wait)
             now = clock()
-            slots = []
+            more = now < deadline
             for index in range(0, 4 * finished, 4):  # io_event: data, obj, res, res2
                 slot, result = event_words[index], event_words[index + 2]
                 if result != block:
                     what = os.strerror(-result) if result < 0 else f"{result} of {block} bytes"
                     raise EngineError(f"{'write' if write else 'read'} failed: {what}")
                 latencies.append(now - submitted_at[slot])
-                slots.append(slot)
-            in_flight += refill(slots, now) - finished
+                in_flight += (send(slot) if more else 0) - 1
         elapsed = (clock() - start) / 1e9
         return Moved(len(latencies), len(latencies) * block, elapsed, latencies, "linux-aio")
 

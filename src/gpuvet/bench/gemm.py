@@ -11,7 +11,11 @@ checksum of the whole product (Freivalds), NaN/Inf anywhere, and the last call's
 first call's (same inputs, same output on a healthy device).
 
 On the CPU device only fp32 runs (wall clock per call, nothing to flush): the same code, measured
-for real, which is what the tests exercise.
+for real, which is what the tests exercise. A CPU is usually a small shared VM, where other
+processes and the host's other tenants take the cores for seconds at a time, so there (CPU_METHOD)
+a scout that was disturbed (the process held under 90% of its CPUs, or its calls scatter) is timed
+again before the finalists are chosen, and the finalists are timed in turns, in blocks, their
+figure being the median over the calls of their calm blocks.
 """
 
 from __future__ import annotations
@@ -49,13 +53,18 @@ SUGGESTED_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
 FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 (H100 50 MiB, B200 126 MiB)
 CHECK_BLOCK = 64  # side of the product blocks compared with the float64 reference
 CHUNK_ELEMENTS = 1 << 24  # checks read the product in chunks of this many elements (64 MiB in fp32)
-SCOUT_FRACTION = 0.5  # of a dtype's time: the first pass over all candidates
+SCOUT_FRACTION = 0.5  # of a dtype's time: the first pass over all candidates (GPU; CPU_METHOD has its own)
 FINALISTS = 2  # shapes timed longer after scouting
 WARM_UP_FRACTION = 0.2  # of a shape's time, spent on untimed calls
 MIN_TIMED_CALLS = 3
 MAX_WARM_UP_CALLS = 200
 SCOUT_MAX_CALLS = 25
 FINAL_MAX_CALLS = 1000
+# When a run of calls is too disturbed to rank or report a shape by (CPU only, see CPU_METHOD): the
+# process held less than this share of its threads' CPUs while timing (another process, or the
+# hypervisor, took them), or the per-call rates scatter (interquartile range over median above this).
+CALM_CPU_SHARE = 0.9
+NOISY_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -81,8 +90,12 @@ CUDA_SQUARES = tuple(range(2048, 16384 + 1, 2048))
 CUDA_LONG_K = (Shape(4096, 4096, 16384), Shape(8192, 8192, 16384))
 # CPUs: calls of 10 ms and more. Shorter ones (512^3 takes ~1.5 ms on two cores) are bimodal on a
 # shared VM: when a co-tenant preempts one OpenMP thread, every call waits a scheduler slice (~16 ms).
-CPU_SQUARES = (1024, 1536, 2048)
-CPU_LONG_K = (Shape(1024, 1024, 4096),)
+# Past ~768 the rate hardly depends on the shape (two-core AVX2 VM, MKL: every shape from 768^3 to
+# 2048x2048x4096 within 3% of the others when timed back to back; long-K ones a little ahead, the
+# output tile being written back less often), while calls above ~60 ms only leave fewer calls to
+# take a median over: so squares to 1536 and two long-K shapes of 24 and 57 ms.
+CPU_SQUARES = (1024, 1536)
+CPU_LONG_K = (Shape(768, 768, 3072), Shape(1024, 1024, 4096))
 WAVE_TILE = (128, 256)  # a typical cuBLAS output tile on Hopper/Blackwell; only used to propose shapes
 
 
@@ -450,11 +463,52 @@ def merge_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------- timing
 
 
+@dataclass(frozen=True)
+class Method:
+    """How a dtype's time is spent. GPUs (GPU_METHOD): half of it scouting every candidate once, then
+    the best FINALISTS timed longer, one after the other, each once. CPUs (CPU_METHOD) measure on
+    shared two-core VMs, where another process or a co-tenant of the host takes the cores for a
+    second or more at a time: a noisy scout is timed again before the finalists are chosen, and the
+    finalists are timed in turns, in blocks, so that a burst of load costs a block, not the result."""
+
+    scout_fraction: float = SCOUT_FRACTION  # of the dtype's time, for the first pass over the candidates
+    scout_max_calls: int = SCOUT_MAX_CALLS
+    retime_fraction: float = 0.0  # of the scouting time, kept to time noisy scouts again
+    final_block_s: float | None = None  # finalists timed in turns of blocks this long; None: once each
+    block_warm_up_fraction: float = WARM_UP_FRACTION  # of a block, untimed (the shape is warm from scouting)
+
+
+GPU_METHOD = Method()
+# A CPU's rate hardly depends on the shape once calls last ~10 ms (every candidate is within a few
+# percent), so scouting gets a third of the time and the finalists, where the figure comes from,
+# two thirds; blocks of ~0.7 s hold 15-50 calls of the CPU candidates.
+CPU_METHOD = Method(scout_fraction=0.35, scout_max_calls=40, retime_fraction=0.25, final_block_s=0.7,
+                    block_warm_up_fraction=0.1)
+
+
+def method_for(device: str) -> Method:
+    return GPU_METHOD if device.startswith("cuda") else CPU_METHOD
+
+
+def relative_iqr(values: list[float]) -> float:
+    """Interquartile range over median: how far a run's calls scatter (0 for fewer than four calls)."""
+    if len(values) < 4:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return (q3 - q1) / median if median > 0 else math.inf
+
+
 @dataclass
 class ShapeRun:
     shape: Shape
     seconds: list[float]  # one per timed call
     check: dict[str, Any] | None = None
+    # CPU: CPU seconds the process used over wall seconds times its threads, while timing (about 1
+    # when nothing else ran); None on a GPU.
+    cpu_share: float | None = None
+    blocks: int = 1  # timed runs pooled into this one (finalists on a CPU)
+    calm_blocks: int = 1  # of which not noisy (0: all were, and all are pooled)
+    retimed: bool = False  # a noisy scout timed again
 
     @property
     def tflops(self) -> list[float]:
@@ -464,6 +518,15 @@ class ShapeRun:
     def median_tflops(self) -> float:
         rates = self.tflops
         return statistics.median(rates) if rates else 0.0
+
+    @property
+    def spread(self) -> float:
+        return relative_iqr(self.tflops)
+
+    @property
+    def noisy(self) -> bool:
+        """Too disturbed to trust: the CPUs were taken while timing, or the calls scatter."""
+        return (self.cpu_share is not None and self.cpu_share < CALM_CPU_SHARE) or self.spread > NOISY_SPREAD
 
 
 def cache_flush(device: str) -> Callable[[], Any] | None:
@@ -490,8 +553,22 @@ def warm_up(device: str, call: Callable[[], Any], flush: Callable[[], Any] | Non
         batch = done
 
 
+class CpuShare:
+    """Times the process's CPU use against the wall clock (CPU device only)."""
+
+    def __init__(self, device: str) -> None:
+        self.threads = 0 if device.startswith("cuda") else max(1, torch.get_num_threads())
+        self.cpu, self.wall = time.process_time(), time.perf_counter()
+
+    def share(self) -> float | None:
+        wall = time.perf_counter() - self.wall
+        if not self.threads or wall <= 0:
+            return None
+        return (time.process_time() - self.cpu) / (wall * self.threads)
+
+
 def run_shape(device: str, workspace: Workspace, shape: Shape, seconds: float, flush: Callable[[], Any] | None,
-              *, max_calls: int, check: bool) -> ShapeRun:
+              *, max_calls: int, check: bool, warm_up_fraction: float = WARM_UP_FRACTION) -> ShapeRun:
     """Times calls of one shape for about `seconds` (at least a few calls, whatever the time)."""
     deadline = time.monotonic() + seconds
     ops = workspace.operands(shape)
@@ -499,14 +576,15 @@ def run_shape(device: str, workspace: Workspace, shape: Shape, seconds: float, f
     def call() -> None:
         multiply(ops)  # looked up at every call, so a test can swap it
 
-    call()  # the library picks and loads its kernel: not timed
+    call()  # the library picks and loads its kernel, the CPU's threads wake up: not timed
     synchronize(device)
     if check:
         ops.first_out.copy_(ops.out)
-    per_call = warm_up(device, call, flush, seconds * WARM_UP_FRACTION)
+    per_call = warm_up(device, call, flush, seconds * warm_up_fraction)
     calls = int((deadline - time.monotonic()) / per_call) if per_call > 0 else max_calls
+    share = CpuShare(device)
     times = time_each(device, call, max(MIN_TIMED_CALLS, min(max_calls, calls)), before=flush)
-    result = ShapeRun(shape, times)
+    result = ShapeRun(shape, times, cpu_share=share.share())
     if check:  # ops.out now holds the last timed call's product
         result.check = check_product(ops, TOLERANCE[workspace.dtype])
     return result
@@ -542,27 +620,62 @@ def too_slow(shape: Shape, best_flops_per_s: float, seconds_left: float) -> bool
 
 
 def scout(device: str, workspace: Workspace, candidates: list[Shape], budget: Budget, flush: Callable[[], Any] | None,
-          progress: Callable[[str], None]) -> tuple[list[ShapeRun], list[Shape]]:
+          progress: Callable[[str], None], method: Method = GPU_METHOD) -> tuple[list[ShapeRun], list[Shape]]:
     """A brief run of each candidate, smallest first, each with an even share of the time left; the
     rest are left out once the time is spent or the next shape could not fit in it. Always runs at
-    least the first."""
+    least the first. With method.retime_fraction, that share of the time is kept to time noisy
+    scouts again."""
+    first_pass = budget.share(1.0 - method.retime_fraction) if method.retime_fraction else budget
     runs: list[ShapeRun] = []
     best_rate = 0.0
     for index, shape in enumerate(candidates):
-        if runs and (budget.expired() or too_slow(shape, best_rate, budget.remaining())):
+        if runs and (first_pass.expired() or too_slow(shape, best_rate, first_pass.remaining())):
+            if method.retime_fraction:
+                retime_noisy(device, workspace, runs, budget, flush, progress, method)
             return runs, candidates[index:]
-        seconds = max(0.0, budget.remaining() / (len(candidates) - index))
-        run = run_shape(device, workspace, shape, seconds, flush, max_calls=SCOUT_MAX_CALLS, check=False)
+        seconds = max(0.0, first_pass.remaining() / (len(candidates) - index))
+        run = run_shape(device, workspace, shape, seconds, flush, max_calls=method.scout_max_calls, check=False)
         runs.append(run)
         best_rate = max(best_rate, run.median_tflops * 1e12)
-        progress(f"gemm.{workspace.dtype} {shape}: {run.median_tflops:.4g} TFLOPS")
+        progress(f"gemm.{workspace.dtype} {shape}: {run.median_tflops:.4g} TFLOPS" + noise_words(run))
+    if method.retime_fraction:
+        retime_noisy(device, workspace, runs, budget, flush, progress, method)
     return runs, []
 
 
-def finalists(scouted: list[ShapeRun]) -> list[Shape]:
+def noise_words(run: ShapeRun) -> str:
+    words = [f"spread {100 * run.spread:.0f}%"]
+    if run.cpu_share is not None:
+        words.append(f"CPU share {run.cpu_share:.2f}")
+    return f" ({', '.join(words)}{', noisy' if run.noisy else ''})"
+
+
+def retime_noisy(device: str, workspace: Workspace, runs: list[ShapeRun], budget: Budget,
+                 flush: Callable[[], Any] | None, progress: Callable[[str], None], method: Method) -> None:
+    """Times each noisy scout once more, the fastest first, with an even share of what is left of
+    `budget`, and keeps the steadier of its two runs: a scout the load from elsewhere slowed down
+    must not lose its place among the finalists, nor one that a few lucky calls sped up win it."""
+    noisy = sorted((index for index, run in enumerate(runs) if run.noisy), key=lambda i: runs[i].median_tflops, reverse=True)
+    best_rate = max(run.median_tflops for run in runs) * 1e12
+    for order, index in enumerate(noisy):
+        seconds = budget.remaining() / (len(noisy) - order)
+        if seconds <= 0 or too_slow(runs[index].shape, best_rate, seconds):
+            continue
+        again = run_shape(device, workspace, runs[index].shape, seconds, flush, max_calls=method.scout_max_calls, check=False)
+        runs[index] = steadier(runs[index], again)
+        runs[index].retimed = True
+        progress(f"gemm.{workspace.dtype} {again.shape} again: {again.median_tflops:.4g} TFLOPS" + noise_words(again))
+
+
+def steadier(first: ShapeRun, second: ShapeRun) -> ShapeRun:
+    """The run to rank a shape by: a calm one over a noisy one, else the faster."""
+    return max((second, first), key=lambda run: (not run.noisy, run.median_tflops))
+
+
+def finalists(scouted: list[ShapeRun], count: int = FINALISTS) -> list[Shape]:
     """The shapes with the best median rates while scouting, best first."""
     ranked = sorted(scouted, key=lambda run: run.median_tflops, reverse=True)
-    return [run.shape for run in ranked[:FINALISTS]]
+    return [run.shape for run in ranked[:count]]
 
 
 def confirm(device: str, workspace: Workspace, shapes: list[Shape], budget: Budget, flush: Callable[[], Any] | None,
@@ -579,17 +692,56 @@ def confirm(device: str, workspace: Workspace, shapes: list[Shape], budget: Budg
     return runs
 
 
+def confirm_in_turns(device: str, workspace: Workspace, shapes: list[Shape], budget: Budget,
+                     flush: Callable[[], Any] | None, progress: Callable[[str], None], method: Method) -> list[ShapeRun]:
+    """The finalists timed with the rest of the time in turns (A, B, A, B, ...), in blocks of about
+    method.final_block_s, every block checked. A shape's figure is the median over the calls of its
+    calm blocks (all its blocks if none was calm): a block during which another process took the
+    CPUs, or whose calls scatter, is timed again by the next turn rather than trusted, and the
+    finalists are compared under the same conditions. Always runs at least the first block."""
+    block_s = method.final_block_s or budget.remaining()
+    turns = max(1, round(budget.remaining() / (block_s * max(1, len(shapes)))))
+    order = [shape for _ in range(turns) for shape in shapes]
+    blocks: dict[Shape, list[ShapeRun]] = {shape: [] for shape in shapes}
+    for index, shape in enumerate(order):
+        seconds = budget.remaining() / (len(order) - index)
+        if index and seconds <= 0:
+            break
+        blocks[shape].append(run_shape(device, workspace, shape, max(0.0, seconds), flush, max_calls=FINAL_MAX_CALLS,
+                                       check=True, warm_up_fraction=method.block_warm_up_fraction))
+    runs = [pooled(shape, shape_blocks) for shape, shape_blocks in blocks.items() if shape_blocks]
+    for run in runs:
+        progress(f"gemm.{workspace.dtype} {run.shape}: {run.median_tflops:.4g} TFLOPS over {len(run.seconds)} calls "
+                 f"in {run.calm_blocks} calm of {run.blocks} blocks")
+    return runs
+
+
+def pooled(shape: Shape, blocks: list[ShapeRun]) -> ShapeRun:
+    """One run from a shape's blocks: the calls of its calm blocks (of all, if none was calm), every block's check."""
+    calm = [block for block in blocks if not block.noisy]
+    kept = calm or blocks
+    shares = [block.cpu_share for block in kept if block.cpu_share is not None]
+    checks = [block.check for block in blocks if block.check is not None]
+    return ShapeRun(shape, [t for block in kept for t in block.seconds], merge_checks(checks) if checks else None,
+                    cpu_share=statistics.fmean(shares) if shares else None, blocks=len(blocks), calm_blocks=len(calm))
+
+
 def measure_dtype(device: str, dtype: str, budget: Budget, candidates: list[Shape],
                   flush: Callable[[], Any] | None = None, progress: Callable[[str], None] = lambda message: None) -> DtypeResult:
     """Scout the candidates (they must fit in memory), time the best ones longer, check them."""
     start = time.monotonic()
+    method = method_for(device)
     sizes = BufferSizes()
     for shape in candidates:
         sizes = sizes.including(shape)
     workspace = Workspace.allocate(device, dtype, sizes)
     try:
-        scouted, not_tried = scout(device, workspace, candidates, budget.share(SCOUT_FRACTION), flush, progress)
-        confirmed = confirm(device, workspace, finalists(scouted), budget, flush, progress)
+        scouted, not_tried = scout(device, workspace, candidates, budget.share(method.scout_fraction), flush, progress, method)
+        shapes = finalists(scouted)
+        if method.final_block_s:
+            confirmed = confirm_in_turns(device, workspace, shapes, budget, flush, progress, method)
+        else:
+            confirmed = confirm(device, workspace, shapes, budget, flush, progress)
     finally:
         del workspace
     return DtypeResult(dtype, device, scouted, confirmed, not_tried, time.monotonic() - start)
@@ -672,9 +824,29 @@ def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]
         skipped_dtypes=dict(skipped),
         timing=timing_words(result.device),
         method="A @ B.T on normal random inputs (fp8: torch._scaled_mm, e4m3 inputs, scales 1.0, bf16 output); "
-               "value = median of the per-call rates of the best shape",
+               "value = median of the per-call rates of the best shape" + method_words(result.device),
         wall_s=result.wall_s,
+        **noise_details(result),
     )
+
+
+def method_words(device: str) -> str:
+    if device.startswith("cuda"):
+        return ""
+    return (" over its calm blocks (finalists timed in turns, in blocks; a block during which the process held "
+            f"less than {CALM_CPU_SHARE:g} of its CPUs, or whose calls scatter by more than {100 * NOISY_SPREAD:g}% "
+            "(interquartile range), is set aside; noisy scouts are timed again)")
+
+
+def noise_details(result: DtypeResult) -> dict[str, Any]:
+    """How disturbed the figure's calls were: their scatter and, on the CPU, the share of the CPUs
+    the process held, and how many of the best shape's blocks were calm."""
+    best = result.best
+    details: dict[str, Any] = {"spread_iqr_pct": 100 * best.spread}
+    if best.cpu_share is not None:
+        details.update(cpu_share=best.cpu_share, blocks=best.blocks, calm_blocks=best.calm_blocks,
+                       shapes_retimed=[run.shape.as_list() for run in result.scouted if run.retimed])
+    return details
 
 
 def check_failures(results: list[DtypeResult], subject: str) -> dict[str, Any]:

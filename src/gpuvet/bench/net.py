@@ -8,9 +8,13 @@ the other, subject "net:<host>"): `net.tcp_latency` and `net.tcp_throughput` (4 
 Latency is always measured by gpuvet's own client and server (iperf3 has no latency test); it
 includes Python's few microseconds each way, so it is a TCP round trip as an application sees
 it. Throughput uses iperf3's client and server when iperf3 is installed (engine "auto" or
-"iperf3"; its --json receiver figure), gpuvet's otherwise ("builtin": one stream of 128 KiB
-writes, iperf3's default length, counted by the receiver). `details.engine` says which. One
---engine flag drives disk and net, so "fio" is taken to mean iperf3 here.
+"iperf3"; its --json receiver figure), gpuvet's otherwise ("builtin"), which measures the way
+iperf3 does at its defaults: one stream of 128 KiB writes (iperf3's default length) for the
+same whole seconds, Nagle's algorithm left on (iperf3 sets TCP_NODELAY only with -N; with it,
+the loopback stream read 3-8% more than iperf3 in paired runs), kernel-tuned socket buffers (no
+-w), and the figure is the bytes the receiver got over the receiver's time (iperf3's
+"sum_received"). `details.engine` and `details.method` say which and how. One --engine flag
+drives disk and net, so "fio" is taken to mean iperf3 here.
 
 gpuvet's server speaks a tiny protocol of its own, gpuvet-net/1, on PORT + 1 (iperf3 keeps its
 usual PORT, 5201). The client opens a TCP connection and sends one line:
@@ -96,12 +100,12 @@ class Server:
     def _handle(self, conn: socket.socket) -> None:
         with conn:
             _set_timeouts(conn, IO_TIMEOUT_S)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 request = _read_line(conn)
                 if request == f"{PROTOCOL} HELLO":
                     conn.sendall(f"{PROTOCOL} OK iperf3={self.iperf3_port or 'none'}\n".encode())
                 elif request == f"{PROTOCOL} ECHO":
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small replies go at once
                     conn.sendall(f"{PROTOCOL} OK\n".encode())
                     _echo(conn)
                 elif request == f"{PROTOCOL} SINK":
@@ -166,11 +170,14 @@ def _sink(conn: socket.socket) -> tuple[int, float]:
 
 # -- gpuvet-net/1 client ----------------------------------------------------------------------
 
-def _connect(host: str, port: int, request: str) -> tuple[socket.socket, str]:
+def _connect(host: str, port: int, request: str, nodelay: bool = False) -> tuple[socket.socket, str]:
+    """A connection that made `request`. `nodelay`: TCP_NODELAY, for small request/response
+    messages; a throughput stream leaves Nagle on, as iperf3 does without -N."""
     conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     try:
         _set_timeouts(conn, IO_TIMEOUT_S)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if nodelay:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.sendall(f"{PROTOCOL} {request}\n".encode())
         answer = _read_line(conn)
         if not answer.startswith(f"{PROTOCOL} OK"):
@@ -191,7 +198,7 @@ def hello(host: str, port: int) -> int | None:
 
 def ping(host: str, port: int, seconds: float) -> list[int]:
     """Round-trip times (ns) of PING_BYTES messages echoed on one connection, for `seconds`."""
-    conn, _ = _connect(host, port, "ECHO")
+    conn, _ = _connect(host, port, "ECHO", nodelay=True)
     with conn:
         message, reply = b"p" * PING_BYTES, bytearray(PING_BYTES)
         for _ in range(PING_WARMUP):  # wake both ends up, grow windows
@@ -215,7 +222,9 @@ def _round_trip(conn: socket.socket, message: bytes, reply: bytearray) -> None:
 
 
 def stream(host: str, port: int, seconds: float) -> tuple[int, float]:
-    """Send for `seconds` on one connection; (bytes, seconds) as the receiver counted them."""
+    """Send 128 KiB writes for `seconds` on one connection (Nagle on, default socket buffers:
+    iperf3's defaults); (bytes, seconds) as the receiver counted them, from its first byte to
+    the end of the stream."""
     conn, _ = _connect(host, port, "SINK")
     with conn:
         block = memoryview(os.urandom(BLOCK_BYTES))
@@ -489,6 +498,14 @@ def parallel_streams(host: str, port: int, seconds: float, streams: int) -> dict
 
 # -- measurements -----------------------------------------------------------------------------
 
+THROUGHPUT_METHOD = {
+    "iperf3": "iperf3 -c -t <seconds> -P {streams} --json at its defaults; its sum_received: bytes received / "
+              "receiver's seconds",
+    "builtin": "{streams} TCP stream{s} of 128 KiB writes for the test's seconds, Nagle on, kernel-tuned socket buffers "
+               "(iperf3's defaults); bytes received / receiver's seconds (first byte to end of stream)",
+}
+
+
 def note(subject: str, outcome: str, reason: str) -> dict:
     """A `bench.net` entry: what was not measured and why."""
     return measurement("bench.net", None, "", subject, outcome=outcome, reason=reason)
@@ -524,7 +541,8 @@ def _latency(name: str, subject: str, times_ns: list[int]) -> dict:
 
 
 def _throughput(name: str, subject: str, engine: str, result: dict[str, Any], streams: int = 1) -> dict:
-    details = {"engine": engine, "streams": streams, "bytes": result["bytes"], "seconds": round(result["seconds"], 3)}
+    details = {"engine": engine, "streams": streams, "bytes": result["bytes"], "seconds": round(result["seconds"], 3),
+               "method": THROUGHPUT_METHOD[engine].format(streams=streams, s="" if streams == 1 else "s")}
     if engine == "builtin":
         details["block_bytes"] = BLOCK_BYTES
     if result.get("retransmits") is not None:
