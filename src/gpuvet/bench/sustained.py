@@ -58,6 +58,9 @@ def run(ctx: BenchContext) -> list[dict]:
         synchronize(ctx.device)
         elapsed = time.perf_counter() - t0
         windows.append((round(time.time() - start, 3), batch * flops_per_mm / elapsed / 1e12))
+        # Re-aim every window: one calibration call can run fast or slow (a preempted thread, a
+        # clock ramping up), and a batch sized from it alone could fill the whole run.
+        batch = max(1, min(4 * batch, int(batch * WINDOW_S / max(elapsed, 1e-6))))
     del a, b, c
     if ctx.is_cuda:
         torch.cuda.empty_cache()
@@ -65,13 +68,17 @@ def run(ctx: BenchContext) -> list[dict]:
 
 
 def _batch_for_window(ctx: BenchContext, a, b, c) -> int:
+    """Calls that take about WINDOW_S, from the slowest of three timed calls (a first guess:
+    the loop re-aims it every window)."""
     torch.mm(a, b, out=c)
     synchronize(ctx.device)
-    t0 = time.perf_counter()
-    torch.mm(a, b, out=c)
-    synchronize(ctx.device)
-    one = max(time.perf_counter() - t0, 1e-6)
-    return max(1, int(WINDOW_S / one))
+    slowest = 1e-6
+    for _ in range(3):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        synchronize(ctx.device)
+        slowest = max(slowest, time.perf_counter() - t0)
+    return max(1, int(WINDOW_S / slowest))
 
 
 def _results(ctx: BenchContext, windows: list[tuple[float, float]], dtype, n: int, start: float) -> list[dict]:
