@@ -95,3 +95,15 @@ def test_numa_cpus_come_from_the_topology_affinity():
     import os
 
     assert set(cpus) == set(range(32, 64)) & os.sched_getaffinity(0)
+
+
+def test_asking_for_more_workload_steps_gives_the_workload_more_time():
+    def budget(workload, device_cpu=True):
+        runner = plan._Runner(Machine(), None, [], plan.Outcome(), print, None, workload)
+        runner.cpu = device_cpu
+        return runner.budget("workload")
+
+    default = budget({})
+    assert budget({"steps": 10}) == default  # fewer steps than the default never shrink it
+    assert budget({"steps": 3 * plan.WORKLOAD_DEFAULT_STEPS["cpu"]}) == 3 * default
+    assert budget({"steps": 2 * plan.WORKLOAD_DEFAULT_STEPS["cuda"]}, device_cpu=False) == 2 * plan.BUDGET_S["workload"]

@@ -23,6 +23,9 @@ CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce", "workload")
 BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 2.5, "latency": 12.0, "sustained": 30.0, "p2p": 10.0, "allreduce": 20.0,
             "workload": 120.0}  # training, a ~1 GB checkpoint, and a fresh process that resumes it
 CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0, "workload": 60.0}
+# The workload's budget is sized for its default number of steps (bench/workload.py SIZES; the
+# parent process does not import torch to read them): asking for more steps scales it up.
+WORKLOAD_DEFAULT_STEPS = {"cuda": 150, "cpu": 30}
 SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline must not mistake that for a hang
 
 
@@ -127,7 +130,10 @@ class _Runner:
     def budget(self, name: str) -> float:
         if name == "sustained" and self.soak_minutes:
             return self.soak_minutes * 60.0 + 5.0
-        return (CPU_BUDGET_S if self.cpu else BUDGET_S)[name]
+        budget = (CPU_BUDGET_S if self.cpu else BUDGET_S)[name]
+        if name == "workload" and self.workload.get("steps"):
+            budget *= max(1.0, self.workload["steps"] / WORKLOAD_DEFAULT_STEPS["cpu" if self.cpu else "cuda"])
+        return budget
 
     def run(self, name: str) -> None:
         if not self.targets:
