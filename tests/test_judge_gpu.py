@@ -10,7 +10,8 @@ import pytest
 
 from gpuvet.facts import Machine
 from gpuvet.judge import judge
-from gpuvet.judge.gpu_identity import matches_expectation
+from gpuvet.judge.common import Context
+from gpuvet.judge.gpu_identity import check_model, matches_expectation
 from gpuvet.probe import capture
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -104,6 +105,23 @@ def test_bundle_judges_the_link_read_during_its_load_section():
     assert "under load" in f.evidence.measured
 
 
+def test_width_drop_read_at_idle_counts_bandwidth_at_the_links_max_generation():
+    # Real capture: Gen1 x8 at idle on a Gen4 x16 link; the lanes matter at Gen4, not at the idle Gen1.
+    f = results(machine_from("smi_xml/a10g-aws-passthrough-515.105.01-v11.xml"), "gpu.pcie_link")["gpu0"]
+    assert "~16 GB/s instead of ~32 GB/s at Gen4" in f.summary
+
+
+def test_busy_reading_on_a_gpu_with_no_context_is_not_a_link_under_load():
+    f = results(machine_from("smi_text/q-l40s-vm-595.80-idle.txt"), "gpu.pcie_link")["gpu0"]
+    assert "under load" not in f.evidence.measured and "(load unknown)" in f.evidence.measured
+
+
+def test_link_missing_from_a_topology_capture_says_not_in_the_capture():
+    f = results(machine_from("topo/dgx1-8gpu-topo-mp-pcie-only.txt"), "gpu.pcie_link")["gpu0"]
+    assert f.status == "skip" and "not in the capture" in f.summary and "vGPU" not in f.summary
+    assert "nvidia-smi -q -x" in f.remedy
+
+
 def test_lspci_link_alone_is_judged_with_idle_caveat():
     f = results(machine_from("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt"), "gpu.pcie_link")["gpu0"]
     assert f.status == "pass" and "Gen1" in f.summary and "(lspci)" in f.evidence.measured
@@ -125,6 +143,34 @@ def test_memory_and_load_nobody_accounts_for_fail():
     # Real capture: 9.2 GiB used at 65% utilisation and an empty process list.
     f = results(machine_from("smi_xml/rtx-3080-595.58.03-v13.xml"), "gpu.isolation")["gpu0"]
     assert f.status == "fail" and "cannot see" in f.summary
+
+
+@pytest.mark.parametrize("name", ["topo/dgx1-8gpu-topo-mp-pcie-only.txt", "lspci/lspci-nn-a10-kvm.txt",
+                                  "smi_text/q-d-page-retirement-8gpu-azure-535.86.10.txt"])
+def test_capture_without_occupancy_skips_isolation_saying_what_to_capture(name):
+    found = results(machine_from(name), "gpu.isolation")
+    assert {f.status for f in found.values()} == {"skip"}
+    assert "does not report memory use, utilization or processes; capture `nvidia-smi -q -x`" in found["gpu0"].summary
+
+
+def test_utilization_alone_is_not_enough_to_call_a_gpu_free():
+    f = results(machine_from("smi_text/dmon-h100-vm-idle-590.48.01.txt"), "gpu.isolation")["gpu0"]
+    assert f.status == "skip" and "utilization (0%) but not memory use or processes" in f.summary
+
+
+def test_busy_reading_with_no_memory_in_use_is_the_driver_waking_the_gpu_not_a_co_tenant():
+    # Real capture: idle L40S, persistence mode off, 0 MiB used, no process, utilization 100%.
+    f = results(machine_from("smi_text/q-l40s-vm-595.80-idle.txt"), "gpu.isolation")["gpu0"]
+    assert f.status == "warn" and "busy reading with no memory in use" in f.summary
+    assert "persistence mode off" in f.summary and "shares this GPU" not in f.summary
+    assert "nvidia-smi -pm 1" in f.remedy and "-d UTILIZATION" in f.remedy
+
+
+def test_busy_gpu_with_memory_nobody_accounts_for_still_fails():
+    machine = machine_from("smi_text/q-l40s-vm-595.80-idle.txt")
+    machine.gpus[0].memory_used_mib = 9000  # edited: the capture says 0 MiB
+    f = results(machine, "gpu.isolation")["gpu0"]
+    assert f.status == "fail" and "another user, container or VM shares this GPU" in f.summary
 
 
 def test_mig_slice_is_a_warning():
@@ -289,6 +335,42 @@ def test_old_driver_name_without_prefix_still_finds_its_reference():
     assert machine.gpus[0].name == "A100-SXM4-40GB" and machine.gpus[0].reference == "A100-SXM4-40GB"
 
 
+def test_name_cut_off_by_the_table_is_not_judged_as_a_real_name():
+    machine = machine_from("smi_text/default-table-err-fan-525.125.06.txt")  # "NVIDIA GeForce ..."
+    f = results(machine, "gpu.model")["gpu0"]
+    assert f.status == "skip" and "cut the name off" in f.summary and "NVIDIA GeForce RTX 4090" in f.summary
+    assert "nvidia-smi --query-gpu=name" in f.remedy
+    assert Context(machine).ref(machine.gpus[0]) is None  # model-specific checks get no figures
+
+
+@pytest.mark.parametrize("expect, status", [("RTX 4090", "skip"), ("rtx 3090 24GB", "skip"), ("A10G", "fail"), ("H100", "fail")])
+def test_expectation_on_a_cut_off_name_fails_only_when_what_it_shows_contradicts(expect, status):
+    f = results(machine_from("smi_text/default-table-err-fan-525.125.06.txt"), "gpu.model", expect=expect)["gpu0"]
+    assert f.status == status
+    assert "nvidia-smi --query-gpu=name" in f.remedy
+
+
+def test_cut_off_name_with_a_single_fitting_reference_is_taken_as_it():
+    machine = machine_from("smi_text/default-table-8x-v100-sxm2-inforom-corrupted-460.32.03.txt")  # "Tesla V100-SXM2...", 32510 MiB
+    f = results(machine, "gpu.model")["gpu0"]
+    assert f.status == "pass" and "taken as Tesla V100-SXM2-32GB" in f.summary
+    assert results(machine, "gpu.model", expect="A100")["gpu0"].status == "fail"
+    assert results(machine, "gpu.model", expect="V100 16GB")["gpu0"].status == "fail"
+    assert results(machine, "gpu.model", expect="V100")["gpu0"].status == "skip"
+
+
+def test_live_run_without_a_visible_gpu_warns_and_a_capture_skips():
+    machine = Machine(source="live", gpu_error="no NVIDIA driver: the NVML library (libnvidia-ml.so.1) is not installed")
+    (f,) = check_model(Context(machine))
+    assert f.status == "warn" and f.summary.startswith("no NVIDIA GPU visible: no NVIDIA driver")
+    for command in ("`nvidia-smi`", "`lsmod | grep nvidia`", "`lspci | grep -i nvidia`"):
+        assert command in f.remedy
+    (f,) = check_model(Context(Machine(source="capture")))
+    assert f.status == "skip"
+    (f,) = check_model(Context(machine, options={"device": "cpu"}))
+    assert f.status == "skip"
+
+
 def test_graphics_device_name_warns():
     f = results(machine_from("smi_xml/gtx-1660-ti-graphics-device-418.43.xml"), "gpu.model")["gpu0"]
     assert f.status == "warn" and "Graphics Device" in f.summary
@@ -308,8 +390,18 @@ def test_vbios_difference_warns():
     assert f.status == "warn" and "VBIOS" in f.summary
 
 
+def test_a_few_mib_of_memory_difference_is_not_a_difference():
+    # Real capture: GTX 1070s with 8112 and 8114 MiB; their max links differ for real.
+    f = results(machine_from("smi_xml/gtx-1070-x6-riser-pcie-x1-384.66-v9.xml"), "gpu.uniform")["machine"]
+    assert "memory" not in f.summary and "max PCIe link" in f.summary
+    machine = machine_from(RTX4090_IDLE)
+    machine.gpus[2].memory_total_mib = 20000  # edited: the capture says 24564 MiB
+    f = results(machine, "gpu.uniform")["machine"]
+    assert f.status == "warn" and "memory gpu2 20000 MiB (others 24564 MiB)" in f.summary
+
+
 def test_power_limit_difference_between_gpus_is_named():
     machine = machine_from(RTX4090_IDLE)
     machine.gpus[7].power.enforced_limit_w = 300.0  # edited
     f = results(machine, "gpu.uniform")["machine"]
-    assert f.status == "warn" and "gpu7 300.0" in f.summary
+    assert f.status == "warn" and "power limit gpu7 300 W (others 450 W)" in f.summary

@@ -71,7 +71,7 @@ RULES: dict[str, Rule] = {
 
 # Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks
 # explain their own absence (bench.<name> notes), so they are not in this set.
-_PER_GPU = {"gpu.model", "gpu.isolation", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
+_PER_GPU = {"gpu.isolation", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
             "gpu.temperature", "gpu.ecc"}
 
 
@@ -106,5 +106,5 @@ def _run(check: str, rule: Rule, ctx: Context) -> list[Finding]:
 def annotate_references(machine: Machine) -> None:
     """Record which reference row each GPU matched (`machine.gpus[i].reference`)."""
     for gpu in machine.gpus:
-        ref = reference.match(gpu.name)
+        ref = reference.match(gpu.name, gpu.memory_total_mib)
         gpu.reference = ref.id if ref else None

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from ..facts import Gpu
 from ..record import Finding
-from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, holds_no_context, subject, why_missing
 
 # Memory a GPU holds before anyone uses it is small (the driver's own reservation is reported
-# apart on current drivers); more than this, or any utilisation, means someone is on it.
+# apart on current drivers); more than this, or utilisation while a context holds memory,
+# means someone is on it.
 _IDLE_MEMORY_MIB = 1024
 _IDLE_MEMORY_SHARE = 0.02
 _HIDDEN_FAIL_SHARE = 0.10  # a tenth of the memory held by someone you cannot see is lost to you
+_ISOLATION_SOURCE = "the GPU's virtualization mode, MIG mode, memory use, utilization and process list (NVML / nvidia-smi)"
+_WAKING = "busy reading with no memory in use"
 
 _DRIVER_MEANING = {
     "vfio-pci": "bound to vfio-pci: reserved for passthrough to a virtual machine, CUDA cannot use it here",
@@ -45,16 +48,34 @@ def _isolation(gpu: Gpu) -> Finding:
             sms = {m.sm_count for m in slices}
             shape = f" ({len(slices)} instances" + (f" of {sms.pop()} SMs" if len(sms) == 1 and None not in sms else "") + ")"
         issues.append((WARN, f"MIG is enabled: the GPU is split into instances{shape}; a job gets a slice, not the whole GPU"))
-    issues += _occupancy(gpu)
+    occupancy = _occupancy(gpu)
+    issues += occupancy
     whole = {"none": "whole GPU, bare metal", "passthrough": "whole GPU, passed through to this VM"}.get(mode or "", "whole GPU")
     measured = _occupancy_text(gpu) + (f"; virtualization {mode}" if mode else "")
+    expected = "a whole GPU with nothing else on it before you start"
+    if not issues and gpu.memory_used_mib is None and gpu.processes is None:
+        return finding("gpu.isolation", s, SKIP, _no_occupancy_reason(gpu), measured=measured)
     if not issues:
-        return finding("gpu.isolation", s, PASS, f"{whole}; nothing else running on it", measured=measured)
+        return finding("gpu.isolation", s, PASS, f"{whole}; nothing else running on it", measured=measured,
+                       expected=expected, source=_ISOLATION_SOURCE)
     status = FAIL if any(st == FAIL for st, _ in issues) else WARN
+    remedy = (f"`nvidia-smi -i {gpu.index}` (processes, memory) and `nvidia-smi -q -i {gpu.index} -d MEMORY,UTILIZATION`; "
+              "if it is not yours, ask the provider")
+    if occupancy and occupancy[0][1].startswith(_WAKING):
+        remedy = f"re-check with `nvidia-smi -q -i {gpu.index} -d UTILIZATION,MEMORY` after `sudo nvidia-smi -pm 1`"
     return finding("gpu.isolation", s, status, "; ".join(text for _, text in issues), measured=measured,
-                   expected="a whole GPU with nothing else on it before you start",
-                   remedy=f"`nvidia-smi -i {gpu.index}` (processes, memory) and `nvidia-smi -q -i {gpu.index} -d MEMORY,UTILIZATION`; "
-                          "if it is not yours, ask the provider")
+                   expected=expected, source=_ISOLATION_SOURCE, remedy=remedy)
+
+
+def _no_occupancy_reason(gpu: Gpu) -> str:
+    why = why_missing(gpu, "memory_total_mib", "") or why_missing(gpu, "processes", "")
+    if why:  # a live query that failed
+        return f"memory use and processes not readable ({why}): cannot tell whether anyone else holds this GPU"
+    capture = "capture `nvidia-smi -q -x`"
+    if gpu.utilization_pct is not None:
+        return (f"the capture reports utilization ({gpu.utilization_pct}%) but not memory use or processes: "
+                f"cannot tell whether anyone else holds this GPU; {capture}")
+    return f"the capture does not report memory use, utilization or processes; {capture}"
 
 
 def _occupancy_text(gpu: Gpu) -> str:
@@ -65,6 +86,8 @@ def _occupancy_text(gpu: Gpu) -> str:
         parts.append(f"utilization {gpu.utilization_pct}%")
     if gpu.processes is not None:
         parts.append(f"{len(gpu.processes)} process(es) visible")
+    if gpu.persistence_mode is not None and gpu.utilization_pct:
+        parts.append(f"persistence mode {'on' if gpu.persistence_mode else 'off'}")
     return ", ".join(parts) or "occupancy not reported"
 
 
@@ -75,6 +98,13 @@ def _occupancy(gpu: Gpu) -> list[tuple[str, str]]:
     threshold = max(_IDLE_MEMORY_MIB, _IDLE_MEMORY_SHARE * total)
     processes = gpu.processes
     busy = (gpu.utilization_pct or 0) >= 5
+    if busy and holds_no_context(gpu):
+        # No context on the GPU, so no kernel can be running: the utilisation sample covers the
+        # driver initialising the GPU, which it does on every query while persistence mode is off.
+        cause = ("likely the driver waking the GPU with persistence mode off" if gpu.persistence_mode is False
+                 else "likely the driver initialising the GPU as it was read")
+        return [(WARN, f"{_WAKING} ({gpu.utilization_pct}% busy, {gpu.memory_used_mib} MiB used, no process): {cause}, "
+                       "not another user")]
     load = f"{gib(used)} in use" + (f", {gpu.utilization_pct}% busy" if busy else "")
     if processes is None:
         return [(WARN, f"{load}; the capture has no process list to say whose")] if used > threshold or busy else []
@@ -103,6 +133,8 @@ def _names(processes) -> str:
 
 _DATACENTER_BRANDS = {"tesla", "nvidia"}
 _RETIREMENT_LIMIT = 60  # pre-Ampere GPUs retire at most ~64 pages; near it the board is worn out
+_ECC_HEALTHY = "0 uncorrectable errors, no pending or failed page retirement / row remap"
+_ECC_SOURCE = "NVML ECC counters; NVIDIA GPU memory error management (page retirement, row remapping)"
 
 
 def check_ecc(ctx: Context) -> list[Finding]:
@@ -132,7 +164,7 @@ def _ecc(gpu: Gpu) -> Finding:
         failures.append(f"{retired} pages retired: close to the retirement limit")
     if failures:
         return finding("gpu.ecc", s, FAIL, "; ".join(failures), measured=measured,
-                       expected="0 uncorrectable errors, nothing pending", source="NVML ECC counters", remedy=reset)
+                       expected=_ECC_HEALTHY, source=_ECC_SOURCE, remedy=reset)
     warnings = []
     if e.aggregate_uncorrected:
         warnings.append(f"{e.aggregate_uncorrected} uncorrectable errors over the GPU's lifetime")
@@ -146,10 +178,12 @@ def _ecc(gpu: Gpu) -> Finding:
         remedy = (f"sudo nvidia-smi -i {gpu.index} -e 1, then reboot" if e.enabled is False
                   else f"watch the counters: `nvidia-smi -q -i {gpu.index} -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`")
         return finding("gpu.ecc", s, WARN, "; ".join(warnings), measured=measured,
-                       expected="ECC on, no error history", source="NVML ECC counters", remedy=remedy)
+                       expected="ECC on, no error history", source=_ECC_SOURCE, remedy=remedy)
     if e.enabled is False:
-        return finding("gpu.ecc", s, PASS, "ECC off (optional on this card); no errors recorded", measured=measured)
-    return finding("gpu.ecc", s, PASS, "ECC on, no uncorrectable errors", measured=measured)
+        return finding("gpu.ecc", s, PASS, "ECC off (optional on this card); no errors recorded", measured=measured,
+                       expected=_ECC_HEALTHY, source=_ECC_SOURCE)
+    return finding("gpu.ecc", s, PASS, "ECC on, no uncorrectable errors", measured=measured,
+                   expected=_ECC_HEALTHY, source=_ECC_SOURCE)
 
 
 def _ecc_text(gpu: Gpu) -> str:

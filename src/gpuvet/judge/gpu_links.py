@@ -6,7 +6,7 @@ import re
 
 from ..facts import Gpu, PcieLink, Topology
 from ..record import Finding
-from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject, why_missing
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
 from .reference import Reference
 
 # Approximate usable GB/s per lane and direction for each generation (after encoding).
@@ -31,8 +31,9 @@ def check_pcie_link(ctx: Context) -> list[Finding]:
 def _under_load(gpu: Gpu, reading: PcieLink) -> bool:
     if reading.under_load is not None:
         return reading.under_load
-    # A report taken while the GPU was busy shows the link as it is under load.
-    return reading.source in ("nvml", "nvidia-smi") and (gpu.utilization_pct or 0) >= 50
+    # A report taken while the GPU was busy shows the link as it is under load; a "busy" reading
+    # on a GPU with no context is the driver waking it (see gpu.isolation), not load.
+    return reading.source in ("nvml", "nvidia-smi") and (gpu.utilization_pct or 0) >= 50 and not holds_no_context(gpu)
 
 
 def _when(gpu: Gpu, loaded: bool) -> str:
@@ -53,7 +54,8 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
     r = _best_reading(gpu)
     if r is None:
         return finding("gpu.pcie_link", s, SKIP,
-                       f"PCIe link not reported: {why_missing(gpu, 'pcie.current_gen', 'not in the capture (vGPU guests and some VMs hide it)')}")
+                       f"PCIe link not reported: {why_missing(gpu, 'pcie.current_gen', 'not in the capture')}",
+                       remedy="capture `nvidia-smi -q -x` or `sudo lspci -vv -d 10de:`")
     loaded = _under_load(gpu, r)
     now, best = _link_text(r.current_gen, r.current_width), _link_text(r.max_gen, r.max_width)
     measured = f"{now} {_when(gpu, loaded)} ({r.source}), max {best}"
@@ -64,8 +66,10 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
     if r.current_width and r.max_width and r.current_width < r.max_width:
         share = r.current_width / r.max_width
         status = FAIL if share <= 0.25 else WARN
-        problems.append((status, f"x{r.current_width} of x{r.max_width} lanes: host<->GPU bandwidth {_bandwidth(r.current_gen or r.max_gen, r.current_width)} "
-                                 f"instead of {_bandwidth(r.current_gen or r.max_gen, r.max_width)} (slot, riser or bifurcation)"))
+        # At idle the generation drops too; the lanes stay, so count them at the speed the link runs under load.
+        gen = (r.current_gen if loaded else r.max_gen) or r.current_gen or r.max_gen
+        problems.append((status, f"x{r.current_width} of x{r.max_width} lanes: host<->GPU bandwidth {_bandwidth(gen, r.current_width)} "
+                                 f"instead of {_bandwidth(gen, r.max_width)} at Gen{gen or '?'} (slot, riser or bifurcation)"))
     gen_note = ""
     if r.current_gen and r.max_gen and r.current_gen < r.max_gen:
         if loaded:
@@ -183,7 +187,8 @@ def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None, single_gpu: b
                        f"links {ids} inactive: {len(active)} of {len(links)} NVLinks up{speed_text}",
                        measured=measured, expected="every NVLink active", source=source,
                        remedy=f"check {confirm}; a link down cuts GPU-to-GPU bandwidth: ask for a replacement")
-    return finding("gpu.nvlink", s, PASS, f"{len(active)} NVLinks active{speed_text}", measured=measured, source=source)
+    return finding("gpu.nvlink", s, PASS, f"{len(active)} NVLinks active{speed_text}", measured=measured,
+                   expected="every NVLink active", source=source)
 
 
 def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: Topology, totals: dict[str, int]) -> Finding:
@@ -212,4 +217,5 @@ def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: 
                        remedy=f"check `nvidia-smi nvlink -s -i {gpu.index}`; ask for a replacement")
     linked = sum(1 for code in peers.values() if _nv_count(code))
     links = nvlinks_per_gpu(topology, label)
-    return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured, source=source)
+    return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured,
+                   expected="NVLink to other GPUs, as many links as the best-connected GPU", source=source)

@@ -22,7 +22,7 @@ def _power_limit(gpu: Gpu, ref: Reference | None) -> Finding:
     enforced = p.enforced_limit_w if p.enforced_limit_w is not None else p.limit_w
     if enforced is None:
         return finding("gpu.power_limit", s, SKIP,
-                       f"power limit not available: {why_missing(gpu, 'power.enforced_limit_w', 'not reported (vGPU guests and some GPUs hide it)')}")
+                       f"power limit not available: {why_missing(gpu, 'power.enforced_limit_w', 'not in the capture')}")
     default, source = p.default_limit_w, "the GPU's default power limit (NVML)"
     if default is None and ref is not None and ref.number("power_default_w"):
         default, source = ref.number("power_default_w"), ref.cite("power_default_w")
@@ -81,6 +81,10 @@ _FAULTS = {
 }
 
 
+_NO_FAULT = "no HW slowdown, HW/SW thermal slowdown or power brake"
+_REASONS_SOURCE = "NVML clock-event reasons (nvidia-smi 'Clocks Event Reasons')"
+
+
 def check_throttle(ctx: Context) -> list[Finding]:
     return [_throttle(gpu) for gpu in ctx.machine.gpus]
 
@@ -95,22 +99,24 @@ def _throttle(gpu: Gpu) -> Finding:
     clocks = _clock_text(gpu)
     if faults:
         return finding("gpu.throttle", s, FAIL, "clocks cut: " + "; ".join(faults) + clocks,
-                       measured=measured, expected="no HW slowdown, HW/SW thermal slowdown or power brake",
-                       source="NVML clock-event reasons",
+                       measured=measured, expected=_NO_FAULT, source=_REASONS_SOURCE,
                        remedy=f"watch it under load: `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE,POWER`; "
                               "check cooling and power cabling, or ask the provider for another GPU")
     if "applications_clocks_setting" in reasons:
         return finding("gpu.throttle", s, WARN, "clocks held down by an application-clocks setting" + clocks,
-                       measured=measured, expected="default application clocks", source="NVML clock-event reasons",
+                       measured=measured, expected="default application clocks", source=_REASONS_SOURCE,
                        remedy=f"sudo nvidia-smi -i {gpu.index} -rac  (reset application clocks)")
     if "sw_power_cap" in reasons:
         state = "idle" if gpu.pstate is not None and gpu.pstate >= 8 else "under load"
         note = ("the driver keeps this flag at idle; not a fault" if state == "idle"
                 else "the GPU is at its power limit: normal under full load (see gpu.power_limit)")
-        return finding("gpu.throttle", s, PASS, f"SW power cap ({state}): {note}", measured=measured)
+        return finding("gpu.throttle", s, PASS, f"SW power cap ({state}): {note}", measured=measured,
+                       expected=_NO_FAULT, source=_REASONS_SOURCE)
     if "gpu_idle" in reasons:
-        return finding("gpu.throttle", s, PASS, "idle; no slowdown active", measured=measured)
-    return finding("gpu.throttle", s, PASS, "no clock-event reason active" + clocks, measured=measured)
+        return finding("gpu.throttle", s, PASS, "idle; no slowdown active", measured=measured,
+                       expected=_NO_FAULT, source=_REASONS_SOURCE)
+    return finding("gpu.throttle", s, PASS, "no clock-event reason active" + clocks, measured=measured,
+                   expected=_NO_FAULT, source=_REASONS_SOURCE)
 
 
 def _clock_text(gpu: Gpu) -> str:
@@ -122,6 +128,11 @@ def _clock_text(gpu: Gpu) -> str:
 
 # -- gpu.temperature --------------------------------------------------------------------------
 
+_MARGIN_SOURCE = "this GPU's slowdown threshold (NVML / `nvidia-smi -q -d TEMPERATURE`)"
+_IDLE_RULE = "under 70 C at idle (slowdown threshold not reported)"
+_IDLE_RULE_SOURCE = "gpuvet rule of thumb: NVIDIA GPUs slow down near 85-97 C, so an idle GPU at 70 C has little headroom"
+
+
 def check_temperature(ctx: Context) -> list[Finding]:
     return [_temperature(gpu) for gpu in ctx.machine.gpus]
 
@@ -132,21 +143,24 @@ def _temperature(gpu: Gpu) -> Finding:
         return finding("gpu.temperature", s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")
     now = f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "temperature hidden"
     threshold = f" (slowdown at {t.slowdown_c:.0f} C)" if t.slowdown_c is not None else ""
+    headroom = "at least 10 C below the slowdown threshold" + (f" of {t.slowdown_c:.0f} C" if t.slowdown_c is not None else "")
     remedy = f"watch it under load: `nvidia-smi -i {gpu.index} --query-gpu=temperature.gpu,clocks.sm,power.draw --format=csv -l 2`"
     margin = t.slowdown_margin_c
     if margin is not None:
         measured = f"{now}, {margin:.0f} C below slowdown{threshold}"
         if margin <= 3:
             return finding("gpu.temperature", s, FAIL, f"{now}: at the slowdown threshold, clocks are being cut",
-                           measured=measured, expected="at least 10 C below slowdown", source="NVML temperature thresholds",
+                           measured=measured, expected=headroom, source=_MARGIN_SOURCE,
                            remedy=remedy + "; check fans and airflow, or ask for another node")
         if margin < 10:
             return finding("gpu.temperature", s, WARN, f"{now}: only {margin:.0f} C below slowdown{threshold}",
-                           measured=measured, expected="at least 10 C below slowdown", source="NVML temperature thresholds",
+                           measured=measured, expected=headroom, source=_MARGIN_SOURCE,
                            remedy=remedy)
     idle = gpu.pstate is not None and gpu.pstate >= 8
     if idle and t.gpu_c is not None and t.gpu_c >= 70:
         return finding("gpu.temperature", s, WARN, f"{now} while idle (P{gpu.pstate}): poor cooling, expect throttling under load",
-                       measured=now, expected="well under 70 C at idle", remedy=remedy)
-    margin_text = f", {margin:.0f} C below slowdown" if margin is not None else ""
-    return finding("gpu.temperature", s, PASS, f"{now}{margin_text}", measured=f"{now}{threshold}")
+                       measured=now, expected="well under 70 C at idle", source=_IDLE_RULE_SOURCE, remedy=remedy)
+    if margin is not None:
+        return finding("gpu.temperature", s, PASS, f"{now}, {margin:.0f} C below slowdown", measured=f"{now}{threshold}",
+                       expected=headroom, source=_MARGIN_SOURCE)
+    return finding("gpu.temperature", s, PASS, now, measured=now, expected=_IDLE_RULE, source=_IDLE_RULE_SOURCE)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import csv
 import functools
+import re
 from dataclasses import dataclass
 from importlib import resources
 
 SPECS_FILE = "gpu_specs.csv"
 SOURCE_NOTE = "gpuvet reference data (judge/data/gpu_specs.csv)"
+TRUNCATION_MARK = "..."  # the plain `nvidia-smi` table cuts long names: "NVIDIA GeForce ..."
+_MEMORY_TOLERANCE = 0.10  # ECC on GDDR boards hides 1/16 of the memory (RTX 4090: 24564 -> 23028 MiB)
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,15 @@ class Reference:
         return f"{SOURCE_NOTE}, row {self.id}, column {column}; sources: {self.source}"
 
 
+def nvml_names(row: dict[str, str]) -> list[str]:
+    """The NVML names in a row's cell, without the notes in brackets ("NVIDIA H800 (SXM)" is "NVIDIA H800")."""
+    return [re.sub(r"\s*\([^)]*\)", "", name).strip() for name in row["nvidia_smi_names"].split(";") if name.strip()]
+
+
 def primary_name(row: dict[str, str]) -> str:
     # The first name is the product's exact NVML name; later ones are variants with their own
     # specs ("NVIDIA H800 PCIe (PCIe card)"), which must not inherit this row's figures.
-    return row["nvidia_smi_names"].split(";")[0].strip()
+    return nvml_names(row)[0]
 
 
 @functools.cache
@@ -68,13 +76,41 @@ def _table() -> dict[str, Reference]:
     return {primary_name(row): Reference(row) for row in csv.DictReader(text.splitlines())}
 
 
-def match(name: str | None) -> Reference | None:
-    """The reference row for an exact NVML name (old drivers omit the "NVIDIA " prefix)."""
+def is_truncated(name: str | None) -> bool:
+    return bool(name) and name.strip().endswith(TRUNCATION_MARK)
+
+
+def match(name: str | None, memory_mib: float | None = None) -> Reference | None:
+    """The reference row for an exact NVML name (old drivers omit the "NVIDIA " prefix).
+
+    A name cut off by the nvidia-smi table matches only when one row fits its prefix and the
+    memory the GPU reports (`truncated_candidates`); otherwise the model is unknown.
+    """
     if not name:
         return None
+    if is_truncated(name):
+        candidates = truncated_candidates(name, memory_mib)
+        return candidates[0] if len(candidates) == 1 else None
     table = _table()
     name = name.strip()
     return table.get(name) or table.get(f"NVIDIA {name}")
+
+
+def truncated_candidates(name: str, memory_mib: float | None = None) -> list[Reference]:
+    """Reference rows whose NVML name starts with what is left of a cut-off name, and whose memory
+    is within 10% of `memory_mib` when both are known."""
+    prefix = name.strip()[: -len(TRUNCATION_MARK)].rstrip()
+    if not prefix:
+        return []
+    found = [ref for full, ref in _table().items() if full.startswith(prefix) or full.startswith(f"NVIDIA {prefix}")]
+    if memory_mib:
+        found = [ref for ref in found if _memory_fits(ref, memory_mib)]
+    return found
+
+
+def _memory_fits(ref: Reference, memory_mib: float) -> bool:
+    expected = ref.number("nvidia_smi_memory_total_mib")
+    return expected is None or abs(memory_mib - expected) <= _MEMORY_TOLERANCE * expected
 
 
 def by_id(ref_id: str | None) -> Reference | None:
