@@ -107,3 +107,34 @@ def _short_deadline(cls):
             super().__init__(name, fn, 0.2 if name == "stack" else timeout_s)
 
     return Short
+
+
+def test_memory_in_use_leaves_out_the_drivers_reserve_like_nvidia_smi(monkeypatch):
+    """v1 memory info counts the driver's reserve (~0.5-0.9 GiB) as used: an idle GPU would look
+    like it holds a process nobody lists. v2 (drivers 510+) reports it apart, as nvidia-smi does."""
+    class V1:
+        total, used, free = 80 * 2**30, 600 * 2**20, 80 * 2**30 - 600 * 2**20
+
+    class V2:
+        total, reserved, used, free = 80 * 2**30, 600 * 2**20, 0, 80 * 2**30 - 600 * 2**20
+
+    def memory_info(_handle, version=None):
+        if version is None:
+            return V1()
+        if version != pynvml.nvmlMemory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return V2()
+
+    _stand_in(monkeypatch, {"nvmlDeviceGetCount": 1, "nvmlDeviceGetHandleByIndex": "h", "nvmlDeviceGetName": "NVIDIA H100"})
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory_info)
+    _, (gpu,), _, _ = nvml.collect()
+    assert gpu.memory_used_mib == 0 and gpu.memory_reserved_mib == 600 and gpu.memory_total_mib == 80 * 1024
+
+    def old_driver(_handle, version=None):  # v2 not supported: v1's figures are still reported
+        if version is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return V1()
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", old_driver)
+    _, (gpu,), _, _ = nvml.collect()
+    assert gpu.memory_used_mib == 600 and gpu.memory_reserved_mib is None

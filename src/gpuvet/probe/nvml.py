@@ -113,6 +113,19 @@ def shutdown() -> None:
     _safe(pynvml.nvmlShutdown)
 
 
+def _memory_info(handle):
+    """NVML's v2 memory info (drivers 510+), as nvidia-smi shows it: "used" without the driver's
+    reserve, which v1 counts as used (up to ~0.9 GiB on an 80 GB card: it would look like a
+    process nobody lists). None where v2 is not supported: the caller falls back to v1."""
+    version = getattr(pynvml, "nvmlMemory_v2", None)
+    if version is None:
+        return None
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+    except (pynvml.NVMLError, TypeError, AttributeError):
+        return None
+
+
 def _safe(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
@@ -145,10 +158,12 @@ def _fill(gpu: Gpu, h: Any) -> None:
     gpu.vbios = _text(q("vbios", pynvml.nvmlDeviceGetVbiosVersion, h))
     cc = q("compute_capability", pynvml.nvmlDeviceGetCudaComputeCapability, h)
     gpu.compute_capability = f"{cc[0]}.{cc[1]}" if cc else None
-    memory = q("memory_total_mib", pynvml.nvmlDeviceGetMemoryInfo, h)
+    memory = _memory_info(h) or q("memory_total_mib", pynvml.nvmlDeviceGetMemoryInfo, h)
     if memory is not None:
         gpu.memory_total_mib = int(memory.total // _MIB)
         gpu.memory_used_mib = int(memory.used // _MIB)
+        if getattr(memory, "reserved", None) is not None:
+            gpu.memory_reserved_mib = int(memory.reserved // _MIB)
     gpu.persistence_mode = _flag(q("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode, h))
     gpu.compute_mode = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}.get(
         q("compute_mode", pynvml.nvmlDeviceGetComputeMode, h)
