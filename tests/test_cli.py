@@ -102,8 +102,9 @@ def test_usage_errors_are_one_line_and_exit_2(capsys):
 
 def test_out_writes_the_record_and_refuses_to_clobber_a_foreign_file(capsys, tmp_path):
     target = tmp_path / "run.json"
-    code, out, _ = gpuvet(capsys, "inspect", str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt"), "--out", str(target))
-    assert json.loads(target.read_text())["schema"] == "gpuvet.run/1" and "written to" in out
+    code, out, err = gpuvet(capsys, "inspect", str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt"), "--out", str(target))
+    assert json.loads(target.read_text())["schema"] == "gpuvet.run/1" and "run record written to" in err
+    assert out.rstrip().splitlines()[-1].startswith("PASS")  # the verdict stays the last line
     # Writing over our own record is fine; over anything else is refused and the file kept.
     gpuvet(capsys, "inspect", str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt"), "--out", str(target))
     precious = tmp_path / "train.py"
@@ -145,6 +146,8 @@ def test_runs_are_stored_listed_shown_exported_imported_and_compared(capsys, tmp
     (tmp_path / "export.json").write_text(out)
     code, out, _ = gpuvet(capsys, "import", str(tmp_path / "export.json"), "--db", other)
     assert "imported 1 run(s)" in out
+    code, out, _ = gpuvet(capsys, "import", str(tmp_path / "export.json"), "--db", other)
+    assert code == 0 and out.strip() == "already stored as run 1"
     code, out, _ = gpuvet(capsys, "compare", "1", str(tmp_path / "titan.json"), "--db", db, "--json")
     assert json.loads(out)["schema"] == "gpuvet.compare/1"
     code, _, err = gpuvet(capsys, "show", "99", "--db", db)
@@ -153,7 +156,135 @@ def test_runs_are_stored_listed_shown_exported_imported_and_compared(capsys, tmp
 
 def test_history_without_a_store_says_so(capsys, tmp_path):
     code, out, _ = gpuvet(capsys, "history", "--db", str(tmp_path / "none.sqlite3"))
-    assert "no runs yet" in out
+    assert code == 0 and "no runs yet" in out
+
+
+def test_history_of_a_store_it_cannot_read_gives_the_real_error(capsys, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes, not a database\n" * 100)
+    for db, words in ((notes, "not a readable gpuvet store"), (tmp_path, "is a folder")):
+        code, out, err = gpuvet(capsys, "history", "--db", str(db))
+        assert code == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+def _store_of(capsys, tmp_path, *records: str) -> str:
+    """A store holding the given fixture records (real captures judged by gpuvet), imported."""
+    db = str(tmp_path / "runs.sqlite3")
+    for name in records:
+        code, _, err = gpuvet(capsys, "import", str(FIXTURES / "records" / f"{name}.json"), "--db", db)
+        assert code == 0, err
+    return db
+
+
+@pytest.mark.parametrize("price", ["0", "-1", "inf", "nan", "lots"])
+def test_a_bad_price_is_refused_at_parse_time(capsys, tmp_path, price):
+    code, out, err = gpuvet(capsys, "bench", "p2p", "--device", "cpu", "--price", price, "--db", str(tmp_path / "x.sqlite3"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--price" in err and ("positive finite number" in err or "a number of USD" in err)
+    assert not (tmp_path / "x.sqlite3").exists()
+
+
+def test_label_sets_a_price_afterwards_and_compare_prices_a_run_for_once(capsys, tmp_path):
+    db = _store_of(capsys, tmp_path, "cpu-sustained", "h100-8x-throttle")
+    code, out, _ = gpuvet(capsys, "label", "1", "--label", "spot box A", "--price", "0.5", "--db", db)
+    assert code == 0 and out.strip() == "run 1: label 'spot box A' · price $0.50/h"
+    code, out, _ = gpuvet(capsys, "history", "--db", db, "--json")
+    assert [(r["label"], r["price_per_hour"]) for r in json.loads(out)] == [("spot box A", 0.5), (None, None)]
+    code, out, _ = gpuvet(capsys, "compare", "1", "2", "--price", "2=30", "--price", "spot box A=0.25", "--db", db, "--json")
+    assert [r["price_per_hour"] for r in json.loads(out)["runs"]] == [0.25, 30.0]
+    code, out, _ = gpuvet(capsys, "history", "--db", db, "--json")  # a comparison's prices are not stored
+    assert json.loads(out)[0]["price_per_hour"] == 0.5
+    for argv, words in ((["label", "1"], "give --label"), (["label", "9", "--price", "1"], "no run 9"),
+                        (["label", "1", "--price", "inf"], "positive finite"),
+                        (["compare", "1", "2", "--price", "7=1"], "'7' names no single run"),
+                        (["compare", "1", "--price", "1=nan"], "positive finite")):
+        code, out, err = gpuvet(capsys, *argv, "--db", db)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_a_job_names_its_run_by_label_id_or_file_name(capsys, tmp_path):
+    db = _store_of(capsys, tmp_path, "cpu-sustained")
+    gpuvet(capsys, "label", "1", "--label", "8 h box", "--price", "0.5", "--db", db)
+    record = str(FIXTURES / "records/cpu-sustained.json")
+    for job in ("2 h on 8 h box", "2 h on #1", "2 h on 1", "2 h on cpu-sustained.json", "2 h on cpu-sustained"):
+        code, out, err = gpuvet(capsys, "compare", "1", record, "--job", job, "--db", db, "--json")
+        assert code == 0, (job, err)
+        expected = "#1 8 h box" if "cpu-sustained" not in job else record
+        assert json.loads(out)["job"]["reference"] == expected, job
+
+
+def test_import_says_what_it_kept_refuses_incomplete_records_and_reads_stdin(capsys, tmp_path, monkeypatch):
+    import io
+
+    db = _store_of(capsys, tmp_path, "cpu-quick")
+    gpuvet(capsys, "label", "1", "--label", "mine", "--db", db)
+    data = json.loads((FIXTURES / "records/cpu-quick.json").read_text())
+    data["options"].update(label="theirs", price=2.0)
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps([data])))
+    code, out, _ = gpuvet(capsys, "import", "-", "--db", db)
+    assert code == 0 and out.splitlines() == [
+        "already stored as run 1: kept its label 'mine' (the import has 'theirs')",
+        "  to change them: gpuvet label 1 --label TEXT and/or --price USD_PER_HOUR"]
+    code, out, _ = gpuvet(capsys, "history", "--db", db, "--json")
+    assert json.loads(out)[0]["price_per_hour"] == 2.0  # a missing price is filled in
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"schema": "gpuvet.run/1"}'))
+    code, out, err = gpuvet(capsys, "import", "-", "--db", db)
+    assert code == 2 and err.strip() == ("gpuvet: stdin: item 1 of 1: a gpuvet run record without started_at, machine, "
+                                         "tool (not written by gpuvet run/inspect?)")
+
+
+def test_history_of_one_machine_resolves_its_key_and_shows_the_trend(capsys, tmp_path):
+    db = _store_of(capsys, tmp_path, "cpu-sustained", "cpu-quick", "h100-8x-throttle")
+    code, out, _ = gpuvet(capsys, "history", "--machine", "--json", "--db", db)
+    machines = {m["runs"]: m["machine"] for m in json.loads(out)}
+    cpu_key = machines[2]
+    code, out, _ = gpuvet(capsys, "history", "--machine", cpu_key[:4], "--json", "--utc-offset", "8", "--db", db)
+    data = json.loads(out)
+    assert code == 0 and data["machine"] == cpu_key and len(data["runs"]) == 2
+    assert data["trend"]["schema"] == "gpuvet.trend/1" and "UTC+8 h" in data["trend"]["clock"]
+    (figure,) = data["trend"]["figures"]  # only the sustained run measured something
+    assert figure["name"] == "sustained.tflops" and len(figure["points"]) == 1
+    code, out, _ = gpuvet(capsys, "history", "--machine", cpu_key, "--db", db)
+    assert "values, oldest first" in out and "0.03207" in out and "this machine's time zone" in out
+    code, out, err = gpuvet(capsys, "history", "--machine", "zz", "--db", db)
+    assert code == 2 and "no such machine" in err and cpu_key in err
+    code, out, err = gpuvet(capsys, "history", "--machine", "", "--db", db)  # "" is no key: the machine list
+    assert code == 0
+
+
+def test_show_renders_every_format_and_says_when_the_verdict_changed(capsys, tmp_path):
+    db = _store_of(capsys, tmp_path, "h100-8x-throttle")
+    code, out, _ = gpuvet(capsys, "show", "1", "--format", "md", "--db", db)
+    assert code == 1 and out.startswith("# gpuvet") and "gpu.throttle" in out
+    page = tmp_path / "run1.html"
+    code, out, _ = gpuvet(capsys, "show", "1", "--format", "html", "--out", str(page), "--redact", "--db", db)
+    assert "<title>gpuvet" in page.read_text() and "GPU-0" not in page.read_text().replace("GPU-REDACTED", "")
+    # synthetic: the stored copy's findings edited to all pass, as an older gpuvet might have judged it
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    data = json.loads(con.execute("SELECT record FROM runs WHERE id = 1").fetchone()[0])
+    for f in data["findings"]:
+        f["status"] = "pass" if f["status"] in ("fail", "warn") else f["status"]
+    con.execute("UPDATE runs SET record = ? WHERE id = 1", (json.dumps(data),))
+    con.commit()
+    con.close()
+    code, out, err = gpuvet(capsys, "show", "1", "--db", db)
+    assert code == 1 and "run 1 was saved with verdict PASS; this gpuvet's rules judge it FAIL" in err
+
+
+def test_report_reads_an_export_file(capsys, tmp_path):
+    db = _store_of(capsys, tmp_path, "h100-8x-throttle", "cpu-quick")
+    for ids, note in ((["1"], False), (["1", "2"], True)):
+        code, out, _ = gpuvet(capsys, "export", *ids, "--db", db)
+        exported = tmp_path / "export.json"
+        exported.write_text(out)
+        code, out, err = gpuvet(capsys, "report", str(exported), "--format", "md")
+        assert code == 0 and out.startswith("# gpuvet: FAIL")
+        assert ("holds 2 runs" in err) == note
+    exported.write_text("[]")
+    code, out, err = gpuvet(capsys, "report", str(exported))
+    assert code == 2 and "empty gpuvet export" in err
 
 
 def test_report_formats_from_a_stored_record(capsys, tmp_path):
@@ -171,8 +302,15 @@ def test_report_formats_from_a_stored_record(capsys, tmp_path):
 
 def test_run_writes_an_html_report_directly(capsys, tmp_path):
     page = tmp_path / "box.html"
-    code, out, _ = gpuvet(capsys, "run", "--quick", "--no-save", "--report", "html", "--out", str(page), "--on-demand")
-    assert "HTML report written" in out and "<title>gpuvet" in page.read_text()
+    code, out, err = gpuvet(capsys, "run", "--quick", "--no-save", "--report", "html", "--out", str(page), "--on-demand")
+    assert "HTML report written" in err and "<title>gpuvet" in page.read_text()
+    assert out.rstrip().splitlines()[-1].split(":")[0] in ("PASS", "WARN", "FAIL")
+
+
+def test_a_report_format_without_out_is_refused_before_any_work(capsys):
+    code, out, err = gpuvet(capsys, "inspect", str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt"), "--report", "html")
+    assert code == 2 and out == ""
+    assert err.strip() == "gpuvet: --report html writes a file: add --out FILE (e.g. --out report.html)"
 
 
 def test_doctor_lists_symptoms_and_answers_from_a_record(capsys):

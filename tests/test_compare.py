@@ -19,7 +19,8 @@ from rich.console import Console
 
 from gpuvet import judge
 from gpuvet.cli import main
-from gpuvet.compare import Comparison, compare, entry, find_run, history_trend, key_figures, parse_job, run_figures
+from gpuvet.compare import (Comparison, compare, entry, find_run, history_trend, key_figures, parse_job, run_figures,
+                            with_prices)
 from gpuvet.facts import Machine
 from gpuvet.probe import live
 from gpuvet.record import Measurement, RunRecord
@@ -285,3 +286,64 @@ def test_entries_are_named_by_reference_and_label_and_a_job_finds_them(h100, rtx
     entries = [entry(labelled, "#7"), entry(plain, "runs.json")]
     assert [(name, price) for name, _, price in entries] == [("#7 provider A", 16.0), ("runs.json", None)]
     assert compare(entries, job="2 h on 7").job.reference == "#7 provider A"
+
+
+def test_tied_values_are_all_marked_best(h100, rtx4090):
+    a = synthetic(h100, {"sustained.tflops": 650.0})  # synthetic: the same figure on both
+    b = synthetic(rtx4090, {"sustained.tflops": 650.0})
+    result = compare([("a", a, None), ("b", b, None)])
+    (row,) = [r for r in result.measurements if r.name == "sustained.tflops"]
+    assert row.best_runs == [0, 1] and row.relative_pct == [0.0, 0.0]
+    assert "| sustained.tflops TFLOPS | **650** (best) | **650** (best) |" in compare_view.to_markdown(result)
+    console = Console(record=True, width=200, color_system=None)
+    compare_view.render(result, console)
+    line = next(l for l in console.export_text().splitlines() if l.startswith("│sustained.tflops"))
+    assert line.count("best") == 2
+
+
+def test_the_workload_step_time_spread_is_compared(h100, rtx4090):
+    def with_steps(record: RunRecord, median: float, p10: float, p90: float) -> RunRecord:
+        record = copy.deepcopy(record)  # synthetic step times, as the workload records them
+        record.measurements.append(Measurement("workload.step_time_ms", median, "ms", "gpu0", {"p10": p10, "p90": p90}))
+        return record
+
+    result = compare([("steady", with_steps(h100, 10.0, 9.8, 10.4), None),
+                      ("jittery", with_steps(rtx4090, 10.0, 8.0, 19.0), None)])
+    rows = {r.name: r for r in result.measurements}
+    assert rows["workload.step_time_ms.p90"].values == [10.4, 19.0] and rows["workload.step_time_ms.p90"].best_runs == [0]
+    assert rows["workload.step_time_ms.p10"].label == "workload.step_time_ms p10"
+    console = Console(record=True, width=200, color_system=None)
+    compare_view.render(result, console)
+    assert "workload.step_time_ms p90 ms" in console.export_text()
+
+
+def test_a_run_is_found_by_its_label_id_or_file_name(h100, rtx4090):
+    a, b = copy.deepcopy(h100), copy.deepcopy(rtx4090)
+    a.options["label"] = "8 h on provider A"
+    entries = [entry(a, "#4"), entry(b, "/tmp/exports/box-b.json")]
+    names, labels = [n for n, _, _ in entries], ["8 h on provider A", None]
+    for reference, index in (("8 h on provider A", 0), ("#4", 0), ("4", 0), ("box-b.json", 1), ("box-b", 1),
+                             ("/tmp/exports/box-b.json", 1)):
+        assert find_run(reference, names, labels) == index, reference
+    assert compare(entries, job="3 h on 8 h on provider A").job.reference == "#4 8 h on provider A"
+    with pytest.raises(ValueError, match="names several runs"):
+        find_run("box", ["#1 box", "#2 box"], ["box", "box"])
+
+
+def test_prices_for_one_comparison_replace_the_stored_ones(h100, rtx4090):
+    a = synthetic(h100, {"sustained.tflops": 650.0})  # synthetic
+    a.options.update(label="provider A", price=16.0)
+    entries = [entry(a, "#1"), entry(rtx4090, "#2")]
+    priced = with_prices(entries, [("provider A", 12.0), ("2", 3.0)])
+    assert [p for _, _, p in priced] == [12.0, 3.0] and entries[0][2] == 16.0
+    with pytest.raises(ValueError, match="--price: '3' names no single run"):
+        with_prices(entries, [("3", 1.0)])
+    for bad in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ValueError, match="positive finite"):
+            compare([("a", a, bad)])
+
+
+def test_history_trend_names_its_time_zone(h100):
+    run = synthetic(h100, {"sustained.tflops": 650.0})  # synthetic
+    assert history_trend([run], utc_offset_hours=1, zone="local time CET").clock.startswith(
+        "day = 08:00-20:00 local time CET (UTC+1 h)")

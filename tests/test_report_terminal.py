@@ -1,5 +1,6 @@
-"""The terminal report: checklist first, problems in full (failures first), passes in one line,
-measurements, verdict last; on stored records and on records made fresh from the captures."""
+"""The terminal report: checklist first, problems in full (failures first), skips with their
+reasons, passes counted in one line (-v lists them), measurements, verdict last; on stored
+records and on records made fresh from the captures."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def text(r: RunRecord, verbose: bool = False) -> str:
     return console.export_text()
 
 
-def test_checklist_leads_then_problems_passes_measurements_and_the_verdict_last():
+def test_checklist_leads_then_problems_skips_the_pass_count_measurements_and_the_verdict_last():
     out = text(record("h100-8x-synthetic-sustained"))
-    order = [out.index(h) for h in ("Acceptance checklist", "Hidden parameters", "Problems (2 failed, 1 warning)", "\nGPU\n", "Measured")]
+    order = [out.index(h) for h in ("Acceptance checklist", "Hidden parameters", "Problems (2 failed, 1 warning)",
+                                    "\nNot checked\n", "\n62 passed (", "Measured")]
     assert order == sorted(order)
     assert out.splitlines()[0].startswith("gpuvet 0.1")
     assert out.rstrip().splitlines()[-1] == "FAIL: something is wrong with this machine  (2 failed, 1 warnings, 62 passed, 15 skipped)"
@@ -47,22 +49,32 @@ def test_a_synthetic_record_says_so_in_every_format():
 
 def test_failures_come_before_warnings_with_evidence_and_remedy():
     out = text(record("h100-8x-throttle"))
-    problems = out[out.index("Problems"):out.index("\nGPU\n")]
+    problems = out[out.index("Problems"):out.index("\nNot checked\n")]
     assert problems.index("FAIL  gpu.throttle") < problems.index("WARN  gpu.isolation")
     assert "measured active: sw_power_cap, hw_power_brake_slowdown, sw_thermal_slowdown" in problems
     assert "source: NVML clock-event reasons" in problems
     assert "fix/confirm: watch it under load: `nvidia-smi -i 2 -q -d PERFORMANCE,TEMPERATURE,POWER`" in problems
 
 
-def test_passes_take_one_line_per_check_and_verbose_lists_them_all():
+def test_passes_are_counted_in_one_line_and_verbose_lists_them_all():
     out = text(record("h100-8x-throttle"))
-    assert out.count("PASS  gpu.temperature") == 1 and "(+5 more; -v lists them)" in out
-    assert text(record("h100-8x-throttle"), verbose=True).count("PASS  gpu.temperature") == 6
+    assert "PASS  " not in out and "\n55 passed (8 checks; -v lists them)\n" in out
+    assert len(out.splitlines()) < 45  # quiet: the checklist, the problems, the skips, the verdict
+    verbose = text(record("h100-8x-throttle"), verbose=True)
+    assert verbose.count("PASS  gpu.temperature") == 6 and "\nGPU\n" in verbose and "passed (" not in verbose
+
+
+def test_a_clean_machine_is_quiet():
+    out = text(runner.inspect([str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt")]))
+    assert "Problems" not in out and "PASS  " not in out
+    assert "\n6 passed (6 checks; -v lists them)\n" in out
+    assert "SKIP  gpu.ecc            gpu0     no ECC on this GPU (or not in the capture)" in out  # a skip says why
+    assert out.rstrip().splitlines()[-1].startswith("PASS: nothing wrong found")
 
 
 def test_measurements_of_a_cpu_run_are_listed():
     out = text(record("cpu-sustained"))
-    assert "sustained.tflops       cpu 0.03" in out and "PASS  cpu.sustained" in out
+    assert "sustained.tflops       cpu 0.03" in out and "PASS  cpu.sustained" in text(record("cpu-sustained"), verbose=True)
 
 
 def test_checks_from_areas_the_report_does_not_know_still_show():
@@ -70,8 +82,8 @@ def test_checks_from_areas_the_report_does_not_know_still_show():
     r.findings += [Finding("env.jupyter", "host", FAIL, "Jupyter on 0.0.0.0:8888 without a token", remedy="jupyter server password"),
                    Finding("net.loopback", "host", "pass", "TCP round trip 21 us"),
                    Finding("fabric.future", "machine", "pass", "a check from a newer gpuvet")]
-    out = text(r)
-    assert "FAIL  env.jupyter" in out and "fix/confirm: jupyter server password" in out
+    assert "FAIL  env.jupyter" in text(r) and "fix/confirm: jupyter server password" in text(r)
+    out = text(r, verbose=True)
     assert "\nNetwork\n" in out and "PASS  net.loopback" in out
     assert "\nFabric\n" in out and "PASS  fabric.future" in out
 
@@ -93,10 +105,14 @@ def test_the_names_other_modules_use_are_kept():
 def test_every_format_renders_a_record_made_now_from_a_capture(capture):
     """Today's rules on the real captures: whatever they find, every report renders it."""
     r = runner.inspect([str(FIXTURES / capture)])
-    out = text(r)
+    out = text(r, verbose=True)
     assert "Acceptance checklist" in out and out.rstrip().splitlines()[-1].startswith(r.verdict.upper())
     for f in r.findings:
         assert f.check in out
+    quiet = text(r)
+    assert quiet.rstrip().splitlines()[-1].startswith(r.verdict.upper())
+    for f in r.findings:
+        assert (f.check in quiet) or f.status == "pass"
     markdown = render_markdown(r)
     assert "| | Item | What decided it |" in markdown
     page = render_html(r)

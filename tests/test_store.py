@@ -20,7 +20,7 @@ import pytest
 
 from gpuvet import runner
 from gpuvet.record import Measurement, RunRecord
-from gpuvet.store import SCHEMA_VERSION, Store, StoreError, UnknownRun, default_path, machine_identity
+from gpuvet.store import SCHEMA_VERSION, NoStoreYet, Store, StoreError, UnknownRun, default_path, machine_identity
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H100_8X = "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"  # real UUIDs, 8 GPUs
@@ -155,6 +155,44 @@ def test_import_fills_a_missing_label_and_keeps_an_existing_one(store, h100):
     relabelled["options"]["label"] = "another name"
     store.import_records([relabelled])
     assert store.runs()[0].label == "from the other machine"
+
+
+def test_import_says_which_runs_were_already_here_and_what_was_kept(store, h100, rtx4090):
+    run_id = store.save(h100, label="mine", price_per_hour=2.0)
+    theirs = copy.deepcopy(h100.to_dict())
+    theirs["options"].update(label="theirs", price=2.0)
+    outcomes = store.import_runs([theirs, rtx4090.to_dict()])
+    assert [(o.id, o.already) for o in outcomes] == [(run_id, True), (run_id + 1, False)]
+    assert outcomes[0].kept == ["kept its label 'mine' (the import has 'theirs')"]  # same price: nothing to say
+    assert store.runs()[-1].label == "mine"
+
+
+def test_a_label_or_price_set_afterwards_and_bad_prices_refused(store, h100):
+    run_id = store.save(h100, label="first name")
+    assert store.set_label(run_id, price_per_hour=3.5) == {"label": "first name", "price": 3.5}
+    assert store.set_label(run_id, label="") == {"price": 3.5}  # "" removes the label
+    assert (store.runs()[0].label, store.runs()[0].price_per_hour) == (None, 3.5)
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="positive finite"):
+            store.set_label(run_id, price_per_hour=bad)
+        with pytest.raises(ValueError, match="positive finite"):
+            store.save(h100, price_per_hour=bad)
+    infinite = copy.deepcopy(h100.to_dict())
+    infinite["options"]["price"] = float("inf")  # what `json.loads('... Infinity ...')` gives
+    with pytest.raises(ValueError, match="item 1 of 1: a price per hour must be a positive finite"):
+        store.import_records([infinite])
+    with pytest.raises(UnknownRun):
+        store.set_label(run_id + 1, label="x")
+
+
+def test_import_refuses_a_record_missing_what_a_run_needs(store, h100):
+    with pytest.raises(ValueError, match="item 1 of 1: a gpuvet run record without started_at, machine, tool"):
+        store.import_records([{"schema": "gpuvet.run/1"}])
+    undated = copy.deepcopy(h100.to_dict())
+    undated["started_at"] = "yesterday"
+    with pytest.raises(ValueError, match="not an ISO 8601 time"):
+        store.import_records([undated])
+    assert store.runs() == []
 
 
 def test_import_of_something_else_says_which_item_and_stores_nothing(store, h100):
@@ -320,7 +358,7 @@ def test_a_damaged_store_gives_a_store_error_not_a_traceback_and_is_not_repaired
 
 def test_reading_a_store_that_does_not_exist_creates_nothing(tmp_path):
     path = tmp_path / "nowhere" / "runs.sqlite3"
-    with pytest.raises(StoreError, match="no store here yet"):
+    with pytest.raises(NoStoreYet, match="no store here yet"):
         Store(path, create=False)
     assert not path.parent.exists()
 

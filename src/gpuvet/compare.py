@@ -15,6 +15,8 @@ the work itself:
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import statistics
 from collections import Counter
@@ -137,8 +139,9 @@ class Row:
     unit: str
     lower_is_better: bool
     values: list[float | None]
-    best: int | None = None  # index of the best run
+    best: int | None = None  # index of the best run (the first of `best_runs`)
     relative_pct: list[float | None] = field(default_factory=list)
+    best_runs: list[int] = field(default_factory=list)  # every run with the best value (ties)
 
 
 @dataclass
@@ -198,8 +201,8 @@ def compare(records: list[tuple[str, RunRecord, float | None]], job: str | None 
     runs = [r for _, r, _ in records]
     prices = [p for _, _, p in records]
     for name, price in zip(names, prices):
-        if price is not None and price <= 0:
-            raise ValueError(f"{name}: a price per hour must be positive, not {price}")
+        if price is not None and (not math.isfinite(price) or price <= 0):
+            raise ValueError(f"{name}: a price per hour must be a positive finite number, not {price}")
     notes: list[str] = []
     measurement_rows, single = _measurement_rows(runs)
     costs = _cost_rows(runs, prices, notes)
@@ -241,15 +244,15 @@ def lower_is_better(name: str, unit: str) -> bool:
 
 def _row(name: str, label: str, unit: str, values: list[float | None], lower: bool) -> Row:
     row = Row(name, label, unit, lower, values)
-    known = [(v, i) for i, v in enumerate(values) if v is not None]
-    if known and unit == "bool":  # 1 = yes, 0 = no: a "-100%" would say nothing more
-        row.best = max(known)[1]
+    known = [v for v in values if v is not None]
+    if not known:
         row.relative_pct = [None] * len(values)
-    elif known:
-        best_value, row.best = min(known) if lower else max(known)
-        row.relative_pct = [_relative(v, best_value) for v in values]
-    else:
-        row.relative_pct = [None] * len(values)
+        return row
+    best_value = min(known) if lower and unit != "bool" else max(known)  # bool: 1 = yes is best
+    row.best_runs = [i for i, v in enumerate(values) if v == best_value]  # a tie is best for all of them
+    row.best = row.best_runs[0]
+    # bool: a "-100%" would say nothing more than yes/no
+    row.relative_pct = [None if unit == "bool" else _relative(v, best_value) for v in values]
     return row
 
 
@@ -273,7 +276,27 @@ def _measurement_rows(runs: list[RunRecord]) -> tuple[list[Row], int]:
             single += 1
             continue
         rows.append(_row(name, name, unit, values, lower_is_better(name, unit)))
+        if name == STEP_TIME:
+            rows += _step_time_spread(runs)
     return rows, single
+
+
+STEP_TIME = "workload.step_time_ms"
+
+
+def _step_time_spread(runs: list[RunRecord]) -> list[Row]:
+    """The workload's step-time p10 and p90 (kept in the measurement's details): a jittery
+    machine shows a wide spread behind a fair median."""
+    rows = []
+    for key in ("p10", "p90"):
+        values: list[float | None] = []
+        for record in runs:
+            found = [float(m.details[key]) for m in record.measurements
+                     if m.name == STEP_TIME and m.value is not None and isinstance(m.details.get(key), (int, float))]
+            values.append(statistics.median(found) if found else None)
+        if sum(v is not None for v in values) >= min(2, len(runs)):
+            rows.append(_row(f"{STEP_TIME}.{key}", f"{STEP_TIME} {key}", "ms", values, lower=True))
+    return rows
 
 
 def _cost_rows(runs: list[RunRecord], prices: list[float | None], notes: list[str]) -> list[Row]:
@@ -328,23 +351,62 @@ def parse_job(job: str) -> tuple[float, str]:
     return hours, match["run"]
 
 
-def find_run(reference: str, names: list[str]) -> int:
-    """The run a job names: its exact name, then case-insensitively, then by the first word of a
-    name ("12" or "#12" matches "#12 provider A")."""
-    for matches in (lambda n: n == reference, lambda n: n.casefold() == reference.casefold(),
-                    lambda n: n.split()[0].lstrip("#") == reference.lstrip("#") if n.split() else False):
-        hits = [i for i, name in enumerate(names) if matches(name)]
+def find_run(reference: str, names: list[str], labels: list[str | None] | None = None, what: str = "job") -> int:
+    """The run a reference names, as a user would write it: the run's exact name, then
+    case-insensitively, then the id or file it was given as ("12" or "#12" for "#12 provider A",
+    "runs.json" or "runs" for "/tmp/runs.json"), then its label ("provider A"). `labels` are the
+    runs' labels where known (a name is "REF LABEL"); without them the first word is the REF."""
+    labels = labels or [None] * len(names)
+    wanted = reference.strip().casefold()
+    refs = [_reference_aliases(name, label) for name, label in zip(names, labels)]
+    given_labels = [_label_aliases(name, label) for name, label in zip(names, labels)]
+    for matches in (lambda i: names[i] == reference.strip(), lambda i: names[i].casefold() == wanted,
+                    lambda i: wanted.lstrip("#") in refs[i], lambda i: wanted in given_labels[i]):
+        hits = [i for i in range(len(names)) if matches(i)]
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:
-            break
-    raise ValueError(f"job: {reference!r} names no single run of this comparison ({', '.join(names)})")
+            raise ValueError(f"{what}: {reference!r} names several runs of this comparison "
+                             f"({', '.join(names[i] for i in hits)}); use one's id or file")
+    raise ValueError(f"{what}: {reference!r} names no single run of this comparison ({', '.join(names)})")
+
+
+def _reference_aliases(name: str, label: str | None) -> set[str]:
+    """How a user may name the id or file a run was given as (casefolded, without "#")."""
+    words = name.split()
+    refs = {words[0]} if words else set()
+    if label and name.endswith(f" {label}"):
+        refs.add(name[: -len(label) - 1])
+    aliases = set()
+    for ref in refs:
+        ref = ref.casefold().lstrip("#")
+        base = os.path.basename(ref)
+        aliases |= {ref, base, os.path.splitext(base)[0]}
+    return aliases - {""}
+
+
+def _label_aliases(name: str, label: str | None) -> set[str]:
+    rest = name.split(None, 1)[1] if len(name.split(None, 1)) == 2 else ""
+    return {text.casefold() for text in (label, rest) if text}
+
+
+def with_prices(entries: list[tuple[str, RunRecord, float | None]],
+                prices: list[tuple[str, float]]) -> list[tuple[str, RunRecord, float | None]]:
+    """The entries with prices the user gave for this comparison only ("REF=USD"), each REF
+    found as `find_run` finds a job's run."""
+    names = _unique_names([name for name, _, _ in entries])
+    labels = [record.options.get("label") for _, record, _ in entries]
+    priced = list(entries)
+    for reference, price in prices:
+        i = find_run(reference, names, labels, what="--price")
+        priced[i] = (priced[i][0], priced[i][1], price)
+    return priced
 
 
 def _job_estimate(job: str, names: list[str], runs: list[RunRecord], prices: list[float | None],
                   notes: list[str]) -> JobEstimate:
     hours, reference = parse_job(job)
-    ref = find_run(reference, names)
+    ref = find_run(reference, names, [r.options.get("label") for r in runs])
     metric = _job_metric(runs, ref)
     if metric is None:
         notes.append(f"job: {names[ref]} has none of {', '.join(JOB_METRICS)}; its time cannot be scaled to other runs")
@@ -499,13 +561,15 @@ class Trend:
     clock: str  # which clock "day" and "night" are on
 
 
-def history_trend(records: list[RunRecord], utc_offset_hours: float = 0.0) -> Trend:
+def history_trend(records: list[RunRecord], utc_offset_hours: float = 0.0, zone: str | None = None) -> Trend:
     """How one machine's key figures moved over time, and day vs night. Run records keep their
     start time in UTC and not the machine's time zone, so hours are UTC unless the caller gives
-    the offset of the local time that matters (the user's, the data centre's)."""
+    the offset of the local time that matters (the user's, the data centre's); `zone` names that
+    time for the reader ("local time, CET")."""
     dated = sorted(((_parse_time(r.started_at), r) for r in records), key=lambda pair: pair[0])
     shift = timedelta(hours=utc_offset_hours)
-    clock = "UTC" if not utc_offset_hours else f"UTC{utc_offset_hours:+g} h"
+    offset = "UTC" if not utc_offset_hours else f"UTC{utc_offset_hours:+g} h"
+    clock = f"{zone} ({offset})" if zone and zone != offset else offset
     figures = []
     for name, label, unit in KEY_FIGURES:
         points = [(when, v) for when, r in dated if (v := key_figures(r).get(name)) is not None]

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import sqlite3
@@ -73,6 +74,20 @@ class StoreError(Exception):
 
 class UnknownRun(StoreError):
     """No run with that id in this store."""
+
+
+class NoStoreYet(StoreError):
+    """Reading was asked of a store that was never created: an empty history, not a fault."""
+
+
+@dataclass
+class Imported:
+    """What importing one run did: `already` when this store held it before; `kept` says which
+    of its stored label/price differ from the file's and were kept (one sentence each)."""
+
+    id: int
+    already: bool
+    kept: list[str]
 
 
 # -- where, and which machine -----------------------------------------------------------------
@@ -239,7 +254,7 @@ class Store:
             raise StoreError(self.path, "is a folder; give a file name")
         if not self.path.exists():
             if not create:
-                raise StoreError(self.path, "no store here yet (`gpuvet run` saves every run to it)")
+                raise NoStoreYet(self.path, "no store here yet (`gpuvet run` saves every run to it)")
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as err:
@@ -370,43 +385,65 @@ class Store:
         )
         return int(cursor.lastrowid)
 
-    def _fill_blanks(self, run_id: int, stored: dict[str, Any], incoming: dict[str, Any]) -> None:
-        """The same run arriving again may carry a label or price the stored copy lacks."""
+    def _fill_blanks(self, run_id: int, stored: dict[str, Any], incoming: dict[str, Any]) -> list[str]:
+        """The same run arriving again may carry a label or price the stored copy lacks: those are
+        filled in. A stored label or price is never overwritten by an incoming one; what was kept
+        instead is returned, one sentence each, so the caller can say so."""
         have, new = stored.get("options") or {}, incoming.get("options") or {}
+        kept = []
+        for key, what in (("label", "label"), ("price", "price per hour")):
+            if have.get(key) is not None and new.get(key) is not None and have[key] != new[key]:
+                kept.append(f"kept its {what} {have[key]!r} (the import has {new[key]!r})")
         label = have.get("label") if have.get("label") is not None else new.get("label")
         price = have.get("price") if have.get("price") is not None else new.get("price")
-        if (label, price) == (have.get("label"), have.get("price")):
-            return
-        _set_label_and_price(stored, label, price)
-        self._db.execute("UPDATE runs SET label = ?, price_per_hour = ?, record = ? WHERE id = ?",
-                         (label, price, _to_json(stored), run_id))
+        if (label, price) != (have.get("label"), have.get("price")):
+            _set_label_and_price(stored, label, price)
+            self._db.execute("UPDATE runs SET label = ?, price_per_hour = ?, record = ? WHERE id = ?",
+                             (label, price, _to_json(stored), run_id))
+        return kept
 
     @_guarded
     def import_records(self, items: list[dict[str, Any]]) -> list[int]:
         """Store exported run records (all or none); a run already here is kept once. Returns the
         ids, in the order given."""
+        return [imported.id for imported in self.import_runs(items)]
+
+    @_guarded
+    def import_runs(self, items: list[dict[str, Any]] | dict[str, Any]) -> list[Imported]:
+        """Store exported run records (all or none), saying for each whether it was new or
+        already here, and which stored label/price were kept over the file's."""
         if not isinstance(items, list):
             items = [items]  # one run record on its own, as `gpuvet run --out` writes it
         rows = []
         for n, item in enumerate(items, 1):
             try:
-                rows.append(_Row.of(*_parse_record(item)))
+                data, record = _parse_record(item)
+                _check_importable(data)
+                rows.append(_Row.of(data, record))
             except ValueError as err:
                 raise ValueError(f"item {n} of {len(items)}: {err}") from None
+        results = []
         with self._transaction():
-            return [self._insert(row) for row in rows]
+            for row in rows:
+                existing = self._db.execute("SELECT id, record FROM runs WHERE run_hash = ?", (row.run_hash,)).fetchone()
+                if existing:
+                    kept = self._fill_blanks(existing["id"], json.loads(existing["record"]), row.data)
+                    results.append(Imported(existing["id"], True, kept))
+                else:
+                    results.append(Imported(self._insert(row), False, []))
+        return results
 
     @_guarded
-    def set_label(self, run_id: int, label: str | None = None, price_per_hour: float | None = None) -> None:
-        """Give a stored run a label and/or a price afterwards (None leaves that one as it is)."""
+    def set_label(self, run_id: int, label: str | None = None, price_per_hour: float | None = None) -> dict[str, Any]:
+        """Give a stored run a label and/or a price afterwards (None leaves that one as it is, a
+        label "" removes it); returns the run's options as stored now."""
         with self._transaction():
             data = self._record_dict(run_id)
-            options = data.get("options") or {}
-            _set_label_and_price(data, label if label is not None else options.get("label"),
-                                 price_per_hour if price_per_hour is not None else options.get("price"))
+            _set_label_and_price(data, label, price_per_hour)
             options = data["options"]
             self._db.execute("UPDATE runs SET label = ?, price_per_hour = ?, record = ? WHERE id = ?",
                              (options.get("label"), options.get("price"), _to_json(data), run_id))
+            return options
 
     # -- reading --------------------------------------------------------------------------
 
@@ -473,14 +510,49 @@ class Store:
 # -- helpers ----------------------------------------------------------------------------------
 
 def _set_label_and_price(data: dict[str, Any], label: str | None, price: float | None) -> None:
+    """Set the label ("" removes it) and the price; a price must be a positive finite number
+    (JSON has no Infinity or NaN, and a zero price makes every cost meaningless)."""
     options = dict(data.get("options") or {})
-    if label is not None:
+    if label == "":
+        options.pop("label", None)
+    elif label is not None:
         options["label"] = label
     if price is not None:
-        if price <= 0:
-            raise ValueError(f"a price per hour must be positive, not {price}")
-        options["price"] = float(price)
+        options["price"] = check_price(price)
     data["options"] = options
+
+
+def check_price(price: Any) -> float:
+    """A price per hour as a float, or ValueError saying why it is not one."""
+    try:
+        value = float(price)
+    except (TypeError, ValueError):
+        raise ValueError(f"a price per hour must be a number of USD, not {price!r}") from None
+    if isinstance(price, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"a price per hour must be a positive finite number of USD, not {price!r}")
+    return value
+
+
+# What a stored run needs to be listed and compared; `gpuvet run` writes all of them.
+_REQUIRED = {"started_at": str, "machine": dict, "tool": dict}
+
+
+def _check_importable(data: dict[str, Any]) -> None:
+    """A record from elsewhere must carry what a run listing needs, and a valid label and price."""
+    missing = [key for key, kind in _REQUIRED.items() if not isinstance(data.get(key), kind) or not data.get(key)]
+    if missing:
+        raise ValueError(f"a gpuvet run record without {', '.join(missing)} (not written by gpuvet run/inspect?)")
+    try:
+        datetime.fromisoformat(data["started_at"].replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"started_at {data['started_at']!r} is not an ISO 8601 time") from None
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise ValueError("its options are not an object")
+    if options.get("price") is not None:
+        check_price(options["price"])
+    if options.get("label") is not None and not isinstance(options["label"], str):
+        raise ValueError(f"its label {options['label']!r} is not text")
 
 
 def _parse_record(item: Any) -> tuple[dict[str, Any], RunRecord]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ from rich.console import Console
 from .. import __version__
 from ..record import SCHEMA, RunRecord, exit_code
 from ..report import terminal
-from ..store import Store, StoreError
+from ..store import Store, StoreError, check_price
 
 EXIT_USAGE = 2
 
@@ -36,7 +37,26 @@ def cli() -> None:
     """Find out what GPU machine you really rented: facts, measurements, verdicts with evidence."""
 
 
+class PriceType(click.ParamType):
+    """USD per hour: a positive finite number, checked before any work (a zero or infinite price
+    makes every cost meaningless, and JSON cannot carry Infinity or NaN)."""
+
+    name = "USD_PER_HOUR"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        try:
+            return check_price(value.strip() if isinstance(value, str) else value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+PRICE = PriceType()
+
+
 def output_options(fn):
+    fn = _report_needs_out(fn)
     fn = click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")(fn)
     fn = click.option("--report", "report_format", type=click.Choice(["json", "md", "html"]), default="json",
                       show_default=True, help="What --out writes: the run record, Markdown, or a self-contained HTML page.")(fn)
@@ -45,6 +65,20 @@ def output_options(fn):
     fn = click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON instead of the report.")(fn)
     fn = click.option("--expect", metavar="MODEL", help='The GPU model you paid for, e.g. "A100 80GB" or "RTX 4090".')(fn)
     return fn
+
+
+def _report_needs_out(fn):
+    """`--report md|html` says what --out writes: without --out nothing would be written, so refuse
+    before any work rather than run for minutes and drop the report."""
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        if kwargs.get("report_format", "json") != "json" and not kwargs.get("out"):
+            fmt = kwargs["report_format"]
+            raise UsageProblem(f"--report {fmt} writes a file: add --out FILE (e.g. --out report.{fmt})")
+        return fn(*args, **kwargs)
+
+    return checked
 
 
 @contextlib.contextmanager
@@ -59,7 +93,7 @@ def progress_status(quiet: bool):
 
 
 def store_options(fn):
-    fn = click.option("--price", type=click.FloatRange(min=0), metavar="USD_PER_HOUR", help="What this machine costs per hour.")(fn)
+    fn = click.option("--price", type=PRICE, metavar="USD_PER_HOUR", help="What this machine costs per hour (USD, more than 0).")(fn)
     fn = click.option("--label", metavar="TEXT", help='Where this run was taken, e.g. "provider A, region x".')(fn)
     fn = click.option("--no-save", is_flag=True, help="Do not keep this run in the local history.")(fn)
     fn = click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")(fn)
@@ -78,8 +112,47 @@ def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, pr
         with Store(db) as store:
             run_id = store.save(record, label=label, price_per_hour=price)
         click.echo(f"gpuvet: saved as run {run_id} (gpuvet show {run_id})", err=True)
-    except StoreError as err:
+    except (StoreError, ValueError) as err:  # ValueError: a price the options check let through
         click.echo(f"gpuvet: warning: run not saved: {err}", err=True)
+
+
+def load_run_file(path: str) -> RunRecord:
+    """A run record file (`gpuvet run --out`), or an export (`gpuvet export ID...`): one run is
+    that run; of several, the first, with a line on stderr saying how to reach the others."""
+    import json
+
+    from ..probe.errors import CaptureError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as err:
+        raise CaptureError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except ValueError as err:
+        raise CaptureError(f"{path}: not a readable gpuvet run record (not JSON: {err})") from None
+    if isinstance(data, list):
+        if not data:
+            raise CaptureError(f"{path}: an empty gpuvet export (no run in it)")
+        if len(data) > 1:
+            click.echo(f"gpuvet: {path} holds {len(data)} runs (a gpuvet export); this is the first. For another: "
+                       f"gpuvet import {path}, then gpuvet show ID", err=True)
+        data = data[0]
+    if not isinstance(data, dict):
+        raise CaptureError(f"{path}: not a gpuvet run record (a JSON {type(data).__name__})")
+    try:
+        return RunRecord.from_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise CaptureError(f"{path}: not a readable gpuvet run record ({err})") from None
+
+
+def is_export_file(path: str) -> bool:
+    """A `gpuvet export` file: a JSON list of run records."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"[") and SCHEMA.encode() in head
 
 
 def rendered(record: RunRecord, fmt: str) -> str:
@@ -104,14 +177,33 @@ def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool, repor
         record = redact_record(record)
     if out:
         write_atomically(out, rendered(record, report_format))
+        if not as_json:  # said before the report (on stderr), so the verdict stays the last line
+            what = {"json": "run record", "md": "Markdown report", "html": "HTML report"}[report_format]
+            click.echo(f"gpuvet: {what} written to {out}", err=True)
     if as_json:
         click.echo(record.to_json())
     else:
         terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
-        if out:
-            what = {"json": "run record", "md": "Markdown report", "html": "HTML report"}[report_format]
-            click.echo(f"{what} written to {out}")
     sys.exit(exit_code(record.findings))
+
+
+def show_record(record: RunRecord, fmt: str, out: str | None, redact: bool, verbose: bool) -> None:
+    """A record in any report format (terminal, md, html, json), printed or written to --out."""
+    if fmt == "terminal" and out:
+        raise UsageProblem("--out needs --format md, html or json")
+    if redact:
+        from ..report.redact import redact as redact_record
+
+        record = redact_record(record)
+    if fmt == "terminal":
+        terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
+        return
+    text = rendered(record, fmt)
+    if out:
+        write_atomically(out, text)
+        click.echo(f"{fmt} report written to {out}")
+    else:
+        sys.stdout.write(text)
 
 
 def check_out_path(out: str | None) -> None:

@@ -1,19 +1,22 @@
-"""The commands over stored runs: history, show, export, import, compare."""
+"""The commands over stored runs: history, show, label, export, import, compare."""
 
 from __future__ import annotations
 
 import json
+import sys
+from datetime import datetime
 
 import click
 from rich.console import Console
 
 from .. import runner
 from ..compare import compare as compare_runs
-from ..compare import entry, history_trend
+from ..compare import entry, history_trend, with_prices
 from ..probe.errors import CaptureError
+from ..record import exit_code
 from ..report import compare_view
-from ..store import StoreError
-from .base import UsageProblem, cli, emit, open_store
+from ..store import NoStoreYet, Store, StoreError, check_price
+from .base import PRICE, UsageProblem, check_out_path, cli, open_store, show_record
 
 _db = click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
 
@@ -22,19 +25,30 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
+def _local_clock() -> tuple[float, str]:
+    """This machine's offset from UTC now, in hours, and its time zone's name."""
+    now = datetime.now().astimezone()
+    offset = now.utcoffset()
+    return (offset.total_seconds() / 3600 if offset else 0.0), (now.tzname() or "local time")
+
+
 @cli.command()
 @click.option("--machine", "machine", is_flag=False, flag_value="", default=None, metavar="[KEY]",
-              help="Group runs by machine (GPU UUIDs); with a KEY, that machine's runs and how its figures moved.")
+              help="Group runs by machine (GPU UUIDs); with a KEY (or its start), that machine's runs and how its figures moved.")
 @click.option("--limit", type=click.IntRange(min=1), help="Show at most this many runs.")
+@click.option("--utc-offset", type=click.FloatRange(min=-14, max=14), metavar="HOURS",
+              help="Day vs night on this clock (default: this machine's time zone), e.g. 8 for UTC+8.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_db
-def history(machine: str | None, limit: int | None, as_json: bool, db: str | None) -> None:
+def history(machine: str | None, limit: int | None, utc_offset: float | None, as_json: bool, db: str | None) -> None:
     """List stored runs: date, label, GPUs, verdict, key figures."""
     try:
-        store = open_store(db)
-    except UsageProblem:
-        click.echo("no runs yet (gpuvet run stores every run)")
+        store = Store(db, create=False)
+    except NoStoreYet:
+        click.echo("[]" if as_json else "no runs yet (gpuvet run stores every run)")
         return
+    except StoreError as err:
+        raise UsageProblem(str(err)) from None
     with store:
         try:
             if machine == "":
@@ -44,30 +58,88 @@ def history(machine: str | None, limit: int | None, as_json: bool, db: str | Non
                 else:
                     compare_view.render_machines(machines, _console())
                 return
-            summaries = store.runs(machine_key=machine or None, limit=limit)
-            if as_json:
-                click.echo(json.dumps(compare_view.summaries_to_dicts(summaries), indent=2))
+            key = _machine_key(store, machine) if machine else None
+            summaries = store.runs(machine_key=key, limit=limit)
+            if key is None:
+                if as_json:
+                    click.echo(json.dumps(compare_view.summaries_to_dicts(summaries), indent=2))
+                else:
+                    compare_view.render_history(summaries, _console())
                 return
-            compare_view.render_history(summaries, _console())
-            if machine:
-                compare_view.render_trend(history_trend(store.records(machine)), _console())
+            if utc_offset is None:
+                offset, zone = _local_clock()
+                zone = None if (offset, zone) in ((0.0, "UTC"), (0.0, "GMT")) else f"local time {zone}"
+            else:
+                offset, zone = utc_offset, None
+            trend = history_trend(store.records(key), utc_offset_hours=offset, zone=zone)
         except StoreError as err:
             raise UsageProblem(str(err)) from None
+    if as_json:
+        click.echo(json.dumps({"machine": key, "runs": compare_view.summaries_to_dicts(summaries),
+                               "trend": compare_view.trend_to_dict(trend)}, indent=2))
+        return
+    compare_view.render_history(summaries, _console())
+    compare_view.render_trend(trend, _console())
+    if utc_offset is None and trend.figures:
+        click.echo("(day and night on this machine's time zone; --utc-offset HOURS for another)")
+
+
+def _machine_key(store: Store, given: str) -> str:
+    """The one machine key that is `given` or starts with it (as git resolves a short hash)."""
+    machines = store.machines()
+    exact = [m for m in machines if m[0] == given]
+    found = exact or [m for m in machines if m[0].startswith(given.strip())]
+    if len(found) == 1:
+        return found[0][0]
+    candidates = found or machines
+    listed = ", ".join(f"{k} ({d.split(' · key from')[0]})" for k, d, _ in candidates[:10]) or "none yet"
+    listed += f", and {len(candidates) - 10} more (gpuvet history --machine)" if len(candidates) > 10 else ""
+    if found:
+        raise UsageProblem(f"--machine {given}: starts {len(found)} machine keys, give more of it: {listed}")
+    raise UsageProblem(f"--machine {given}: no such machine in this store; known: {listed}")
 
 
 @cli.command()
 @click.argument("run_id", type=int)
-@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default="terminal", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["terminal", "md", "html", "json"]), default="terminal", show_default=True)
+@click.option("--out", metavar="FILE", help="Write the report to FILE instead of printing it.")
+@click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @_db
-def show(run_id: int, fmt: str, verbose: bool, db: str | None) -> None:
-    """Print one stored run, judged again with this version's rules."""
+def show(run_id: int, fmt: str, out: str | None, redact: bool, verbose: bool, db: str | None) -> None:
+    """Print one stored run, judged again with this version's rules (any report format)."""
+    check_out_path(out)
     with open_store(db) as store:
         try:
             record = store.get(run_id)
         except StoreError as err:
             raise UsageProblem(str(err)) from None
-    emit(runner.rejudge(record), fmt == "json", None, verbose)
+    stored_verdict = record.verdict  # from the findings saved with it
+    record = runner.rejudge(record)
+    if record.verdict != stored_verdict:
+        click.echo(f"gpuvet: run {run_id} was saved with verdict {stored_verdict.upper()}; this gpuvet's rules judge it "
+                   f"{record.verdict.upper()} (shown here)", err=True)
+    show_record(record, fmt, out, redact, verbose)
+    sys.exit(exit_code(record.findings))
+
+
+@cli.command("label")
+@click.argument("run_id", type=int)
+@click.option("--label", metavar="TEXT", help='Where the run was taken, e.g. "provider A, region x" ("" removes it).')
+@click.option("--price", type=PRICE, metavar="USD_PER_HOUR", help="What the machine cost per hour.")
+@_db
+def label_run(run_id: int, label: str | None, price: float | None, db: str | None) -> None:
+    """Give a stored run a label and/or a price afterwards (compare uses them)."""
+    if label is None and price is None:
+        raise UsageProblem("label: give --label TEXT and/or --price USD_PER_HOUR")
+    with open_store(db) as store:
+        try:
+            options = store.set_label(run_id, label=label, price_per_hour=price)
+        except StoreError as err:
+            raise UsageProblem(str(err)) from None
+    shown_label = repr(options["label"]) if options.get("label") else "none"
+    shown_price = f"${options['price']:.2f}/h" if options.get("price") is not None else "none"
+    click.echo(f"run {run_id}: label {shown_label} · price {shown_price}")
 
 
 @cli.command("export")
@@ -83,45 +155,77 @@ def export_runs(run_ids: tuple[int, ...], db: str | None) -> None:
 
 
 @cli.command("import")
-@click.argument("path", metavar="FILE")
+@click.argument("path", metavar="FILE|-")
 @_db
 def import_runs(path: str, db: str | None) -> None:
-    """Add runs exported elsewhere (or a run record) to this machine's history."""
+    """Add runs exported elsewhere (or a run record) to this machine's history; - reads stdin."""
+    name = "stdin" if path == "-" else path
     try:
-        with open(path, encoding="utf-8") as f:
-            items = json.load(f)
+        if path == "-":
+            items = json.load(sys.stdin)
+        else:
+            with open(path, encoding="utf-8") as f:
+                items = json.load(f)
     except OSError as err:
-        raise UsageProblem(f"{path}: cannot read it ({err.strerror or err})") from None
+        raise UsageProblem(f"{name}: cannot read it ({err.strerror or err})") from None
     except ValueError as err:
-        raise UsageProblem(f"{path}: not JSON ({err})") from None
+        raise UsageProblem(f"{name}: not JSON ({err})") from None
     items = items if isinstance(items, list) else [items]
+    if not items:
+        raise UsageProblem(f"{name}: an empty export (no run in it)")
     with open_store(db, create=True) as store:
         try:
-            ids = store.import_records(items)
+            outcomes = store.import_runs(items)
         except (StoreError, ValueError) as err:
-            raise UsageProblem(f"{path}: {err}") from None
-    click.echo(f"imported {len(items)} run(s) as {', '.join(str(i) for i in ids)}")
+            raise UsageProblem(f"{name}: {err}") from None
+    new = [o.id for o in outcomes if not o.already]
+    if new:
+        click.echo(f"imported {len(new)} run(s) as {', '.join(map(str, new))}")
+    for o in outcomes:
+        if o.already:
+            click.echo(f"already stored as run {o.id}" + (f": {'; '.join(o.kept)}" if o.kept else ""))
+            if o.kept:
+                click.echo(f"  to change them: gpuvet label {o.id} --label TEXT and/or --price USD_PER_HOUR")
+
+
+def _price_override(ctx, param, values: tuple[str, ...]) -> list[tuple[str, float]]:
+    """--price REF=USD, repeatable: a price for this comparison only."""
+    prices = []
+    for value in values:
+        ref, sep, amount = value.rpartition("=")
+        if not sep or not ref.strip():
+            raise click.BadParameter(f"{value!r}: write it as REF=USD_PER_HOUR, e.g. 3=2.49", ctx, param)
+        try:
+            prices.append((ref.strip(), check_price(amount.strip())))
+        except ValueError as err:
+            raise click.BadParameter(f"{value!r}: {err}", ctx, param) from None
+    return prices
 
 
 @cli.command("compare")
 @click.argument("refs", nargs=-1, required=True, metavar="ID|FILE...")
-@click.option("--job", metavar='"8 h on REF"', help="A job you know the length of on one run; its time and cost on every run.")
+@click.option("--job", metavar='"8 h on REF"', help="A job you know the length of on one run (its id, #id, file or label); "
+                                                   "its time and cost on every run.")
+@click.option("--price", "prices", multiple=True, callback=_price_override, metavar="REF=USD",
+              help="Price per hour of one run for this comparison only (repeatable); `gpuvet label` stores one.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--md", "as_md", is_flag=True, help="Print Markdown.")
 @click.option("-v", "--verbose", is_flag=True, help="Every shared measurement and finding.")
 @_db
-def compare(refs: tuple[str, ...], job: str | None, as_json: bool, as_md: bool, verbose: bool, db: str | None) -> None:
+def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, float]], as_json: bool, as_md: bool,
+            verbose: bool, db: str | None) -> None:
     """Put runs side by side, with the cost per unit of work where prices are known."""
     entries = []
     store = None
     try:
         for ref in refs:
-            if ref.isdigit():
+            run_id = ref.lstrip("#")
+            if run_id.isdigit():
                 store = store or open_store(db)
-                entries.append(entry(store.get(int(ref)), f"#{ref}"))
+                entries.append(entry(store.get(int(run_id)), f"#{run_id}"))
             else:
                 entries += _file_entries(ref)
-        comparison = compare_runs(entries, job)
+        comparison = compare_runs(with_prices(entries, prices), job)
     except (StoreError, ValueError, CaptureError) as err:
         raise UsageProblem(str(err)) from None
     finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 from rich.console import Console
 
@@ -11,8 +9,7 @@ from .. import doctor as doctor_module
 from .. import runner
 from ..probe.errors import CaptureError
 from ..store import StoreError
-from .base import UsageProblem, check_out_path, cli, rendered, write_atomically
-from ..report import terminal
+from .base import UsageProblem, check_out_path, cli, load_run_file, show_record, write_atomically
 
 
 @cli.command()
@@ -22,30 +19,19 @@ from ..report import terminal
 @click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) -> None:
-    """Render a stored run record (judged again with this version's rules), or a `gpuvet watch --log` file."""
+    """Render a run record or `gpuvet export` file (judged again with this version's rules), or a
+    `gpuvet watch --log` file."""
     check_out_path(out)
     if _is_cluster_record(path):
         _cluster_report(path, fmt, out, verbose)
         return
+    if fmt == "terminal" and out:
+        raise UsageProblem("--out needs --format md, html or json")
     try:
-        record = runner.load_watch_log(path) or runner.rejudge(runner.load_record(path))
+        record = runner.load_watch_log(path) or runner.rejudge(load_run_file(path))
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
-    if redact:
-        from ..report.redact import redact as redact_record
-
-        record = redact_record(record)
-    if fmt == "terminal":
-        if out:
-            raise UsageProblem("--out needs --format md, html or json")
-        terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
-        return
-    text = rendered(record, fmt)
-    if out:
-        write_atomically(out, text)
-        click.echo(f"{fmt} report written to {out}")
-    else:
-        sys.stdout.write(text)
+    show_record(record, fmt, out, redact, verbose)
 
 
 @cli.command()

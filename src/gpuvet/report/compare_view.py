@@ -106,10 +106,15 @@ def _cell(row: Row, i: int) -> str:
     text = _number(row.values[i], row.unit)
     if row.values[i] is None:
         return f"[dim]{text}[/]"
-    if i == row.best and sum(v is not None for v in row.values) > 1:
+    if _is_best(row, i):
         return f"[bold green]{text}[/] [dim]best[/]"
     relative = _relative(row.relative_pct[i] if row.relative_pct else None)
     return f"{text} [dim]{relative}[/]" if relative else text
+
+
+def _is_best(row: Row, i: int) -> bool:
+    """Marked best: the best value, every run that ties on it, and only when there is a choice."""
+    return i in row.best_runs and sum(v is not None for v in row.values) > 1
 
 
 def _status_cell(status: str | None) -> str:
@@ -169,7 +174,7 @@ def _md_row(row: Row) -> str:
     cells = []
     for i, value in enumerate(row.values):
         text = _number(value, row.unit)
-        if value is not None and i == row.best and sum(v is not None for v in row.values) > 1:
+        if value is not None and _is_best(row, i):
             text = f"**{text}** (best)"
         elif value is not None:
             relative = _relative(row.relative_pct[i] if row.relative_pct else None)
@@ -223,18 +228,37 @@ def render_machines(machines: list[tuple[str, str, int]], console: Console) -> N
     console.print(table)
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+SERIES_SHOWN = 12  # values listed per figure; a longer series shows its latest ones
+
+
+def sparkline(values: list[float]) -> str:
+    """One block per value, its height in the range of the series (flat: all the same height)."""
+    low, high = min(values), max(values)
+    if high - low <= 1e-12 * max(abs(high), 1.0):
+        return SPARKS[3] * len(values)
+    return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in values)
+
+
+def series_text(values: list[float], unit: str) -> str:
+    """The series in run order, oldest first: "▁▅█ 560, 690, 700" (the latest SERIES_SHOWN)."""
+    shown = values[-SERIES_SHOWN:]
+    earlier = f"… +{len(values) - len(shown)} earlier, " if len(values) > len(shown) else ""
+    return f"{sparkline(shown)} {earlier}{', '.join(_number(v, unit) for v in shown)}"
+
+
 def render_trend(trend: Trend, console: Console) -> None:
-    """How one machine's figures moved: first, last, change, and day vs night."""
+    """How one machine's figures moved: every value in run order, change, and day vs night."""
     if not trend.figures:
         console.print(f"{trend.runs} runs of this machine, none with benchmark figures to follow.")
         return
     first, last = (trend.first_at or "")[:16].replace("T", " "), (trend.last_at or "")[:16].replace("T", " ")
     console.print(f"[bold]{trend.runs} runs[/] from {first} to {last} UTC")
     table = Table(show_header=True, header_style="bold", pad_edge=False)
-    for column in ("figure", "runs", "first", "last", "change", "day", "night"):
-        table.add_column(column, justify="left" if column == "figure" else "right")
+    for column in ("figure", "runs", "values, oldest first", "change", "day", "night"):
+        table.add_column(column, justify="right" if column in ("runs", "change", "day", "night") else "left")
     for f in trend.figures:
-        table.add_row(f"{f.label} {f.unit}", str(len(f.points)), _number(f.first, f.unit), _number(f.last, f.unit),
+        table.add_row(f"{f.label} {f.unit}", str(len(f.points)), series_text([v for _, v in f.points], f.unit),
                       _relative(f.change_pct) or "—", _number(f.day_median, f.unit), _number(f.night_median, f.unit))
     console.print(table)
     for f in trend.figures:

@@ -1,5 +1,7 @@
 """The terminal report: the seeds' checklist first, then the problems in full (failures first),
-passes in one line per check, the measurements, and the verdict last."""
+the skips with their reasons, one line counting the passes (`-v` lists them, one line per
+check), the measurements, and the verdict last. Quiet on success: a clean machine is the
+checklist, the skips and the verdict."""
 
 from __future__ import annotations
 
@@ -28,7 +30,10 @@ def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
     _header(record, console)
     _checklist(record, console)
     _problems(record.findings, console)
-    _passes_and_skips(record.findings, console, verbose)
+    if verbose:
+        _passes_and_skips(record.findings, console, verbose)
+    else:
+        _skips_and_pass_count(record.findings, console)
     _measurements(record, console)
     _verdict(record, console)
 
@@ -116,6 +121,19 @@ def _passes_and_skips(findings: list[Finding], console: Console, verbose: bool) 
         console.print(f"\n[bold]{title}[/]")
         for status in (PASS, SKIP):
             _quiet([f for f in quiet if f.status == status], console, verbose)
+
+
+def _skips_and_pass_count(findings: list[Finding], console: Console) -> None:
+    """The default: what could not be checked (and why), then the passes counted in one line."""
+    skips = [f for f in findings if f.status == SKIP]
+    if skips:
+        console.print("\n[bold]Not checked[/]")
+        _quiet(skips, console, verbose=False)
+    passed = [f for f in findings if f.status == PASS]
+    if passed:
+        checks = len(dict.fromkeys(f.check for f in passed))
+        console.print(f"\n[green]{len(passed)} passed[/] [dim]({checks} check{'' if checks == 1 else 's'}; "
+                      f"-v lists them)[/]")
 
 
 def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
