@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuvet import judge
+from gpuvet import judge, runner
 from gpuvet.doctor import CONFIRMED, RULED_OUT, SYMPTOMS, UNKNOWN, diagnose, find_symptom, render_doctor
 from gpuvet.facts import Stack, Torch
-from gpuvet.record import Measurement, RunRecord
+from gpuvet.record import Finding, Measurement, RunRecord
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 
@@ -59,6 +59,7 @@ def test_a_symptom_is_found_by_name_description_and_the_seed_words(s):
     ("NCCL version mismatch", "nccl-hang"),
     ("model.to('cuda') hangs for 30 seconds", "cuda-init-slow"),
     ("GPU utilization low but CPU high", "gpu-low-cpu-high"),
+    ("low gpu util", "gpu-low-cpu-high"),
     ("fast at night, slow by day", "day-night"),
     ("加速比", "multi-gpu-scaling"),
     ("checkpoint lost after reboot", "data-lost-after-restart"),
@@ -99,6 +100,14 @@ def without_kernels() -> RunRecord:
     return r
 
 
+def on_a_volume() -> RunRecord:
+    """Synthetic: the real cpu-quick record with its working directory on a network block volume."""
+    r = record("cpu-quick")
+    r.machine.host.workdir.kind, r.machine.host.workdir.model = "nvme", "Amazon Elastic Block Store"
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    return r
+
+
 def preemptible_cpu_run() -> RunRecord:
     r = record("cpu-quick")
     r.options["preemptible"] = True
@@ -113,13 +122,14 @@ ANSWERS = [
     ("slower-and-slower", lambda: record("h100-8x-synthetic-sustained"), "heat or a power brake", CONFIRMED, "throughput fell 40%"),
     ("slower-and-slower", lambda: record("cpu-quick"), "stolen by the hypervisor", RULED_OUT, "steal"),
     ("gpu-low-cpu-high", lambda: record("cpu-quick"), "/dev/shm", RULED_OUT, "/dev/shm 23.5 GiB"),
-    ("gpu-low-cpu-high", lambda: record("cpu-quick"), "Too few CPU cores", RULED_OUT, "2 usable cores"),
+    ("gpu-low-cpu-high", lambda: record("cpu-quick"), "Too few CPU cores", UNKNOWN, "not tested by this run"),
     ("multi-gpu-scaling", lambda: record("h100-bundle-nvlink"), "No NVLink", RULED_OUT, "18 NVLinks active"),
     ("multi-gpu-scaling", lambda: record("h100-8x-throttle"), "Mixed GPUs", RULED_OUT, "8 x NVIDIA H100 80GB HBM3"),
     ("container-no-gpu", lambda: record("cpu-quick"), "not reachable here", CONFIRMED, "no GPU visible (inside docker)"),
     ("container-no-gpu", lambda: record("h100-8x-throttle"), "not reachable here", RULED_OUT, "8 GPU(s) visible"),
     ("data-lost-after-restart", preemptible_cpu_run, "preemptible", CONFIRMED, "you said this instance is preemptible"),
-    ("data-lost-after-restart", lambda: record("cpu-quick"), "ephemeral storage", RULED_OUT, "/tmp on ext4"),
+    ("data-lost-after-restart", lambda: record("cpu-quick"), "ephemeral storage", UNKNOWN, "cannot tell whether"),
+    ("data-lost-after-restart", on_a_volume, "ephemeral storage", RULED_OUT, "a network block volume"),
     ("data-lost-after-restart", lambda: record("cpu-quick"), "installed into the container", UNKNOWN, "running in docker"),
     ("day-night", lambda: record("gtx1070-6x-x1-riser"), "The GPU is shared", CONFIRMED, "ethminer"),
     ("cuda-init-slow", lambda: with_latency(850), "Slow CUDA context", CONFIRMED, "850 ms"),
@@ -182,3 +192,70 @@ def test_the_terminal_lists_the_symptoms_and_renders_a_diagnosis():
     bare = doctor_text(diagnose(symptom("nccl-hang")))
     assert "No run record" in bare and "check: `gpuvet bench p2p allreduce`" in bare
     assert "by hand: python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())' on every node" in bare
+
+
+# -- a pass rules a cause out only where the check tests it ----------------------------------------
+
+def test_an_idle_snapshot_does_not_rule_out_clocks_cut_under_load():
+    result = one(results("slower-and-slower", record("h100-bundle-nvlink")), "heat or a power brake")
+    assert result.state == UNKNOWN
+    assert result.figures[0].startswith("not tested by this run: clocks and temperature were read once, not under minutes of load")
+    assert "seen: gpu0: idle; no slowdown active" in result.figures
+    assert result.next_step.startswith("`gpuvet run --soak 10`")
+
+
+def test_a_sustained_load_that_held_rules_out_clocks_cut():
+    r = record("h100-8x-synthetic-sustained")  # gpu0 held 655 TFLOPS for 90 s; gpu2 braked
+    found = one(results("slower-and-slower", r), "heat or a power brake")
+    assert found.state == CONFIRMED
+    r.findings = [f for f in r.findings if not (f.check in ("gpu.sustained", "gpu.throttle") and f.subject == "gpu2")]
+    held = one(results("slower-and-slower", r), "heat or a power brake")
+    assert held.state == RULED_OUT and any("held 655.2 TFLOPS for 90.0 s" in f for f in held.figures)
+
+
+def test_a_quick_run_rules_out_neither_cpu_feed_nor_disk_nor_the_dataloader():
+    found = results("gpu-low-cpu-high", record("cpu-quick"))  # `gpuvet run --quick`: facts, no benchmark
+    cores = one(found, "Too few CPU cores")
+    assert cores.state == UNKNOWN and cores.next_step.startswith("`gpuvet bench cpu`")
+    assert "seen: host: 2 usable cores (2 physical, 2 logical), AMD EPYC" in cores.figures
+    disk = one(found, "Slow disk")
+    assert disk.state == UNKNOWN and disk.next_step.startswith("`gpuvet bench disk --path /your/dataset/dir`")
+    assert disk.figures[0].startswith("not tested by this run: only where the working directory lives was read")
+    loader = one(found, "DataLoader too slow")
+    assert loader.state == UNKNOWN and loader.next_step.startswith("by hand: time one epoch of the DataLoader alone")
+    assert one(found, "/dev/shm too small").state == RULED_OUT  # its size is the very thing at fault
+
+
+def test_a_cpu_feed_measurement_rules_out_too_few_cores():
+    r = record("cpu-quick")  # synthetic: a passing CPU feed benchmark on the real record
+    r.findings.append(Finding("host.cpu_feed", "host", "pass", "the CPU prepares 1,850 images/s (no GPU here to feed)"))
+    result = one(results("gpu-low-cpu-high", r), "Too few CPU cores")
+    assert result.state == RULED_OUT and result.figures == ["host: the CPU prepares 1,850 images/s (no GPU here to feed)"]
+
+
+def test_passthrough_gpus_do_not_rule_out_a_slow_context_that_was_never_timed():
+    result = one(results("cuda-init-slow", record("h100-8x-throttle")), "Slow CUDA context")
+    assert result.state == UNKNOWN
+    assert result.figures == ["not tested by this run: the time to create a CUDA context was not measured",
+                              "whole GPUs (passthrough), not a vGPU guest"]
+    assert result.next_step.startswith("`gpuvet bench latency`")
+
+
+def test_a_link_read_at_idle_below_its_generation_leaves_pcie_open():
+    r = runner.inspect([str(RECORDS.parent / "smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")])
+    result = one(results("slow-from-start", r), "PCIe link")
+    assert result.state == UNKNOWN and result.figures[0].startswith("not tested by this run: the link was read idle")
+    assert one(results("slow-from-start", record("h100-bundle-nvlink")), "PCIe link").figures == [
+        "gpu0: the full Gen5 x16 link, read under load"]
+
+
+def test_unknown_persistence_is_checked_by_hand():
+    result = one(results("data-lost-after-restart", record("cpu-quick")), "ephemeral storage")
+    assert "/tmp on ext4: cannot tell whether a virtual or unknown disk (kvm guest, in docker) is kept" in " ".join(result.figures)
+    assert result.next_step == "by hand: findmnt -T .; lsblk -o NAME,TYPE,ROTA,MODEL; the provider's docs on instance storage"
+
+
+def test_the_terminal_says_what_was_not_tested():
+    out = doctor_text(diagnose(symptom("gpu-low-cpu-high"), record("cpu-quick")))
+    assert "?          Too few CPU cores" in out and "not tested by this run: the cores were counted" in out
+    assert "check: `gpuvet bench cpu`" in out

@@ -86,6 +86,16 @@ def test_network_file_system_small_files_warn_with_a_dataset_epoch_time():
     assert found["storage.read"].status == "pass"  # no device yardstick for NFS; 900 MB/s feeds one GPU
 
 
+def test_small_files_without_mb_s_say_what_is_missing_instead_of_a_question_mark():
+    measurements = synthetic_disk("network", write=300, read=900, iops=4000, files=400)
+    small = measurements[-1]
+    del small.details["read_mb_s"]  # synthetic: an older record without the MB/s figure
+    assert "h per epoch" in storage(measurements, dataset_gb=120)["storage.small_files"].summary  # from files/s x 16 KiB
+    del small.details["file_bytes"]
+    summary = storage(measurements, dataset_gb=120)["storage.small_files"].summary
+    assert "?" not in summary and "no epoch time: the benchmark reported neither MB/s nor the file size" in summary
+
+
 def test_slow_checkpoint_writes_warn():
     f = storage(synthetic_disk("unknown", write=40, read=800, iops=20000, files=5000), checkpoint_gb=20)["storage.write"]
     assert f.status == "warn" and "20 GB checkpoint takes 8 min" in f.summary

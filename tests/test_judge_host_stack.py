@@ -45,8 +45,10 @@ def test_host_checks_skip_for_captures_and_say_why():
 
 def test_this_machine_host_facts_are_judged(this_host):
     machine = Machine(host=this_host)
-    for check in ("host.cpu", "host.shm", "host.somaxconn", "storage.workdir"):
+    for check in ("host.cpu", "host.shm", "host.somaxconn"):
         assert result(machine, check).status in ("pass", "warn"), check
+    workdir = result(machine, "storage.workdir")  # a VM's disk may be instance storage: a skip that says so
+    assert workdir.status in ("pass", "warn") or "cannot tell whether" in workdir.summary
 
 
 @pytest.mark.parametrize("cores, status", [(64, "pass"), (48, "warn"), (16, "fail")])
@@ -81,14 +83,43 @@ def test_small_somaxconn_warns_like_the_seed(this_host):
         (Storage(path="/mnt/nfs", fs_type="nfs4", kind="network", free_bytes=500 * GIB), "warn", "network file system"),
         (Storage(path="/data", fs_type="ext4", kind="nvme", ephemeral=True, ephemeral_reason="Amazon EC2 NVMe Instance Storage",
                  free_bytes=800 * GIB), "warn", "ephemeral"),
-        (Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=800 * GIB), "pass", "/data on xfs"),
         (Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=5 * GIB), "warn", "only 5 GiB free"),
+        (Storage(path="/data", fs_type="ext4", kind="nvme", model="Amazon Elastic Block Store", free_bytes=800 * GIB), "pass",
+         "network block volume"),
     ],
 )
 def test_workdir_storage(this_host, storage, status, words):
     this_host.workdir = storage  # edited: a storage the tests describe
     f = result(Machine(host=this_host), "storage.workdir")
     assert f.status == status and words in f.summary
+
+
+def bare_metal(host: Host) -> Host:
+    host.hypervisor = host.cloud = host.container = None  # edited: a physical machine
+    return host
+
+
+def test_a_local_disk_of_a_physical_machine_is_persistent(this_host):
+    bare_metal(this_host).workdir = Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=800 * GIB)  # edited
+    f = result(Machine(host=this_host), "storage.workdir")
+    assert f.status == "pass" and f.summary == "/data on xfs (nvme), 800 GiB free; a local disk of a physical machine"
+
+
+def test_a_vm_disk_of_unknown_persistence_is_a_skip_that_says_how_to_find_out(this_host):
+    this_host.hypervisor, this_host.container = "kvm", None  # edited: a KVM guest with a virtio disk
+    this_host.workdir = Storage(path="/tmp", fs_type="ext4", kind="unknown", free_bytes=77 * GIB)
+    f = result(Machine(host=this_host), "storage.workdir")
+    assert f.status == "skip"
+    assert f.summary.startswith("/tmp on ext4, 77 GiB free: cannot tell whether a virtual or unknown disk (kvm guest) is kept")
+    assert "`findmnt -T /tmp`" in f.summary and "`lsblk -o NAME,TYPE,ROTA,MODEL`" in f.summary and "instance" in f.summary
+
+
+def test_unknown_persistence_warns_on_a_preemptible_instance(this_host):
+    this_host.hypervisor = "kvm"  # edited, as above; the user said the instance is preemptible
+    this_host.workdir = Storage(path="/tmp", fs_type="ext4", kind="nvme", free_bytes=77 * GIB)
+    (f,) = [f for f in judge(Machine(host=this_host), options={"preemptible": True}) if f.check == "storage.workdir"]
+    assert f.status == "warn" and "cannot tell whether a local NVMe disk" in f.summary and "preemptible" in f.summary
+    assert f.remedy.startswith("check `findmnt -T /tmp`")
 
 
 # -- stack ------------------------------------------------------------------------------------

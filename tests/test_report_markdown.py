@@ -7,10 +7,13 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
+from gpuvet import runner
 from gpuvet.record import FAIL, WARN, Finding, RunRecord
 from gpuvet.report.markdown import cell, render_markdown, text
+from gpuvet.report.redact import redact
 
-RECORDS = Path(__file__).parent / "fixtures" / "records"
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDS = FIXTURES / "records"
 
 
 def record(name: str) -> RunRecord:
@@ -52,7 +55,7 @@ def test_verdict_first_and_every_problem_with_its_evidence_and_remedy():
             assert f"`{f.check}` {f.subject}" in md
             assert f"- **Fix / confirm:** {f.remedy}" in md
             assert f"- **Measured:** {f.evidence.measured}" in md
-    assert md.index("### ❌ FAIL `gpu.throttle`") < md.index("### ⚠️ WARN `gpu.isolation`")
+    assert md.index("### ❌ FAIL `gpu.throttle`") < md.index("### ⚠️ WARN `gpu.isolation`") < md.index("## GPUs")
 
 
 def test_passes_and_measurements_are_tables():
@@ -70,7 +73,38 @@ def test_pipes_and_html_in_findings_cannot_break_the_page():
                               remedy="fio --name=x | tee <log>"))
     md = render_markdown(r)
     row = next(row for t in tables(md) for row in t if row[1] == "Local disk and shared storage IO")
-    assert len(row) == 3 and row[2] == "read 12 MB/s | &lt;script>alert(1)&lt;/script> on `a|b`"
+    assert len(row) == 3 and row[2] == "read 12 MB/s | &lt;script>alert(1)&lt;/script> on `a|b`; tested /data"
     assert "<script>" not in md
     assert text("host<->GPU `<b>`") == "host<->GPU `<b>`"
     assert cell("a\nb | c") == "a b \\| c"
+
+
+def test_the_gpus_table_names_each_card_the_way_a_provider_finds_it():
+    r = record("h100-8x-throttle")
+    gpus = next(t for t in tables(render_markdown(r)) if t[0][:6] == ["GPU", "Model", "Bus ID", "UUID", "Serial", "VBIOS"])
+    assert len(gpus) == 1 + 8 and all(len(row) == 13 for row in gpus)
+    gpu2 = gpus[3]
+    g = r.machine.gpus[2]
+    assert gpu2[:6] == ["gpu2", "NVIDIA H100 80GB HBM3", g.pcie.bus_id, g.uuid, g.serial, g.vbios]
+    assert gpu2[7] == "700 W (default 700)" and gpu2[8] == "Gen5 x16 of Gen5 x16 (nvidia-smi)"
+
+
+def test_redacted_markdown_keeps_the_bus_id_but_not_uuids_or_serials():
+    r = record("h100-8x-throttle")
+    shared = render_markdown(redact(r))
+    for g in r.machine.gpus:
+        assert g.uuid not in shared and g.serial not in shared
+        assert f"| gpu{g.index} | NVIDIA H100 80GB HBM3 | {g.pcie.bus_id} | GPU-REDACTED-" in shared
+    assert "SERIAL-REDACTED-" in shared
+
+
+def test_identical_problems_of_several_gpus_are_one_block():
+    r = runner.inspect([str(FIXTURES / "smi_xml/gtx-1070-x6-riser-pcie-x1-384.66-v9.xml")])
+    md = render_markdown(r)
+    assert md.count("### ❌ FAIL `gpu.pcie_link`") == 2  # gpu0 is Gen3, gpu1-5 are Gen2: two different problems
+    block = md[md.index("### ❌ FAIL `gpu.pcie_link` gpu1-5"):].split("\n\n### ")[0]
+    assert "x1 of x16 lanes" in block
+    # The remedy differs only by index and bus ID: said once, pointing at the GPUs table.
+    assert "`nvidia-smi -i N -q -d PCIE`" in block and "`sudo lspci -vv -s BUS_ID" in block
+    assert "(N: the GPU's index, BUS_ID: its bus ID in the GPUs table)" in block
+    assert "### ❌ FAIL `gpu.pcie_link` gpu2" not in md

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..facts import Host
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, why_missing
+from .host_io import NETWORK_VOLUME_MODELS
 
 GIB = 1024**3
 
@@ -110,6 +111,33 @@ def check_somaxconn(ctx: Context) -> list[Finding]:
     return [finding("host.somaxconn", "host", PASS, measured, measured=measured)]
 
 
+def workdir_persistence(host: Host) -> tuple[bool | None, str]:
+    """(persistent?, why) for the working directory: True or False where the facts tell, None where
+    they cannot. A local disk of a VM or cloud instance may be instance storage, wiped when the
+    instance stops or is reclaimed, and nothing inside the machine says which."""
+    w = host.workdir
+    if w is None or w.fs_type is None:
+        return None, "the working directory was not examined"
+    if w.kind in ("overlay", "tmpfs") or w.ephemeral:
+        return False, w.ephemeral_reason or f"{w.kind}: not kept"
+    if w.kind == "network":
+        return True, "a network file system: it outlives the instance"
+    if w.model and any(tag in w.model for tag in NETWORK_VOLUME_MODELS):
+        return True, f"{w.model}: a network block volume, kept when the instance stops"
+    physical = not (host.hypervisor or host.cloud or host.container)
+    if physical and w.kind in ("nvme", "ssd", "hdd"):
+        return True, "a local disk of a physical machine"
+    where = ", ".join(x for x in (host.cloud, f"{host.hypervisor} guest" if host.hypervisor else None,
+                                  f"in {host.container}" if host.container else None) if x)
+    disk = {"nvme": "a local NVMe disk", "ssd": "a local SSD", "hdd": "a local HDD"}.get(w.kind or "", "a virtual or unknown disk")
+    return None, f"cannot tell whether {disk}{' (' + where + ')' if where else ''} is kept when the instance stops or is reclaimed"
+
+
+def _confirm_persistence(path: str) -> str:
+    return (f"check `findmnt -T {path}`, `lsblk -o NAME,TYPE,ROTA,MODEL` and the provider's docs on instance "
+            "(local, ephemeral) storage versus persistent volumes")
+
+
 def check_workdir(ctx: Context) -> list[Finding]:
     host: Host | None = ctx.machine.host
     if host is None:
@@ -120,6 +148,7 @@ def check_workdir(ctx: Context) -> list[Finding]:
     free = f"{w.free_bytes / GIB:.0f} GiB free" if w.free_bytes is not None else "free space unknown"
     where = f"{w.path} on {w.fs_type} ({w.kind or 'unknown'}{', ' + w.model if w.model else ''}), {free}"
     remedy = "keep datasets and checkpoints on persistent storage; check with `df -hT .` and the provider's volume docs"
+    expected = "persistent local or shared storage with room for checkpoints"
     issues: list[str] = []
     if w.kind == "overlay":
         issues.append("the container's writable layer: deleted with the container, and slow for heavy IO")
@@ -131,7 +160,18 @@ def check_workdir(ctx: Context) -> list[Finding]:
         issues.append(f"ephemeral instance storage ({w.ephemeral_reason or 'wiped when the instance stops'})")
     if w.free_bytes is not None and w.free_bytes < WORKDIR_FREE_WARN_BYTES:
         issues.append(f"only {free}: checkpoints may not fit")
+    persistent, why = workdir_persistence(host)
+    if persistent is None:
+        # Unknown persistence is not a pass: say so, and how to find out. On a machine the user
+        # says is preemptible, losing the working directory with the instance is the likely case.
+        unknown = f"{w.path} on {w.fs_type}, {free}: {why}"
+        confirm = _confirm_persistence(w.path or ".")
+        if issues or ctx.options.get("preemptible") is True:
+            if ctx.options.get("preemptible") is True:
+                unknown += "; on a preemptible instance keep checkpoints on a persistent volume or object storage"
+            return [finding("storage.workdir", "storage", WARN, "; ".join(issues + [unknown]), measured=where,
+                            expected=expected, remedy=f"{remedy}; {confirm}" if issues else confirm)]
+        return [finding("storage.workdir", "storage", SKIP, f"{unknown}: {confirm}", measured=where, remedy=confirm)]
     if issues:
-        return [finding("storage.workdir", "storage", WARN, "; ".join(issues), measured=where,
-                        expected="persistent local or shared storage with room for checkpoints", remedy=remedy)]
-    return [finding("storage.workdir", "storage", PASS, where, measured=where)]
+        return [finding("storage.workdir", "storage", WARN, "; ".join(issues), measured=where, expected=expected, remedy=remedy)]
+    return [finding("storage.workdir", "storage", PASS, f"{where}; {why}", measured=where)]

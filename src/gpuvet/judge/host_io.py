@@ -172,9 +172,11 @@ def _against_need(ctx: Context, m: Measurement) -> tuple[str | None, str, str]:
     need = NEED_SAMPLES_PER_GPU * gpus
     if m.name == "disk.small_files":
         dataset_gb = float(ctx.options.get("dataset_gb") or DEFAULT_DATASET_GB)
-        mb_s = m.details.get("read_mb_s") or 0.0
-        epoch = _duration(dataset_gb * 1000 / mb_s) if mb_s else "?"
-        words = f"a {dataset_gb:g} GB dataset of such files takes {epoch} per epoch"
+        mb_s = _small_file_mb_s(m)
+        if mb_s:
+            words = f"a {dataset_gb:g} GB dataset of such files takes {_duration(dataset_gb * 1000 / mb_s)} per epoch"
+        else:
+            words = "no epoch time: the benchmark reported neither MB/s nor the file size"
         if m.value < need:
             words += f"; the GPUs consume about {need:,.0f} samples/s"
             if m.details.get("kind") == "network":
@@ -182,6 +184,15 @@ def _against_need(ctx: Context, m: Measurement) -> tuple[str | None, str, str]:
         return (WARN if m.value < need else PASS), words, f">= {need:,.0f} files/s{per}"
     words = f"the GPUs consume about {need:,.0f} samples/s" if m.value < need else ""
     return (WARN if m.value < need else PASS), words, f">= {need:,.0f} random reads/s{per} (shuffled records)"
+
+
+def _small_file_mb_s(m: Measurement) -> float | None:
+    """MB/s of a small-file read: as reported, or files/s times the file size (older records)."""
+    if m.details.get("read_mb_s"):
+        return float(m.details["read_mb_s"])
+    if m.value and m.details.get("file_bytes"):
+        return m.value * m.details["file_bytes"] / 1e6
+    return None
 
 
 def _page_cache_hint(host: Host | None, dataset_gb: float) -> str:

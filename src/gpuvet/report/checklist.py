@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..facts import Gpu
+from ..facts import Gpu, PcieLink
+from ..judge import reference
+from ..judge.host import workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
 TICKED, CROSSED, WARNED, UNKNOWN = "ticked", "crossed", "warned", "unknown"
@@ -157,15 +159,68 @@ def _power_under_load(record: RunRecord) -> str:
             f"(lowest {low[1]}: {low[2]:.0f} W)")
 
 
-_POWER_REASONS = {"hw_power_brake_slowdown", "hw_slowdown", "sw_power_cap"}
+# Clock-event reasons that mean power, not heat: a brake or HW slowdown is a fault; the SW power
+# cap is the GPU at its limit (normal under full load). Shares of the load as gpu.sustained counts them.
+_POWER_FAULTS = {"hw_power_brake_slowdown": "HW power brake", "hw_slowdown": "HW slowdown"}
+_FAULT_SHARE = 0.05
 
 
 def _power_related(record: RunRecord, f: Finding) -> bool:
-    """For the power wall: throttle findings count only where a power reason was active."""
-    if f.check != "gpu.throttle":
-        return True
-    gpu = _gpu(record, f.subject)
-    return gpu is not None and bool(_POWER_REASONS & set(gpu.clocks.event_reasons or []))
+    """For the power wall: throttle and sustained-load findings count only where power was the reason."""
+    if f.check == "gpu.throttle":
+        reasons = set(_snapshot_reasons(record, f.subject))
+        return bool(reasons & set(_POWER_FAULTS)) or (f.status == PASS and "sw_power_cap" in reasons)
+    if f.check == "gpu.sustained":
+        return f.status == PASS or bool(_brakes_under_load(record, f.subject))
+    return True
+
+
+def _snapshot_reasons(record: RunRecord, subject: str) -> list[str]:
+    gpu = _gpu(record, subject)
+    return (gpu.clocks.event_reasons or []) if gpu else []
+
+
+def _brakes_under_load(record: RunRecord, subject: str) -> list[str]:
+    """ "HW power brake during 56% of the load": power faults the sustained-load telemetry saw."""
+    shares = (_telemetry(record).get(subject) or {}).get("reasons") or {}
+    return [f"{label} during {100 * shares[name]:.0f}% of the load" for name, label in _POWER_FAULTS.items()
+            if (shares.get(name) or 0) > _FAULT_SHARE]
+
+
+def _power_wall_text(record: RunRecord, f: Finding) -> str:
+    """The power part of a finding: what a brake cost under load, or what the snapshot flagged."""
+    if f.check == "gpu.sustained":
+        power = (_telemetry(record).get(f.subject) or {}).get("power") or {}
+        drew = (f" at {power['mean_w']:.0f} W ({power['mean_pct_of_limit']:.0f}% of its limit)"
+                if power.get("mean_w") is not None and power.get("mean_pct_of_limit") is not None else "")
+        return "; ".join(_brakes_under_load(record, f.subject)) + drew
+    if f.check == "gpu.throttle":
+        names = [label for name, label in _POWER_FAULTS.items() if name in _snapshot_reasons(record, f.subject)]
+        gpu = _gpu(record, f.subject)
+        sm, top = (gpu.clocks.sm_mhz, gpu.clocks.max_sm_mhz) if gpu else (None, None)
+        if sm and top and sm >= top:
+            # The flag and the clock were read at one instant: a clock at its max beside a brake
+            # flag is a brake that comes and goes, which only a reading under load can size.
+            clock = f" (SM clock at its full {top} MHz then: watch it under load)"
+        else:
+            clock = f" (SM {sm} of {top} MHz)" if sm and top else ""
+        return f"{' and '.join(names)} flagged in the snapshot{clock}"
+    return f.summary
+
+
+def _power_wall(record: RunRecord, item: Item) -> Line:
+    line = _from_findings(record, item)
+    if line.state not in (CROSSED, WARNED):
+        return line
+    worst = CROSSED if line.state == CROSSED else WARNED
+    deciding = [f for f in line.findings if _STATE_OF.get(f.status) == worst]
+    deciding.sort(key=lambda f: f.check != "gpu.sustained")  # under load first, then the snapshot
+    texts: dict[str, list[str]] = {}
+    for f in deciding:
+        texts.setdefault(_power_wall_text(record, f), []).append(f.subject)
+    shown = [f"{subject_range(list(dict.fromkeys(who)))}: {text}" for text, who in list(texts.items())[:2]]
+    more = f" (+{len(texts) - 2} more)" if len(texts) > 2 else ""
+    return Line(item, line.state, _join("; ".join(shown) + more, _power_range(record)), line.findings)
 
 
 def _power_range(record: RunRecord) -> str:
@@ -217,11 +272,125 @@ def _pcie_views(record: RunRecord) -> str:
 
 def _pcie_driver_view(record: RunRecord, item: Item) -> Line:
     line = _from_findings(record, item)  # its extra figure is _pcie_views
+    blind = [g for g in record.machine.gpus
+             if not any(r.source in _DRIVER_SOURCES and (r.max_width or r.current_width) for r in g.pcie.readings)]
+    if blind and line.state != CROSSED:
+        # Only the host (lspci, sysfs) read the link: the seed's point is that the driver may see less.
+        host = next((r.source for g in blind for r in g.pcie.readings), "no reading")
+        return Line(item, UNKNOWN, f"{_gpu_range(blind)}: the driver's view was not read (only {host}): "
+                                   "run `nvidia-smi -q -d PCIE` or `gpuvet run`", line.findings)
     if _VIEWS_DIFFER in line.figure and line.state in (TICKED, UNKNOWN):
         # The judge rates the best reading; two views that disagree are the seed's virtualised
         # link, worth a look even when the reading it chose is fine.
         line.state = WARNED
     return line
+
+
+def _first_reading(gpu: Gpu) -> PcieLink | None:
+    """The reading the judge rates: one under load if there is one, else the first."""
+    readings = [r for r in gpu.pcie.readings if r.current_width or r.current_gen]
+    return next((r for r in readings if _read_under_load(gpu, r)), readings[0] if readings else None)
+
+
+def _read_under_load(gpu: Gpu, r: PcieLink) -> bool:
+    if r.under_load is not None:
+        return r.under_load
+    # As the judge (gpu.pcie_link) reads it: a driver report taken while the GPU was busy.
+    return r.source in _DRIVER_SOURCES and (gpu.utilization_pct or 0) >= 50
+
+
+def _link_known_under_load(gpu: Gpu, measured: set[str]) -> bool:
+    """Whether the generation under load is known: read under load, measured by the copy benchmark,
+    or already the full link at idle (a link only trains down when idle, never up past its max)."""
+    r = _first_reading(gpu)
+    if f"gpu{gpu.index}" in measured or r is None or _read_under_load(gpu, r):
+        return True
+    return bool(r.current_gen and r.max_gen and r.current_gen >= r.max_gen)
+
+
+def _pcie_link(record: RunRecord, item: Item) -> Line:
+    line = _from_findings(record, item)
+    if line.state != TICKED:
+        return line
+    measured = {f.subject for f in line.findings if f.check == "gpu.pcie_bandwidth" and f.status == PASS}
+    open_gpus = [g for g in record.machine.gpus if not _link_known_under_load(g, measured)]
+    if not open_gpus:
+        return line
+    by_text: dict[str, list[Gpu]] = {}
+    for gpu in open_gpus:
+        r = _first_reading(gpu)
+        width = f"width x{r.current_width} as expected" if r.current_width else "width not reported"
+        idle = (gpu.pstate or 0) >= 8 or gpu.utilization_pct == 0 or "gpu_idle" in (gpu.clocks.event_reasons or [])
+        when = "at idle" if idle else "load unknown"
+        by_text.setdefault(f"{width}; generation not checked under load (Gen{r.current_gen or '?'} {when}, "
+                           f"max Gen{r.max_gen or '?'})", []).append(gpu)
+    shown = "; ".join(f"{_gpu_range(gpus)}: {text}" for text, gpus in by_text.items())
+    return Line(item, UNKNOWN, f"{shown}: run `gpuvet run` (or `{item.to_check}`)", line.findings)
+
+
+def _gpu_range(gpus: list[Gpu]) -> str:
+    return subject_range([f"gpu{g.index}" for g in gpus])
+
+
+# -- storage ---------------------------------------------------------------------------------------
+
+_SHARED_KINDS = ("network",)
+
+
+def _storage_io(record: RunRecord, item: Item) -> Line:
+    """Local disk and shared storage: which paths were tested, and whether any was shared storage."""
+    line = _from_findings(record, item)
+    tested = list(dict.fromkeys(f.subject for f in line.findings if f.status in _SEVERITY))
+    if not tested:
+        return line
+    kinds = {m.subject: m.details.get("kind") for m in record.measurements if m.name.startswith("disk.") and m.details}
+    local_only = all(kinds.get(p) and kinds[p] not in _SHARED_KINDS for p in tested)
+    # The paths the user pointed at (--path) are the ones that matter, shared or not.
+    if line.state != TICKED or not local_only or record.options.get("paths"):
+        where = f"tested {', '.join(tested)}"
+        return Line(item, line.state, _join(where, line.figure) if line.state == TICKED else _join(line.figure, where), line.findings)
+    labels = ", ".join(f"{p} ({_KIND_WORDS.get(kinds[p], kinds[p])})" for p in tested)
+    return Line(item, UNKNOWN, f"local disk only: {labels} passed; no shared or network storage tested: "
+                               "run `gpuvet run --path /your/dataset/mount`", line.findings)
+
+
+_KIND_WORDS = {"nvme": "NVMe", "ssd": "SSD", "hdd": "HDD", "unknown": "virtual or unknown disk", "tmpfs": "tmpfs",
+               "overlay": "container layer"}
+
+
+def _checkpoints(record: RunRecord, item: Item) -> Line:
+    """A pass needs storage known to survive the instance: older records passed any local disk."""
+    line = _from_findings(record, item)
+    host = record.machine.host
+    if line.state != TICKED or host is None or host.workdir is None or host.workdir.fs_type is None:
+        return line
+    persistent, why = workdir_persistence(host)
+    if persistent is not None:
+        return line
+    path = host.workdir.path or "."
+    figure = (f"{path} on {host.workdir.fs_type}: {why}: check `findmnt -T {path}`, `lsblk -o NAME,TYPE,ROTA,MODEL` "
+              "and the provider's docs on instance storage")
+    if _yes_no(record.options.get("preemptible")) is True:
+        return Line(item, WARNED, figure + "; the instance is preemptible", line.findings)
+    return Line(item, UNKNOWN, figure, line.findings)
+
+
+# -- NVLink ----------------------------------------------------------------------------------------
+
+def _nvlink(record: RunRecord, item: Item) -> Line:
+    """Known without a link reading where the model has no NVLink at all, or there is one GPU."""
+    line = _from_findings(record, item)
+    gpus = record.machine.gpus
+    if line.state != UNKNOWN or not gpus:
+        return line
+    if len(gpus) == 1 and gpus[0].index == 0:
+        return Line(item, TICKED, "not applicable: one GPU, nothing to link it to", line.findings)
+    without = [g for g in gpus if (ref := reference.by_id(g.reference)) is not None and ref.nvlink == "none"]
+    if len(without) != len(gpus):
+        return line
+    models = ", ".join(dict.fromkeys(g.name or "this GPU" for g in without))
+    return Line(item, WARNED, f"{models} has no NVLink: the GPUs talk over PCIe, so all-reduce is limited to ~PCIe rate "
+                              f"(measure it: `{item.to_check}`)", line.findings)
 
 
 def _preemptible(record: RunRecord, item: Item) -> Line:
@@ -252,9 +421,9 @@ ITEMS: tuple[Item, ...] = (
     Item("power_limit", ACCEPTANCE, "Power limit at the default", "是否有人为功耗限制",
          ("gpu.power_limit",), "gpuvet run", extra=_power_under_load),
     Item("pcie_link", ACCEPTANCE, "PCIe width and generation under load", "PCIe链路宽度",
-         ("gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie", passing_figure="measured"),
+         ("gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie", passing_figure="measured", decide=_pcie_link),
     Item("storage_io", ACCEPTANCE, "Local disk and shared storage IO", "本地盘与共享存储IO",
-         ("storage.*",), "gpuvet run", exclude=("storage.workdir",)),
+         ("storage.*",), "gpuvet run", exclude=("storage.workdir",), decide=_storage_io),
     Item("rdma", ACCEPTANCE, "RDMA for multi-node training", "网络是否支持RDMA",
          ("net.rdma",), "gpuvet run"),
     Item("software_stack", ACCEPTANCE, "Software stack versions match", "镜像软件栈版本",
@@ -262,13 +431,14 @@ ITEMS: tuple[Item, ...] = (
     Item("preemptible", ACCEPTANCE, "Not preemptible", "实例是否可被抢占",
          (), "`gpuvet run --preemptible` or `--on-demand`", decide=_preemptible),
     Item("checkpoints", ACCEPTANCE, "Checkpoints on persistent storage", "数据备份方式",
-         ("storage.workdir", "workload.checkpoint", "workload.resume"), "gpuvet run"),
+         ("storage.workdir", "workload.checkpoint", "workload.resume"), "gpuvet run", decide=_checkpoints),
     Item("pcie_driver_view", HIDDEN, "PCIe width as the driver sees it", "PCIe带宽可见性",
          ("gpu.pcie_link",), "gpuvet run", passing_figure="measured", extra=_pcie_views, decide=_pcie_driver_view),
     Item("power_wall", HIDDEN, "Power wall", "GPU功耗墙",
-         ("gpu.power_limit", "gpu.throttle"), "gpuvet run", passing_figure="extra", keep=_power_related, extra=_power_range),
+         ("gpu.power_limit", "gpu.throttle", "gpu.sustained"), "gpuvet run", passing_figure="extra", keep=_power_related,
+         extra=_power_range, decide=_power_wall),
     Item("nvlink", HIDDEN, "NVLink between the GPUs", "NVLink互联",
-         ("gpu.nvlink", "gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce"),
+         ("gpu.nvlink", "gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce", decide=_nvlink),
     Item("context_init", HIDDEN, "CUDA context start-up time", "CUDA Context初始化延迟",
          ("gpu.context_init",), "gpuvet bench latency"),
     Item("tcp_latency", HIDDEN, "TCP stack latency", "TCP网络栈延迟",

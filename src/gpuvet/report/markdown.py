@@ -1,15 +1,18 @@
 """The Markdown report: fit to paste into a support ticket or a GitHub issue.
 
 The verdict, the machine in a few lines, the seeds' checklist as tables, every problem with its
-evidence and the command that fixes or confirms it, then passes, skips and measurements.
+evidence and the command that fixes or confirms it (identical problems of several GPUs once), a table
+of the GPUs (bus ID, UUID, serial and VBIOS, so the provider knows which card is meant), then passes,
+skips and measurements.
 """
 
 from __future__ import annotations
 
 import re
 
+from ..facts import Gpu, Machine
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
-from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped
+from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped, subject_range
 from .terminal import header_line, machine_lines, options_line, problems, quiet_rows, verdict_line
 
 MARK = {TICKED: "✅", CROSSED: "❌", WARNED: "⚠️", UNKNOWN: "❔"}
@@ -22,6 +25,7 @@ def render_markdown(record: RunRecord) -> str:
         _machine(record),
         _checklist(record),
         _problems(record.findings),
+        _gpu_table(record.machine),
         _quiet(record.findings),
         _measurements(record),
         f"<sub>{text(header_line(record))} · schema gpuvet.run/1</sub>",
@@ -63,6 +67,36 @@ def _machine(record: RunRecord) -> str:
     return "## Machine\n\n" + "\n".join(lines)
 
 
+# The HTML report's GPU columns (report/html.py), with the PCI bus ID and VBIOS a provider's support
+# needs to find the card: "gpu2" alone names a different card after a reboot or in another tool.
+_GPU_COLUMNS = ("GPU", "Model", "Bus ID", "UUID", "Serial", "VBIOS", "Memory", "Power limit", "PCIe link", "SM clock",
+                "Temperature", "ECC", "Mode")
+
+
+def _gpu_table(m: Machine) -> str:
+    if not m.gpus:
+        return ""
+    head = "| " + " | ".join(_GPU_COLUMNS) + " |\n|" + "---|" * len(_GPU_COLUMNS)
+    rows = "\n".join("| " + " | ".join(cell(str(v)) if v not in (None, "") else "?" for v in _gpu_row(g)) + " |" for g in m.gpus)
+    return f"## GPUs\n\n{head}\n{rows}"
+
+
+def _gpu_row(g: Gpu) -> list[object]:
+    p, t, c = g.power, g.thermal, g.clocks
+    limit = p.enforced_limit_w if p.enforced_limit_w is not None else p.limit_w
+    power = f"{limit:.0f} W" + (f" (default {p.default_limit_w:.0f})" if p.default_limit_w else "") if limit is not None else None
+    link = "; ".join(f"Gen{r.current_gen or '?'} x{r.current_width or '?'} of Gen{r.max_gen or '?'} x{r.max_width or '?'}"
+                     f" ({r.source}{', load' if r.under_load else ''})" for r in g.pcie.readings[:2])
+    slowdown = t.slowdown_c if t.slowdown_c is not None else (
+        t.gpu_c + t.slowdown_margin_c if t.gpu_c is not None and t.slowdown_margin_c is not None else None)
+    temp = (f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "?") + (f" (slowdown {slowdown:.0f})" if slowdown else "")
+    mode = ", ".join(x for x in (g.virtualization_mode, "MIG" if g.mig_enabled else None) if x)
+    ecc = {True: "on", False: "off"}.get(g.ecc.enabled)
+    memory = f"{g.memory_total_mib / 1024:.1f} GiB" if g.memory_total_mib else None
+    sm = f"{c.sm_mhz or '?'} of {c.max_sm_mhz or '?'} MHz" if c.sm_mhz or c.max_sm_mhz else None
+    return [f"gpu{g.index}", g.name, g.pcie.bus_id, g.uuid, g.serial, g.vbios, memory, power, link, sm, temp, ecc, mode]
+
+
 def _checklist(record: RunRecord) -> str:
     sections = []
     for group, lines in grouped(checklist(record)):
@@ -76,13 +110,39 @@ def _problems(findings: list[Finding]) -> str:
     found = problems(findings)
     if not found:
         return "## Problems\n\nNone found."
-    return "## Problems\n\n" + "\n\n".join(_problem(f) for f in found)
+    return "## Problems\n\n" + "\n\n".join(_problem(same) for same in _same_problems(found))
 
 
-def _problem(f: Finding) -> str:
-    lines = [f"### {STATUS_MARK[f.status]} `{f.check}` {text(f.subject)}", "", text(f.summary)]
+# What differs between GPUs in an otherwise identical remedy: `nvidia-smi -i 3`, a PCI bus ID.
+_GPU_INDEX = re.compile(r"(-i )\d+\b")
+_BUS_ID = re.compile(r"\b[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\b")
+
+
+def _general_remedy(remedy: str | None) -> str | None:
+    return _BUS_ID.sub("BUS_ID", _GPU_INDEX.sub(r"\1N", remedy)) if remedy else remedy
+
+
+def _same_problems(found: list[Finding]) -> list[list[Finding]]:
+    """Problems that read the same on several subjects, together, in first-seen order: six GPUs on
+    x1 risers are one problem to a reader, not six."""
+    groups: dict[tuple, list[Finding]] = {}
+    for f in found:
+        e = f.evidence
+        key = (f.status, f.check, f.summary, e.measured, e.expected, e.source, _general_remedy(f.remedy))
+        groups.setdefault(key, []).append(f)
+    return list(groups.values())
+
+
+def _problem(same: list[Finding]) -> str:
+    f = same[0]
+    who = subject_range(list(dict.fromkeys(x.subject for x in same)))
+    lines = [f"### {STATUS_MARK[f.status]} `{f.check}` {text(who)}", "", text(f.summary)]
     e = f.evidence
-    facts = [("Measured", e.measured), ("Expected", e.expected), ("Source", e.source), ("Fix / confirm", f.remedy)]
+    remedy = f.remedy
+    if len(same) > 1 and len({x.remedy for x in same}) > 1:
+        remedy = (f"{_general_remedy(f.remedy)} (N: the GPU's index, BUS_ID: its bus ID in the GPUs table)"
+                  if "BUS_ID" in _general_remedy(f.remedy) else f"{_general_remedy(f.remedy)} (N: the GPU's index)")
+    facts = [("Measured", e.measured), ("Expected", e.expected), ("Source", e.source), ("Fix / confirm", remedy)]
     listed = [f"- **{label}:** {text(value)}" for label, value in facts if value]
     return "\n".join(lines + ([""] + listed if listed else []))
 
