@@ -142,9 +142,16 @@ def test_old_throttle_name_and_several_gpus():
 
 
 def test_row_with_missing_values_is_refused():
-    text = "index, name, pci.bus_id\n0, NVIDIA L40S\n"
+    text = "index, name, pci.bus_id\n0, NVIDIA L40S\n1, NVIDIA L40S, 00000000:02:00.0\n"
     with pytest.raises(CaptureError, match="2 values for 3"):
         parse_smi_csv(text)
+
+
+def test_csv_cut_inside_its_last_row_says_truncated():
+    real = (FIXTURES / "smi_csv" / "l40s-vm-595.80-idle.csv").read_text()
+    synthetic_cut = real[: real.rindex(",")]  # the last value and what follows it dropped
+    with pytest.raises(CaptureError, match=r"truncated --query-gpu CSV: its last row has \d+ of \d+ values"):
+        parse_smi_csv(synthetic_cut)
 
 
 def fixture_files():

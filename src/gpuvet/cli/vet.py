@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from .. import runner
 from ..runner import ALL_BENCHMARKS as BENCHMARKS
+from ..probe.capture import STDIN
 from ..probe.errors import CaptureError
 from .base import UsageProblem, check_out_path, cli, emit, output_options, progress_status, save, store_options
 
@@ -83,8 +86,10 @@ def bench(names: tuple[str, ...], device: str, force: bool, steps: int | None, p
 def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str | None, verbose: bool,
             report_format: str, redact: bool) -> None:
     """Judge captures taken elsewhere: nvidia-smi -q -x / -q, topo -m, nvlink -s, lspci -vv,
-    capture bundles (several files of one machine merge), or a stored gpuvet run record."""
+    capture bundles (several files of one machine merge), or a stored gpuvet run record.
+    FILE "-" reads one capture from stdin: `ssh HOST nvidia-smi -q -x | gpuvet inspect -`."""
     check_out_path(out)
+    _check_stdin(files)
     try:
         record = runner.inspect(list(files), expect=expect)
     except CaptureError as err:
@@ -92,6 +97,13 @@ def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str 
     emit(record, as_json, out, verbose, report_format, redact)
 
 
+def _check_stdin(files: tuple[str, ...]) -> None:
+    """"-" is read once, and only from a pipe: a terminal would wait for input with no prompt."""
+    if files.count(STDIN) > 1:
+        raise UsageProblem("give \"-\" (stdin) once: it holds one capture")
+    if STDIN in files and (sys.stdin is None or sys.stdin.isatty()):
+        raise UsageProblem("\"-\" reads a capture from stdin, but stdin is a terminal; pipe one in, "
+                           "e.g. `ssh HOST nvidia-smi -q -x | gpuvet inspect -`")
 
 
 @cli.command()

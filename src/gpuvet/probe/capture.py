@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import sys
 from dataclasses import dataclass, field
 
 from ..facts import Driver, Gpu, Machine, PcieLink, Topology
@@ -60,8 +61,15 @@ def decode(data: bytes, path: str) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+STDIN = "-"  # `ssh host nvidia-smi -q -x | gpuvet inspect -`
+STDIN_NAME = "stdin"  # how messages and the record name a capture read from stdin
+
+
 def read_captures(path: str) -> list[Capture]:
-    """Every capture in the file at `path` (a bundle holds several)."""
+    """Every capture in the file at `path` ("-": standard input); a bundle holds several."""
+    if path == STDIN:
+        text = decode(sys.stdin.buffer.read(), STDIN_NAME)
+        return _bundle_captures(text, STDIN_NAME) if _is_bundle(text) else [parse_capture(text, STDIN_NAME)]
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -116,8 +124,10 @@ def _fill(capture: Capture, text: str) -> None:
     kind = capture.kind
     if kind == "smi-xml":
         capture.driver, capture.gpus = smi_xml.parse_smi_xml(text)
+        capture.note = _fewer_than_attached(smi_xml.attached_gpus(text), len(capture.gpus))
     elif kind == "smi-text":
         capture.driver, capture.gpus = smi_text.parse_smi_text(text)
+        capture.note = _fewer_than_attached(smi_text.attached_gpus(text), len(capture.gpus))
     elif kind == "smi-csv":
         capture.driver, capture.gpus = smi_csv.parse_smi_csv(text)
     elif kind == "smi-table":
@@ -143,6 +153,14 @@ def _fill(capture: Capture, text: str) -> None:
         capture.kernel_module_version = proc_version.parse_kernel_module_version(text)
     if not capture.gpus and kind in ("smi-xml", "smi-text", "smi-csv", "smi-table"):
         raise CaptureError(f"the {kind} capture lists no GPU")
+
+
+def _fewer_than_attached(attached: int | None, found: int) -> str | None:
+    """`nvidia-smi -q -i N` (or an edited file) shows some of the machine's GPUs: say the rest went unjudged."""
+    if attached is None or found >= attached:
+        return None
+    return (f"{attached} GPUs attached but {found} in this report (captured with `-i`, or part of the file removed): "
+            f"the other {attached - found} are not in it; `nvidia-smi -q` without -i reports them all")
 
 
 def _raise_for_error_message(text: str, path: str) -> None:
@@ -217,18 +235,27 @@ _RANK = {"smi-xml": 0, "smi-text": 1, "smi-csv": 2, "smi-table": 3, "smi-dmon": 
 
 
 def merge(captures: list[Capture]) -> Machine:
-    """One machine from several captures of it (match GPUs by bus id, then UUID, then index)."""
+    """One machine from several captures of it (match GPUs by bus id, then UUID, then index).
+
+    Raises CaptureError when two reports name different GPUs or drivers (two machines), or when an
+    lspci output without an NVIDIA GPU is all there is to judge.
+    """
+    _check_lspci_has_gpus(captures)
     machine = Machine(source="capture")
     machine.captures = [{"path": c.path, "kind": c.kind, **({"note": c.note} if c.note else {})} for c in captures]
-    reports = sorted((c for c in captures if c.kind in _RANK), key=lambda c: (c.phase == "load", _RANK[c.kind]))
+    # The base report: idle before load, then the one with every GPU (not an `-i N` one), then the fullest form.
+    reports = sorted((c for c in captures if c.kind in _RANK),
+                     key=lambda c: (c.phase == "load", -len(c.gpus), _RANK[c.kind]))
     if reports:
         base = reports[0]
+        for other in reports[1:]:
+            _refuse_other_machine(base, other)
         machine.gpus = base.gpus
         machine.driver = base.driver or Driver()
         for other in reports[1:]:
             _merge_report(machine, other)
     for c in captures:
-        if c.topology is not None and machine.topology is None:
+        if c.topology is not None and machine.topology is None and _topology_fits(machine, c):
             machine.topology = c.topology
         if c.kernel_module_version:
             machine.driver.kernel_module_version = c.kernel_module_version
@@ -258,14 +285,101 @@ def _merge_report(machine: Machine, report: Capture) -> None:
     """A second report of the same GPUs: keep its PCIe readings (a load capture's matter most)."""
     if machine.driver.version is None and report.driver:
         machine.driver = report.driver
+    unmatched = []
     for gpu in report.gpus:
         target = _find(machine, gpu)
         if target is None:
+            unmatched.append(f"gpu{gpu.index}")
             continue
         for reading in gpu.pcie.readings:
             if report.phase == "load":
                 reading.under_load = True
             target.pcie.readings.append(reading)
+    if unmatched:
+        _note(machine, report.path, f"{', '.join(unmatched)} here match no GPU of the other report: "
+                                    "not used; is this capture from the same machine?")
+
+
+def _note(machine: Machine, path: str, note: str) -> None:
+    """Shown under the capture's line in the terminal and kept in the record's machine.captures."""
+    for entry in machine.captures:
+        if entry["path"] == path:
+            entry["note"] = f"{entry['note']}; {note}" if entry.get("note") else note
+
+
+def _refuse_other_machine(base: Capture, other: Capture) -> None:
+    """Two nvidia-smi reports whose GPUs or drivers disagree are two machines (or one machine
+    before and after a change): merging them would judge a machine that does not exist."""
+    differences = []
+    if base.driver and other.driver and base.driver.version and other.driver.version \
+            and base.driver.version != other.driver.version:
+        differences.append("driver")
+    by_bus = {g.pcie.bus_id: g for g in base.gpus if g.pcie.bus_id}
+    by_uuid = {g.uuid: g for g in base.gpus if _real_uuid(g.uuid)}
+    for gpu in other.gpus:
+        match = by_bus.get(gpu.pcie.bus_id) if gpu.pcie.bus_id else None
+        if match is None and _real_uuid(gpu.uuid):
+            match = by_uuid.get(gpu.uuid)
+        if match is None and not by_bus:
+            match = next((g for g in base.gpus if g.index == gpu.index), None)
+        if match is not None and _real_uuid(gpu.uuid) and _real_uuid(match.uuid) and gpu.uuid != match.uuid:
+            differences.append("GPU UUIDs")
+        elif match is not None and not _same_name(gpu.name, match.name):
+            differences.append("GPU models")
+    # Disjoint bus ids: another machine. Some shared: one report may hold a few of the GPUs (`-i`).
+    other_buses = {g.pcie.bus_id for g in other.gpus if g.pcie.bus_id}
+    if by_bus and other_buses and not other_buses & by_bus.keys():
+        differences.append("PCI bus ids")
+    if differences:
+        raise CaptureError(
+            f"{base.path}: {_describe(base)}; {other.path}: {_describe(other)}: not one machine "
+            f"(different {', '.join(dict.fromkeys(differences))}); inspect them one at a time"
+        )
+
+
+def _real_uuid(uuid: str | None) -> bool:
+    return bool(uuid) and not uuid.startswith("GPU-00000000-0000")  # zeroed: redacted before sharing
+
+
+def _same_name(a: str | None, b: str | None) -> bool:
+    """Equal, or one is the other cut by the default table ("NVIDIA GeForce RTX 2080 ...")."""
+    if not a or not b or a == b:
+        return True
+    short, full = sorted((a, b), key=len)
+    return short.endswith("...") and full.startswith(short[:-3].rstrip())
+
+
+def _describe(report: Capture) -> str:
+    """ "1 x NVIDIA GeForce RTX 3090 driver 590.44.01" """
+    names: dict[str, int] = {}
+    for gpu in report.gpus:
+        name = gpu.name or "unnamed GPU"
+        names[name] = names.get(name, 0) + 1
+    text = ", ".join(f"{count} x {name}" for name, count in names.items())
+    version = report.driver.version if report.driver else None
+    return f"{text} driver {version}" if version else text
+
+
+def _topology_fits(machine: Machine, capture: Capture) -> bool:
+    """`topo -m` shows every GPU of its machine: fewer than the reports hold means another machine."""
+    shown, reported = len(capture.topology.gpus), len(machine.gpus)
+    if reported and shown < reported:
+        _note(machine, capture.path, f"this topo matrix shows {shown} GPUs, the nvidia-smi report {reported}: "
+                                     "not used; is this capture from the same machine?")
+        return False
+    return True
+
+
+def _check_lspci_has_gpus(captures: list[Capture]) -> None:
+    """lspci without an NVIDIA GPU judges nothing: refuse it alone, note it beside other captures."""
+    for c in captures:
+        if c.kind != "lspci" or c.pci_names:
+            continue
+        if not any(o.gpus or o.topology or o.nvlinks or o.pci_names for o in captures):
+            raise CaptureError(
+                f"{c.path}: lspci output with no NVIDIA GPU (vendor 10de, display class); give the GPU machine's "
+                "`sudo lspci -vvv -d 10de:` output, or its `nvidia-smi -q -x` with it"
+            )
 
 
 def _merge_nvlinks(machine: Machine, statuses: list[nvlink_status.NvlinkStatus]) -> None:

@@ -4,8 +4,9 @@ Understood: plain `lspci`, `-D` (with domain), `-nn` (numeric ids in brackets), 
 `-v`/`-vv`/`-vvv` (indented detail lines, TAB or, after a Markdown paste, 8 spaces). LnkCap/LnkSta
 are printed only to root: a non-root `-vvv` gives devices without link facts.
 
-`lspci -tv` trees are recognised (looks_like_lspci is True) but parse to an empty list: a tree shows
-neither class names nor full bus ids on each line, so it cannot say which device is a GPU.
+`lspci -tv` trees are recognised (looks_like_lspci is True) but refused with the command to run
+instead: a tree shows neither class names nor link status, so it cannot say which device is a GPU
+nor how its link trained.
 
 A `-v` block pasted without its device line (it starts with an indented "Subsystem:" or
 "Control:") parses to one device whose bus_id, class_name and vendor_device are None.
@@ -80,11 +81,16 @@ def looks_like_lspci(text: str) -> bool:
 
 
 def parse_lspci(text: str) -> list[PciDevice]:
-    """Every device of `lspci` (any verbosity), in the order printed; [] for an `lspci -tv` tree.
+    """Every device of `lspci` (any verbosity), in the order printed.
 
     Lines at column 0 that are not device lines (a sudo prompt, "pcilib: ..." warnings) are skipped.
-    Raises CaptureError when the text holds neither devices nor a tree.
+    Raises CaptureError for an `lspci -tv` tree and for text that holds no device.
     """
+    if _is_tree(text):
+        raise CaptureError(
+            "`lspci -tv` tree output is not supported (it shows no device classes nor link status); "
+            "capture `sudo lspci -vvv -d 10de:` instead (as root, so LnkCap/LnkSta are printed)"
+        )
     devices: list[PciDevice] = []
     if _HEADLESS_START.match(_first_meaningful_line(text[:8192]) or ""):
         devices.append(PciDevice(bus_id=None, class_name=None, vendor_device=None))
@@ -96,7 +102,7 @@ def parse_lspci(text: str) -> list[PciDevice]:
         match = _DEVICE_LINE.match(line)
         if match:
             devices.append(_device(match))
-    if not devices and not _is_tree(text):
+    if not devices:
         raise CaptureError(
             "expected `lspci` output (lines like '01:00.0 3D controller: NVIDIA Corporation ...'); "
             f"found {_describe(text)}"

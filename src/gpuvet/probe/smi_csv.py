@@ -40,7 +40,13 @@ def parse_smi_csv(text: str) -> tuple[Driver, list[Gpu]]:
             f"(field names such as 'index, name, pci.bus_id'), found {first[:80]!r}; "
             "captures made with csv,noheader cannot be read because the columns are not named"
         )
-    rows = [_row(header, cells) for cells in _data_rows(text)]
+    data = _data_rows(text)
+    if data and len(data[-1]) < len(header):
+        raise CaptureError(
+            f"truncated --query-gpu CSV: its last row has {len(data[-1])} of {len(header)} values; "
+            "capture it again with the same `nvidia-smi --query-gpu=... --format=csv > gpus.csv`"
+        )
+    rows = [_row(header, cells) for cells in data]
     if not rows:
         raise CaptureError("the --query-gpu CSV has a header but no GPU rows")
     driver = _driver(rows[0])

@@ -103,8 +103,13 @@ def _gpu_table(lines: list[str], start: int) -> tuple[list[list[str]], list[list
             current = []
         if not line.startswith("+"):  # a blank line (or anything else) ends the GPU table
             return labels, blocks, i
-    if current:
-        blocks.append(current)
+    if current or not blocks:
+        # Every GPU's rows close with a '+---' border: text that ends inside a GPU, or before the
+        # first one, was cut when it was copied.
+        raise CaptureError(
+            f"truncated nvidia-smi table: it stops inside the GPU table after {len(blocks)} complete "
+            "GPU(s), without the closing '+---' border; capture it again with `nvidia-smi > smi.txt`"
+        )
     return labels, blocks, len(lines)
 
 

@@ -192,6 +192,7 @@ def parse_smi_text(text: str) -> tuple[Driver, list[Gpu]]:
         cuda_version=_cuda(root.value_at("CUDA UMD Version") or root.value_at("CUDA Version")),
     )
     sections = [n for n in root.children if re.match(r"GPU [0-9A-Fa-f]{4,8}:", n.label)]
+    _refuse_if_cut(sections, attached_gpus(text))
     gpus = []
     for position, section in enumerate(sections):
         gpu = build_gpu(position, _TextReport(section), PATHS)
@@ -202,6 +203,61 @@ def parse_smi_text(text: str) -> tuple[Driver, list[Gpu]]:
             gpu.processes = [_process(p) for p in processes.all("Process ID")]
         gpus.append(gpu)
     return driver, gpus
+
+
+_ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)\s*$", re.M)
+_RECAPTURE = "capture it again with `nvidia-smi -q > gpu.txt`"
+
+
+def attached_gpus(text: str) -> int | None:
+    """The "Attached GPUs" count of the report header (every GPU on the machine, even with `-i`)."""
+    m = _ATTACHED.search(text[:8192])
+    return int(m.group(1)) if m else None
+
+
+def _refuse_if_cut(sections: list[Node], attached: int | None) -> None:
+    """A report cut short (pasted in part, `head`, a full disk) must not be judged as a smaller machine.
+
+    A full report prints "Processes" in every GPU block and, on newer drivers, one more section
+    after it: the last block must hold both. A `-q -d SECTION` report prints the same sections, with
+    the same lines, in every block: the last block must hold all of the first block's. Fewer
+    complete blocks than "Attached GPUs" is what `nvidia-smi -q -i N` prints: the caller notes that.
+    """
+    if not sections:
+        if attached:
+            raise CaptureError(f"truncated nvidia-smi -q output: {_gpus(attached)} attached, 0 in the file; {_RECAPTURE}")
+        return
+    missing = _missing_sections(sections[0], sections[-1])
+    if missing:
+        found = f"{_gpus(attached)} attached, {len(sections)} in the file" if attached else f"{_gpus(len(sections))} in the file"
+        raise CaptureError(
+            f"truncated nvidia-smi -q output: {found}, and the last GPU block stops before its "
+            f"{' and '.join(missing)} section; {_RECAPTURE}"
+        )
+
+
+def _missing_sections(first: Node, last: Node) -> list[str]:
+    """Sections the last GPU block should hold but does not (the block was cut)."""
+    if not first.children or not last.children:
+        return ["first"]
+    if first.child("Product Name") is not None:
+        required = ["Processes", first.children[-1].label]
+        return sorted({label for label in required if last.child(label) is None})
+    missing = [c.label for c in first.children if last.child(c.label) is None]
+    if missing:
+        return missing
+    # `-q -d`: the last block's last section should have as many lines as the first block's.
+    tail = last.children[-1]
+    model = first.child(tail.label)
+    return [tail.label] if model is not None and _size(tail) < _size(model) else []
+
+
+def _size(node: Node) -> int:
+    return len(node.children) + sum(_size(c) for c in node.children)
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" + ("" if count == 1 else "s")
 
 
 def _strip_note(raw: str | None) -> str | None:

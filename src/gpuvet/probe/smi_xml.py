@@ -103,6 +103,15 @@ class _XmlReport:
         return (found.text or "").strip() if len(found) == 0 else None
 
 
+_ATTACHED = re.compile(r"<attached_gpus>\s*(\d+)\s*</attached_gpus>")
+
+
+def attached_gpus(text: str) -> int | None:
+    """The report's <attached_gpus>: every GPU on the machine, even when `-i N` printed only one."""
+    m = _ATTACHED.search(text[:8192])
+    return int(m.group(1)) if m else None
+
+
 def looks_like_smi_xml(text: str) -> bool:
     return "<nvidia_smi_log" in text[:4096]
 
@@ -113,6 +122,13 @@ def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
     try:
         root = ET.fromstring(body)
     except ET.ParseError as err:
+        if "</nvidia_smi_log>" not in text:
+            attached, found = attached_gpus(text), text.count("<gpu id=")
+            of = f"{attached} GPU{'' if attached == 1 else 's'} attached, {found} begun in the file, " if attached else ""
+            raise CaptureError(
+                f"truncated nvidia-smi -q -x output: {of}no closing </nvidia_smi_log>; "
+                "capture it again with `nvidia-smi -q -x > gpu.xml`"
+            ) from None
         raise CaptureError(f"broken XML ({err}): expected the complete output of `nvidia-smi -q -x`") from None
     if root.tag != "nvidia_smi_log":
         raise CaptureError(f"XML root is <{root.tag}>, expected <nvidia_smi_log> from `nvidia-smi -q -x`")
