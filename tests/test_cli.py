@@ -285,6 +285,10 @@ def test_report_reads_an_export_file(capsys, tmp_path):
     exported.write_text("[]")
     code, out, err = gpuvet(capsys, "report", str(exported))
     assert code == 2 and "empty gpuvet export" in err
+    code, out, _ = gpuvet(capsys, "export", "1", "--db", db)
+    exported.write_text(out)
+    code, out, _ = gpuvet(capsys, "inspect", str(exported), "--json")  # judged again, like a run record
+    assert code == 1 and json.loads(out)["verdict"] == "fail"
 
 
 def test_report_formats_from_a_stored_record(capsys, tmp_path):

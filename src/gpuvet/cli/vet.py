@@ -10,7 +10,8 @@ from .. import runner
 from ..runner import ALL_BENCHMARKS as BENCHMARKS
 from ..probe.capture import STDIN
 from ..probe.errors import CaptureError
-from .base import UsageProblem, check_out_path, cli, emit, output_options, progress_status, save, store_options
+from .base import (UsageProblem, check_out_path, cli, emit, is_export_file, load_run_file, output_options,
+                   progress_status, save, store_options)
 
 
 def _needs(dataset_gb: float | None, checkpoint_gb: float | None, multi_node: bool) -> dict:
@@ -91,7 +92,10 @@ def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str 
     check_out_path(out)
     _check_stdin(files)
     try:
-        record = runner.inspect(list(files), expect=expect)
+        if len(files) == 1 and is_export_file(files[0]):  # `gpuvet export` output: judged again like a run record
+            record = runner.rejudge(load_run_file(files[0]), expect=expect)
+        else:
+            record = runner.inspect(list(files), expect=expect)
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     emit(record, as_json, out, verbose, report_format, redact)
