@@ -34,6 +34,9 @@ from test_watch import _Clock, _machine, _ticks, _two_gpus
     ("localhost:0", ("localhost", 0)),
     ("[::1]:9400", ("::1", 9400)),
     (":9400", ("127.0.0.1", 9400)),
+    ("0.0.0.0", ("0.0.0.0", 9400)),  # a host alone: dcgm-exporter's port
+    ("localhost", ("localhost", 9400)),
+    ("[::]", ("::", 9400)),
 ])
 def test_listen_spec(spec, expected):
     assert ex.parse_listen(spec) == expected
@@ -45,8 +48,12 @@ def test_bad_listen_spec(spec):
         ex.parse_listen(spec)
 
 
-def _snapshot(monkeypatch) -> w.Snapshot:
+def _snapshot(monkeypatch, minor_numbers: dict[str, int] | None = None) -> w.Snapshot:
     _two_gpus(monkeypatch)
+    if minor_numbers is not None:
+        import pynvml
+
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetMinorNumber", lambda handle: minor_numbers[handle])
     clock = _Clock()
     monitor = w.Monitor(interval_s=1.0, machine=_machine(), threaded=False, clock=clock)
     monitor.start()
@@ -66,27 +73,47 @@ def _samples(text: bytes) -> dict[str, list]:
 
 def test_gpu_metrics_carry_dcgm_names_and_labels(monkeypatch):
     exporter = ex.Exporter()
-    exporter.update(_snapshot(monkeypatch))
+    exporter.update(_snapshot(monkeypatch, minor_numbers={"h0": 3, "h1": 7}))
     samples = _samples(exporter.text())
     (power0, power1) = samples["DCGM_FI_DEV_POWER_USAGE"]
-    assert power0.labels == {"gpu": "0", "UUID": "GPU-00000000", "pci_bus_id": "0000:00:00.0",
+    assert power0.labels == {"gpu": "0", "UUID": "GPU-00000000", "pci_bus_id": "0000:00:00.0", "device": "nvidia3",
                              "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "test-node", "DCGM_FI_DRIVER_VERSION": ""}
-    assert power0.value == 612.345
+    assert power0.value == 612.345 and power1.labels["device"] == "nvidia7"  # /dev/nvidiaN, as dcgm-exporter names it
     values = {name: samples[name][0].value for name in (
-        "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_TEMP",
-        "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
-        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpuvet_sm_clock_ratio", "gpuvet_power_limit_watts",
-        "gpuvet_temp_slowdown_margin_celsius")}
-    assert values == {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619,
-                      "DCGM_FI_DEV_GPU_TEMP": 71, "DCGM_FI_DEV_FB_USED": 3072, "DCGM_FI_DEV_FB_FREE": 81559 - 3072,
+        "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MAX_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
+        "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SLOWDOWN_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
+        "DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "DCGM_FI_DEV_POWER_VIOLATION",
+        "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "gpuvet_sm_clock_ratio", "gpuvet_temp_slowdown_margin_celsius")}
+    assert values == {"DCGM_FI_DEV_GPU_UTIL": 99, "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MAX_SM_CLOCK": 1980,
+                      "DCGM_FI_DEV_MEM_CLOCK": 2619, "DCGM_FI_DEV_GPU_TEMP": 71, "DCGM_FI_DEV_SLOWDOWN_TEMP": 88,
+                      "DCGM_FI_DEV_FB_USED": 3072, "DCGM_FI_DEV_FB_FREE": 81559 - 3072,
+                      "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": 700, "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF": 700,
+                      "DCGM_FI_DEV_PCIE_LINK_GEN": 5, "DCGM_FI_DEV_PCIE_LINK_WIDTH": 16,
                       "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": 1500, "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": 300,
-                      "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x44, "gpuvet_sm_clock_ratio": 1.0,
-                      "gpuvet_power_limit_watts": 700, "gpuvet_temp_slowdown_margin_celsius": 17}
+                      "DCGM_FI_DEV_POWER_VIOLATION": 5_000_000, "DCGM_FI_DEV_THERMAL_VIOLATION": 0,  # µs, as DCGM
+                      "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0x44, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x44,
+                      "gpuvet_sm_clock_ratio": 1.0, "gpuvet_temp_slowdown_margin_celsius": 17}
+    # DCGM's equivalents replaced these gpuvet names.
+    for gone in ("gpuvet_sm_clock_max_mhz", "gpuvet_power_limit_watts", "gpuvet_power_default_limit_watts",
+                 "gpuvet_pcie_link_gen", "gpuvet_pcie_link_width", "gpuvet_clock_violation_seconds_total"):
+        assert gone not in samples
     reasons = {(s.labels["gpu"], s.labels["reason"]): s.value for s in samples["gpuvet_clock_event_reason"]}
     assert reasons[("0", "hw_thermal_slowdown")] == 1 and reasons[("1", "hw_thermal_slowdown")] == 0
     assert reasons[("0", "sw_power_cap")] == 1 and reasons[("0", "gpu_idle")] == 0
-    violations = {(s.labels["gpu"], s.labels["policy"]): s.value for s in samples["gpuvet_clock_violation_seconds_total"]}
-    assert violations[("0", "power")] == 5.0
+
+
+def test_nvlink_bandwidth_total_is_dcgms_rate_and_the_device_falls_back_to_the_index(monkeypatch):
+    snap = _snapshot(monkeypatch)  # this stand-in NVML refuses nvmlDeviceGetMinorNumber
+    snap.gpus[0].extras.nvlink_tx_bps = snap.gpus[0].extras.nvlink_rx_bps = 100 * 1024 * 1000.0  # 100,000 KiB/s each
+    exporter = ex.Exporter()
+    exporter.update(snap)
+    samples = _samples(exporter.text())
+    (nvlink,) = samples["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]  # gpu1 has no NVLink reading: no sample, not 0
+    assert nvlink.labels["gpu"] == "0" and nvlink.value == 200.0  # (TX + RX) KiB/s / 1000, as DCGM computes it
+    assert [s.labels["device"] for s in samples["DCGM_FI_DEV_GPU_UTIL"]] == ["nvidia0", "nvidia1"]
 
 
 def test_diagnosis_is_a_state_set(monkeypatch):

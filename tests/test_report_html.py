@@ -128,6 +128,51 @@ def test_facts_and_findings_are_on_the_page():
     assert "All facts (JSON)" in page
 
 
+def _plot_texts(page: str) -> dict[str, set[str]]:
+    """Each plot's texts by its title."""
+    titles = ("GPU utilization", "Power draw vs power limit", "SM clock vs max", "GPU temperature vs slowdown threshold",
+              "Host CPU: busy, steal and IO wait")
+    return {title: set(p["texts"]) for p in Page(page).plots for title in titles if title in p["texts"]}
+
+
+def _watch_record(monkeypatch, tmp_path, older: bool = False) -> RunRecord:
+    from gpuvet import runner
+    from test_watch import write_log
+
+    path = write_log(monkeypatch, tmp_path / "watch.jsonl", ticks=5)
+    if older:  # SYNTHETIC: the header cut back to what logs had before it named the GPUs' facts
+        lines = path.read_text().splitlines()
+        header = json.loads(lines[0])
+        for subject in ("gpu0", "gpu1"):
+            del header["series"][subject]["facts"]
+        path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    return runner.load_watch_log(str(path))
+
+
+def test_a_watch_log_shows_the_watched_job_utilization_host_cpu_and_diagnosis_changes(monkeypatch, tmp_path):
+    r = _watch_record(monkeypatch, tmp_path)
+    page = render_html(r)
+    assert "<h2>Watched job</h2>" in page and "Sustained load" not in page
+    assert 'id="checklist"' not in page  # a watch is not a vetting run: nothing to tick
+    assert [p.key for p in html_report.render_plots(r)] == ["utilization", "power", "sm_clock", "temperature", "host_cpu"]
+    texts = _plot_texts(page)
+    assert {"gpu0", "gpu1", "utilization (%)"} <= texts["GPU utilization"]
+    assert "max SM clock 1980 MHz" in texts["SM clock vs max"] and "slowdown 88 °C" in texts["GPU temperature vs slowdown threshold"]
+    assert {"CPU busy", "steal", "iowait"} <= texts["Host CPU: busy, steal and IO wait"]
+    changes = page[page.index('id="diagnosis-changes"'):]
+    assert "<td>gpu0</td><td>thermal</td><td>thermal: util 99%, SM clock at 100% of max, HW thermal slowdown active" in changes
+    assert "<td>gpu1</td><td>neighbour</td>" in changes
+    assert "FAIL: the platform slowed the watched job" in page
+    assert 'class="finding fail"' in page and "thermal 100% of the watched time" in page
+
+
+def test_an_older_watch_log_without_gpu_facts_still_renders(monkeypatch, tmp_path):
+    page = render_html(_watch_record(monkeypatch, tmp_path, older=True))
+    texts = _plot_texts(page)
+    assert "SM clock vs max" in texts and not any(t.startswith("max SM clock") for t in texts["SM clock vs max"])
+    assert "<td>gpu1</td><td>neighbour</td>" in page
+
+
 # -- in a real browser -----------------------------------------------------------------------------
 
 def _browser() -> str:
@@ -162,7 +207,7 @@ def test_the_page_renders_in_headless_chromium_offline(tmp_path):
     parsed = Page(dom.stdout)
     assert "FAIL: something is wrong with this machine" in dom.stdout
     assert len(re.findall(r'<tr class="(?:ticked|crossed|warned|unknown)">', dom.stdout)) == 13
-    assert "Power wall" in dom.stdout and "gpu2: clocks cut: HW power brake" in dom.stdout
+    assert "Power wall" in dom.stdout and "gpu2: HW power brake during 56% of the load" in dom.stdout
     assert len(parsed.plots) == 4 and all(max(p["paths"]) > 1000 for p in parsed.plots)
 
     shot = tmp_path / "report.png"

@@ -57,9 +57,9 @@ def _two_gpus(monkeypatch, gpu0_pids: list[int] | None = None, gpu1_pids: list[i
     return _NvmlStandIn(monkeypatch, answers)
 
 
-def _machine() -> Machine:
+def _machine(count: int = 2) -> Machine:
     gpus = []
-    for i in range(2):
+    for i in range(count):
         gpu = Gpu(index=i, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-0000000{i}", memory_total_mib=81559)
         gpu.pcie.bus_id = f"0000:0{i}:00.0"
         gpu.clocks.max_sm_mhz = 1980
@@ -130,6 +130,63 @@ def test_the_view_shows_each_block(monitor):
     assert f"{NOT_HERE_PID} ? train.py 9.0 GiB (not visible here)" in text
     assert "→ neighbour: 99% utilization and 12.0 GiB" in text
     assert "host test-node" in text and "steal" in text and "iowait" in text
+
+
+def _many_gpus(monkeypatch, count: int) -> w.Snapshot:
+    """`count` GPUs like gpu0 of _two_gpus (this test's process on each, HW thermal slowdown flagged)."""
+    _NvmlStandIn(monkeypatch, _healthy_gpu_answers(
+        nvmlDeviceGetCount=count, nvmlDeviceGetComputeRunningProcesses=lambda h: [_proc(os.getpid(), 3072)],
+        nvmlSystemGetProcessName=lambda pid: psutil.Process(pid).name()))
+    clock = _Clock()
+    m = w.Monitor(interval_s=1.0, machine=_machine(count), threaded=False, clock=clock)
+    m.start()
+    try:
+        return _ticks(m, clock, 3)
+    finally:
+        m.close()
+
+
+def _screen(snap: w.Snapshot, width: int, height: int) -> list[str]:
+    """The rows a full-screen terminal of width x height shows (rich Live draws the view in a Screen)."""
+    from rich.screen import Screen
+
+    console = Console(record=True, width=width, height=height, file=io.StringIO(), color_system=None)
+    console.print(Screen(w.render(snap, screen=True)))
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("gpus, width, height", [(8, 150, 50), (3, 100, 24), (2, 80, 14)])
+def test_a_screen_too_short_for_the_blocks_gets_a_compact_view_with_every_gpu_and_the_host(monkeypatch, gpus, width, height):
+    rows = _screen(_many_gpus(monkeypatch, gpus), width, height)
+    assert len(rows) == height
+    text = "\n".join(rows)
+    assert "GPUs · compact: enlarge the window for the full view" in text
+    assert "util    SM/max  power/limit  temp  margin  memory        reasons" in text
+    gpu_rows = [r for r in rows if r.startswith("GPU ")]
+    assert [r.split()[1] for r in gpu_rows] == [str(i) for i in range(gpus)]
+    assert gpu_rows[0].startswith("GPU 0   99%      100%          87%  71 C    17 C  3.0/80 GiB    sw_power_cap |")
+    assert text.count("  → thermal: util 99%, SM clock at 100% of max") == gpus
+    assert "host test-node" in text and "  cpu " in text and "  workers " in text  # the whole host block
+    assert "more GPUs" not in text
+
+
+def test_gpus_that_do_not_fit_even_compact_are_counted_not_dropped(monkeypatch):
+    rows = _screen(_many_gpus(monkeypatch, 16), 100, 20)
+    assert len(rows) == 20
+    gpu_rows = [r for r in rows if r.startswith("GPU ")]
+    assert len(gpu_rows) == 12 and all("→ thermal" in r for r in gpu_rows)  # one row each, diagnosis inline
+    assert "  +4 more GPUs (enlarge the window): thermal ×4" in [r.rstrip() for r in rows]
+    assert rows[-4].startswith("host test-node") and rows[-1].startswith("  workers ")
+
+
+def test_the_full_view_when_it_fits_and_a_print_never_fits(monkeypatch):
+    snap = _many_gpus(monkeypatch, 2)
+    text = "\n".join(_screen(snap, 160, 50))
+    assert "compact" not in text and "  procs    " in text and "  reasons  0x44 = " in text
+    console = Console(record=True, width=100, height=10, file=io.StringIO(), color_system=None)
+    console.print(w.render(snap))  # --once: printed whole, however short the terminal
+    printed = console.export_text()
+    assert "compact" not in printed and printed.count("  procs    ") == 2
 
 
 def _cells(console: Console, renderable, width: int) -> list[list[tuple[str, object]]]:
@@ -204,6 +261,36 @@ def test_nvlink_throughput_is_a_rate_of_nvmls_counters(monkeypatch):
     assert "nvlink" not in second.unavailable
 
 
+def test_pcie_and_nvlink_readings_nvml_cannot_give_say_why(monkeypatch):
+    answers = _healthy_gpu_answers(nvmlDeviceGetCount=2)  # no nvmlDeviceGetPcieThroughput: NVML refuses it
+    _NvmlStandIn(monkeypatch, answers)
+    machine = _machine()
+    machine.gpus[1].nvlinks = []  # listed at start: no link active
+    clock = _Clock()
+    m = w.Monitor(interval_s=1.0, machine=machine, threaded=False, clock=clock)
+    m.start()
+    try:
+        snap = _ticks(m, clock, 2)
+    finally:
+        m.close()
+    console = Console(record=True, width=200, file=io.StringIO(), color_system=None)
+    console.print(w.render(snap))
+    memory = [line for line in console.export_text().splitlines() if line.startswith("  memory   3.0 GiB")]
+    assert memory[0].endswith("PCIe Gen5 x16 throughput n/a (not supported on this GPU or driver)   "
+                              "NVLink n/a (links not listed: not read at start)")
+    assert memory[1].endswith("NVLink none active")
+
+
+def test_the_first_host_reading_is_a_baseline_not_a_share_of_start_up():
+    reader = w.HostReader()
+    reader.scan(None)
+    first = reader.read([])
+    assert first.cpu_pct is None and first.steal_pct is None and first.disk_read_bps is None and first.net_rx_bps is None
+    _cpu_counters_move()
+    second = reader.read([])
+    assert second.cpu_pct is not None and 0 <= second.cpu_pct <= 100
+
+
 def test_log_has_a_header_and_rows_in_the_to_series_columns(monitor, tmp_path):
     m, clock, _ = monitor
     path = tmp_path / "watch.jsonl"
@@ -226,6 +313,81 @@ def test_log_has_a_header_and_rows_in_the_to_series_columns(monitor, tmp_path):
     assert host["columns"] == list(w.HOST_COLUMNS) and len(host["rows"]) == 3
     diagnosis = series[("gpu1", "watch.diagnosis")]
     assert diagnosis["rows"][0][1] == "neighbour" and len(diagnosis["rows"]) == 1  # changes only
+
+
+def write_log(monkeypatch, path: Path, ticks: int = 4, pid: int | None = None) -> Path:
+    """A watch log of _two_gpus (gpu0 thermal, gpu1 a neighbour's), `ticks` seconds of a hand-moved
+    clock; readings carry the wall clock of the test (the sampler's own t)."""
+    _two_gpus(monkeypatch)
+    clock = _Clock()
+    m = w.Monitor(interval_s=1.0, pid=pid, machine=_machine(), threaded=False, clock=clock)
+    m.start()
+    log = w.WatchLog(str(path), 1.0, sorted(m._facts.items()), m.hostname, job_pid=pid, driver_version="550.54.15",
+                     host=Host(hostname="test-node", cpu_model="AMD EPYC 9654", cpu_logical_cores=192))
+    try:
+        for _ in range(ticks):
+            _cpu_counters_move()  # so each host row has CPU shares
+            clock.now += 1.0
+            log.write(m.tick())
+    finally:
+        log.close()
+        m.close()
+    return path
+
+
+def _cpu_counters_move() -> None:
+    """Until the kernel's CPU counters tick (10 ms): a share needs time to divide, not a duration."""
+    before, deadline = psutil.cpu_times(), time.monotonic() + 10
+    while psutil.cpu_times() == before and time.monotonic() < deadline:
+        pass
+
+
+def test_log_header_has_the_gpus_facts_and_the_job_has_rows(monkeypatch, tmp_path):
+    path = write_log(monkeypatch, tmp_path / "watch.jsonl", pid=os.getpid())
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["driver_version"] == "550.54.15" and header["series"]["host"]["facts"]["cpu_logical_cores"] == 192
+    facts = header["series"]["gpu0"]["facts"]
+    assert (facts["name"], facts["max_sm_mhz"], facts["slowdown_c"], facts["power_limit_w"], facts["default_power_limit_w"]) == \
+        ("NVIDIA H100 80GB HBM3", 1980, 88.0, 700.0, 700.0)
+    (job,) = [s for s in w.read_log(str(path)) if s["name"] == "watch.job"]
+    assert job["columns"] == list(w.JOB_COLUMNS) and len(job["rows"]) == 4
+    assert job["rows"][-1][1:3] == [True, 1] and job["rows"][-1][-1] == "0"  # alive, one process, on gpu0
+
+
+def test_a_watch_log_becomes_a_record_with_its_gpus_time_and_findings(monkeypatch, tmp_path):
+    from gpuvet import runner
+
+    record = runner.load_watch_log(str(write_log(monkeypatch, tmp_path / "watch.jsonl")))
+    assert record.options == {"profile": "watch", "log": str(tmp_path / "watch.jsonl")}  # how renderers tell a watch log
+    assert [(g.index, g.name, g.clocks.max_sm_mhz, g.thermal.slowdown_c, g.power.default_limit_w) for g in record.machine.gpus] == \
+        [(0, "NVIDIA H100 80GB HBM3", 1980, 88.0, 700.0), (1, "NVIDIA H100 80GB HBM3", 1980, 88.0, 700.0)]
+    assert record.machine.host.cpu_model == "AMD EPYC 9654" and record.machine.driver.version == "550.54.15"
+    assert record.duration_s > 0
+    found = {(f.subject, f.check): f for f in record.findings}
+    assert set(found) == {("gpu0", "watch.thermal"), ("gpu1", "watch.neighbour")}
+    thermal = found[("gpu0", "watch.thermal")]
+    assert thermal.status == "fail" and thermal.summary.startswith("thermal 100% of the watched time (")
+    assert "HW thermal slowdown active" in thermal.evidence.measured and "nvidia-smi -q -d PERFORMANCE" in thermal.remedy
+    assert found[("gpu1", "watch.neighbour")].status == "warn"
+    assert record.verdict == "fail"
+
+
+def test_an_older_log_without_the_header_facts_still_loads(monkeypatch, tmp_path):
+    """SYNTHETIC: a log written now, its header cut back to what logs had before the facts were added."""
+    from gpuvet import runner
+
+    path = write_log(monkeypatch, tmp_path / "watch.jsonl")
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    for key in ("driver_version", "gpu_error"):
+        del header[key]
+    del header["series"]["host"]["facts"]
+    for subject in ("gpu0", "gpu1"):
+        del header["series"][subject]["facts"]
+    path.write_text("\n".join([json.dumps(header)] + lines[1:]) + "\n")
+    record = runner.load_watch_log(str(path))
+    assert [(g.name, g.clocks.max_sm_mhz) for g in record.machine.gpus] == [("NVIDIA H100 80GB HBM3", None)] * 2
+    assert {f.check for f in record.findings} == {"watch.thermal", "watch.neighbour"}
 
 
 def test_the_loop_runs_ticks_and_appends_a_second_session(monkeypatch, tmp_path):
@@ -365,6 +527,7 @@ def test_once_text_here_says_the_host_part_still_works():
     if "no GPU data" not in text:  # pragma: no cover - only where a GPU is present
         pytest.skip("this machine has an NVIDIA GPU")
     assert "the host part still works" in text and "host " in text and "q quits" not in text
+    assert "A 0.5 s snapshot: two readings, so the diagnoses above are a first look" in text
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -461,10 +624,10 @@ def _tmux() -> str:
 class _Terminal:
     """A detached tmux session on its own server socket (never the user's tmux)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, columns: int = 150, rows: int = 50):
         self.tmux = _tmux()
         self.socket = str(tmp_path / "tmux.sock")  # inside the test's folder: nothing left behind
-        self._run("new-session", "-d", "-s", "w", "-x", "150", "-y", "50", "bash --norc --noprofile")
+        self._run("new-session", "-d", "-s", "w", "-x", str(columns), "-y", str(rows), "bash --norc --noprofile")
 
     def _run(self, *args: str) -> str:
         return subprocess.run([self.tmux, "-S", self.socket, *args], check=True, capture_output=True, text=True).stdout
@@ -513,5 +676,26 @@ def test_live_view_in_a_terminal_renders_refreshes_and_restores_it(tmp_path, qui
         assert "EXIT=0" in after
         assert "gpuvet watch ·" not in after  # the alternate screen is gone: the shell's screen is back
         assert (tmp_path / "before").read_text() == (tmp_path / "after").read_text()  # tty modes restored
+    finally:
+        term.close()
+
+
+@pytest.mark.parametrize("gpus, columns, rows", [(8, 150, 50), (3, 100, 24)])
+def test_live_view_in_a_small_terminal_shows_every_gpu_and_the_host(tmp_path, gpus, columns, rows):
+    """benchmarks/watch_cost.py's stand-in NVML answers for `gpus` busy GPUs; the full blocks need
+    more rows than the terminal has, so the view turns compact and nothing falls off the screen."""
+    term = _Terminal(tmp_path, columns, rows)
+    try:
+        bench = Path(__file__).resolve().parents[1] / "benchmarks"
+        runner = (f'import sys; sys.path.insert(0, "{bench}"); from watch_cost import install_stand_in_nvml; '
+                  f'install_stand_in_nvml({gpus}); from gpuvet.watch import watch; sys.exit(watch(interval_s=0.2))')
+        term.send(f"PYTHONPATH={SRC} {sys.executable} -c '{runner}'; echo \"EXIT=$?\"", "Enter")
+        screen = term.wait_for(lambda s: "host " in s and "  workers " in s and (_tick(s) or 0) > 1, "the host block")
+        lines = screen.splitlines()
+        assert "GPUs · compact: enlarge the window for the full view" in screen
+        assert [line.split()[1] for line in lines if line.startswith("GPU ")] == [str(i) for i in range(gpus)]
+        assert sum("  → ok: 97% busy" in line for line in lines) == gpus
+        term.send("q")
+        term.wait_for(lambda s: "EXIT=0" in s, "the watch quitting")
     finally:
         term.close()

@@ -1,14 +1,21 @@
 """`gpuvet watch --prometheus [HOST:]PORT`: the watch's readings and diagnoses on /metrics.
 
-GPU gauges carry the names and labels of NVIDIA's dcgm-exporter (its classic default-counters.csv:
-DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_SM_CLOCK, ... with labels gpu, UUID, pci_bus_id, modelName,
-Hostname, DCGM_FI_DRIVER_VERSION) so existing Grafana dashboards and alerts work unchanged; what
-DCGM has no field for is named gpuvet_*: the host (CPU, steal, IO wait, workers), the followed job,
-and the diagnosis as a state set: gpuvet_diagnosis{gpu="0",state="power_capped"} 1, the other states 0.
+GPU gauges carry the names and labels of NVIDIA's dcgm-exporter (its default-counters.csv and the
+DCGM field names of dcgm_fields.h: DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_POWER_MGMT_LIMIT,
+DCGM_FI_DEV_PCIE_LINK_GEN, DCGM_FI_DEV_CLOCKS_EVENT_REASONS, ... with labels gpu, UUID, pci_bus_id,
+device ("nvidia" + the minor number), modelName, Hostname, DCGM_FI_DRIVER_VERSION) so existing Grafana
+dashboards and alerts work unchanged; what DCGM has no field for is named gpuvet_*: the SM clock as a
+share of its maximum, the margin to the slowdown temperature, each clock-event reason on its own,
+the host (CPU, steal, IO wait, workers), the followed job, and the diagnosis as a state set:
+gpuvet_diagnosis{gpu="0",state="power_capped"} 1, the other states 0.
+
+DCGM declares a few fields counters (PCIe throughput, NVLink bandwidth, violation times); they are
+served here as gauges under the same names: prometheus_client appends "_total" to a counter's name,
+which would break the dashboards the names are for, and PromQL's rate() reads a gauge the same way.
 
 The metrics are built from the watch's latest snapshot when Prometheus scrapes, so a GPU or a
 state that goes away leaves no stale series behind. Default bind: 127.0.0.1 (the numbers say
-what runs on the machine; exposing them is the user's choice: 0.0.0.0:9400).
+what runs on the machine; exposing them is the user's choice: 0.0.0.0:9400, or 0.0.0.0 alone).
 """
 
 from __future__ import annotations
@@ -27,20 +34,30 @@ if TYPE_CHECKING:
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9400  # dcgm-exporter's port: run one or the other on a node
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
 
 
 def parse_listen(spec: str) -> tuple[str, int]:
-    """"9400" -> ("127.0.0.1", 9400); "0.0.0.0:9400"; "[::1]:9400". ValueError says what is wrong."""
+    """"9400" -> ("127.0.0.1", 9400); "0.0.0.0:9400"; "[::1]:9400"; a host alone ("0.0.0.0",
+    "localhost", "[::]") listens on DEFAULT_PORT. ValueError says what is wrong."""
     spec = (spec or "").strip()
+    if spec.startswith("[") and spec.endswith("]"):
+        return spec[1:-1], DEFAULT_PORT
     host, _, port_text = spec.rpartition(":") if ":" in spec else ("", "", spec)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
         raise ValueError("write an IPv6 address in brackets, e.g. [::1]:9400")
+    if not host and not port_text.isdigit() and _looks_like_host(port_text):
+        return port_text, DEFAULT_PORT
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ValueError("expected [HOST:]PORT with PORT a number from 0 to 65535, e.g. 9400 or 0.0.0.0:9400")
     return host or DEFAULT_HOST, int(port_text)
+
+
+def _looks_like_host(text: str) -> bool:
+    """An IPv4 address or a host name (with a dot or "localhost"): not a mistyped port like "http"."""
+    return text == "localhost" or ("." in text and all(part and (part.isalnum() or "-" in part) for part in text.split(".")))
 
 
 # -- building the families ---------------------------------------------------------------------------
@@ -55,29 +72,52 @@ def _fb_free(view: "GpuView") -> float | None:
     return total - used if total is not None and used is not None else None
 
 
+def _facts_power(field: str) -> Callable[["GpuView"], Any]:
+    return lambda view: getattr(view.facts.power, field)
+
+
+def _nvlink_total(view: "GpuView") -> float | None:
+    """As DCGM computes DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL from NVML's KiB counters: TX + RX, KiB/s / 1000."""
+    tx, rx = view.extras.nvlink_tx_bps, view.extras.nvlink_rx_bps
+    return (tx + rx) / 1024 / 1000 if tx is not None and rx is not None else None
+
+
+def _violation_us(field: str) -> Callable[["GpuView"], Any]:
+    return lambda view: getattr(view.sample, field) / 1000 if view.sample and getattr(view.sample, field) is not None else None
+
+
+# Names and units as DCGM's fields (dcgm_fields.h; help texts as dcgm-exporter's default-counters.csv).
 _DCGM_GAUGES: tuple[tuple[str, str, Callable[["GpuView"], Any]], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _sample("util_pct")),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", _sample("sm_mhz")),
+    ("DCGM_FI_DEV_MAX_SM_CLOCK", "Maximum supported SM clock (in MHz).", lambda v: v.facts.clocks.max_sm_mhz),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", _sample("mem_mhz")),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", _sample("power_w")),
+    ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "Power limit the driver enforces after all limiters (in W).", _sample("power_limit_w")),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W), as read when the watch started.", _facts_power("limit_w")),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "Default power management limit (in W).", _facts_power("default_limit_w")),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", _sample("temp_c")),
+    ("DCGM_FI_DEV_SLOWDOWN_TEMP", "GPU slowdown temperature (in C).", lambda v: v.facts.thermal.slowdown_c),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", _sample("mem_used_mib")),
     ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _fb_free),
-    # NVML's PCIe throughput is a rate (KB/s over 20 ms); dcgm-exporter declares these counters, the
-    # values it serves are the same rate, so dashboards read them as gauges either way.
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe current link generation.", _sample("pcie_gen")),
+    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe current link width (lanes).", _sample("pcie_width")),
+    # NVML's PCIe throughput is a rate (KB/s over 20 ms); the values dcgm-exporter serves are that rate.
     ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe TX throughput (in KB/s) via NVML.", lambda v: v.extras.pcie_tx_kbs),
     ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s) via NVML.", lambda v: v.extras.pcie_rx_kbs),
-    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Clock-event (throttle) reasons, NVML bitmask.", _sample("reasons")),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "NVLink throughput, TX + RX of all active links (KiB/s / 1000, as DCGM).",
+     _nvlink_total),
+    ("DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us), since driver load.",
+     _violation_us("violation_power_ns")),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us), since driver load.",
+     _violation_us("violation_thermal_ns")),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Clock-event reasons, NVML bitmask.", _sample("reasons")),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Clock-event reasons, NVML bitmask (the name before DCGM 3.3).", _sample("reasons")),
 )
 
 _GPUVET_GAUGES: tuple[tuple[str, str, Callable[["GpuView"], Any]], ...] = (
-    ("gpuvet_sm_clock_max_mhz", "Maximum SM clock of the GPU (MHz).", lambda v: v.facts.clocks.max_sm_mhz),
     ("gpuvet_sm_clock_ratio", "SM clock as a share of its maximum (0..1).", lambda v: v.sm_ratio),
-    ("gpuvet_power_limit_watts", "Enforced power limit (W).", _sample("power_limit_w")),
-    ("gpuvet_power_default_limit_watts", "The GPU's default power limit (W).", lambda v: v.facts.power.default_limit_w),
     ("gpuvet_temp_slowdown_margin_celsius", "Degrees left before the GPU slows itself down.", lambda v: v.slowdown_margin_c),
-    ("gpuvet_pcie_link_gen", "Current PCIe link generation.", _sample("pcie_gen")),
-    ("gpuvet_pcie_link_width", "Current PCIe link width (lanes).", _sample("pcie_width")),
     ("gpuvet_nvlink_tx_bytes_per_second", "NVLink data sent, all active links (bytes/s).", lambda v: v.extras.nvlink_tx_bps),
     ("gpuvet_nvlink_rx_bytes_per_second", "NVLink data received, all active links (bytes/s).", lambda v: v.extras.nvlink_rx_bps),
 )
@@ -105,7 +145,9 @@ _JOB_GAUGES: tuple[tuple[str, str, str], ...] = (
 
 
 def _gpu_labels(view: "GpuView", snap: "Snapshot") -> list[str]:
-    return [str(view.index), view.uuid or "", view.bus_id or "", view.name or "", snap.hostname, snap.driver_version or ""]
+    minor = view.extras.minor_number if view.extras.minor_number is not None else view.index
+    return [str(view.index), view.uuid or "", view.bus_id or "", f"nvidia{minor}", view.name or "", snap.hostname,
+            snap.driver_version or ""]
 
 
 def _gpu_families(snap: "Snapshot") -> Iterator[Metric]:
@@ -118,8 +160,6 @@ def _gpu_families(snap: "Snapshot") -> Iterator[Metric]:
         yield family
     reasons = GaugeMetricFamily("gpuvet_clock_event_reason", "Clock-event reason active now (1) or not (0).",
                                 labels=GPU_LABELS + ("reason",))
-    violations = CounterMetricFamily("gpuvet_clock_violation_seconds", "Time clocks were held by a policy since driver load.",
-                                     labels=GPU_LABELS + ("policy",))
     diagnosis = GaugeMetricFamily("gpuvet_diagnosis", "The watch's diagnosis of the GPU: 1 for the current state.",
                                   labels=GPU_LABELS + ("state",))
     for view in snap.gpus:
@@ -127,12 +167,9 @@ def _gpu_families(snap: "Snapshot") -> Iterator[Metric]:
         if s is not None and s.reasons is not None:
             for bit, reason in CLOCK_EVENT_REASONS.items():
                 reasons.add_metric(labels + [reason], 1.0 if s.reasons & bit else 0.0)
-        for policy, ns in (("power", s and s.violation_power_ns), ("thermal", s and s.violation_thermal_ns)):
-            if ns is not None:
-                violations.add_metric(labels + [policy], ns / 1e9)
         for state in GPU_STATES:
             diagnosis.add_metric(labels + [state], 1.0 if view.diagnosis.state == state else 0.0)
-    yield from (reasons, violations, diagnosis)
+    yield from (reasons, diagnosis)
 
 
 def _host_families(snap: "Snapshot") -> Iterator[Metric]:

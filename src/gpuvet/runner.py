@@ -128,8 +128,12 @@ def _is_record(path: str) -> bool:
 
 
 def load_watch_log(path: str) -> RunRecord | None:
-    """A `gpuvet watch --log` file as a record holding its time series (None: not a watch log)."""
+    """A `gpuvet watch --log` file as a record (None: not a watch log): its time series, the GPUs
+    its header names (with the facts the plots' reference lines need, where the log has them),
+    the watched time, and the time each GPU spent in each diagnosis as findings. The record says
+    it is a watch log by options["profile"] == "watch" (options["log"]: the file)."""
     from . import watch
+    from .judge.diagnose import watch_findings
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -141,10 +145,59 @@ def load_watch_log(path: str) -> RunRecord | None:
     started = datetime.fromtimestamp(header.get("t0") or 0, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     try:
         series = watch.read_log(path)
-    except (OSError, ValueError, KeyError) as err:
+        machine = _watched_machine(header, series)
+        sessions = _watch_sessions(series)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
         raise CaptureError(f"{path}: a broken watch log ({err})") from None
-    return RunRecord(machine=Machine(source="watch"), started_at=started, series=series,
-                     options={"profile": "watch", "log": path})
+    findings = []
+    for subject in sorted({s["subject"] for s in series if s["name"] == "watch.diagnosis" and s["subject"].startswith("gpu")},
+                          key=_gpu_order):
+        changes = [(s["rows"], sessions[s["t0"]]) for s in series if s["name"] == "watch.diagnosis" and s["subject"] == subject]
+        findings += watch_findings(subject, [([tuple(r) for r in rows], end) for rows, end in changes])
+    return RunRecord(machine=machine, started_at=started, series=series, findings=findings,
+                     duration_s=sum(sessions.values()), options={"profile": "watch", "log": path})
+
+
+def _gpu_order(subject: str) -> tuple[int, str]:
+    digits = subject[3:]
+    return (int(digits), subject) if digits.isdigit() else (1 << 30, subject)
+
+
+def _watch_sessions(series: list[dict[str, Any]]) -> dict[Any, float]:
+    """Each session (by its t0) -> the seconds it covers: the last t any of its rows has."""
+    ends: dict[Any, float] = {}
+    for s in series:
+        last = max((row[0] for row in s["rows"] if isinstance(row[0], (int, float))), default=0.0)
+        ends[s["t0"]] = max(ends.get(s["t0"], 0.0), float(last))
+    return ends
+
+
+def _watched_machine(header: dict[str, Any], series: list[dict[str, Any]]) -> Machine:
+    """The machine as the log's headers describe it: hostname, driver, and each GPU with the facts
+    its header gave (the latest session's, where several sessions name the same GPU)."""
+    from .facts import Driver, Gpu, Host
+
+    gpus: dict[int, Gpu] = {}
+    for s in series:
+        facts, digits = s.get("facts"), s["subject"][3:]
+        if s["name"] != "watch.telemetry" or not facts or not digits.isdigit():
+            continue
+        gpu = Gpu(index=int(digits), name=facts.get("name"), uuid=facts.get("uuid"), memory_total_mib=facts.get("memory_total_mib"))
+        gpu.pcie.bus_id = facts.get("bus_id")
+        gpu.clocks.max_sm_mhz = facts.get("max_sm_mhz")
+        gpu.thermal.slowdown_c = facts.get("slowdown_c")
+        gpu.power.enforced_limit_w = facts.get("power_limit_w")
+        gpu.power.default_limit_w = facts.get("default_power_limit_w")
+        gpu.power.min_limit_w = facts.get("min_power_limit_w")
+        gpu.power.max_limit_w = facts.get("max_power_limit_w")
+        gpus[gpu.index] = gpu
+    host = Host(hostname=header.get("hostname"))
+    host_facts = (header.get("series", {}).get("host") or {}).get("facts") or {}
+    for name, value in host_facts.items():
+        if hasattr(host, name):
+            setattr(host, name, value)
+    return Machine(source="watch", gpus=[gpus[i] for i in sorted(gpus)], host=host,
+                   driver=Driver(version=header.get("driver_version")), gpu_error=header.get("gpu_error"))
 
 
 def load_record(path: str) -> RunRecord:

@@ -16,7 +16,7 @@ from .base import cli
 @click.option("--once", is_flag=True, help="One snapshot, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: the snapshot as JSON.")
 @click.option("--log", "log_path", metavar="FILE", help="Append JSON lines (gpuvet report can plot them later).")
-@click.option("--prometheus", metavar="[HOST:]PORT", help="Serve /metrics for Prometheus (default host 127.0.0.1).")
+@click.option("--prometheus", metavar="[HOST:]PORT", help="Serve /metrics for Prometheus (default host 127.0.0.1; a host alone listens on port 9400, dcgm-exporter's).")
 @click.option("--no-ui", is_flag=True, help="No live view; print a line when a diagnosis changes (servers, containers).")
 def watch_cmd(interval: float, pid: int | None, once: bool, as_json: bool, log_path: str | None,
               prometheus: str | None, no_ui: bool) -> None:

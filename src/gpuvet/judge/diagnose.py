@@ -16,19 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..facts import Gpu
+from ..record import Finding
 from ..telemetry import Sample, summarize
+from .common import FAIL, PASS, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
 from .gpu_sustained import _FAULTS as FAULT_LABELS  # short names of the slowdown reasons
-from .gpu_sustained import DECAY_WARN_PCT, FAULT_SHARE
+from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C
 
 WINDOW_S = 60.0  # "the last minute": smooths NVML's 1/6..1 s utilization periods, still recent
 TREND_WINDOW_S = 600.0  # "slower and slower" compares the first and last fifth of 10 minutes
 MIN_TREND_S = 120.0  # below this, a drift is noise (clocks settle, the job warms up)
+SNAPSHOT_S = 5.0  # a window shorter than this is a snapshot, and its words say so
 
 BUSY_UTIL_PCT = 90.0  # mean utilization of a GPU that is fed well
 IDLE_SHARE_PCT = 25.0  # idle at least this share of the window: something upstream starves the GPU
 NOTHING_RUNS_PCT = 1.0  # mean utilization below this and no process of yours: nothing runs
-CLOCK_HELD_RATIO = 0.80  # busy, SM clock under 80% of max, power to spare: held back by a setting
+# Busy, SM clock under CLOCK_HELD_RATIO of max, power to spare: held back by a setting (the same
+# ratio as the sustained-load check); at HOT_MARGIN_C from slowdown, clocks are being cut.
+HELD_MIN_SPAN_S = 10.0  # a clock is read at an instant: "held" needs readings over this long, not a snapshot
 AT_LIMIT_PCT = 90.0  # mean draw at >= 90% of the enforced limit: the limit binds
 HIDDEN_MIB = 1024  # memory nobody you can see accounts for; idle drivers hold a few hundred MiB
 NEIGHBOUR_UTIL_PCT = 10.0  # utilization on a GPU none of your processes holds
@@ -36,7 +41,6 @@ WORKER_BUSY_PCT = 80.0  # a worker process using >= 80% of a core runs flat out
 CPU_BUSY_PCT = 90.0
 STEAL_PCT = 10.0  # the hypervisor gives your vCPUs' time to others
 IOWAIT_PCT = 10.0
-HOT_MARGIN_C = 3.0  # as gpu.temperature: at the slowdown threshold, clocks are being cut
 TEMP_RISE_C = 5.0
 
 _THERMAL = ("hw_thermal_slowdown", "sw_thermal_slowdown")
@@ -143,9 +147,13 @@ class _Ctx:
 
     @property
     def span(self) -> str:
+        """The time the window covers, in words: a snapshot (`watch --once`: two readings 0.5 s apart)
+        must not read like a minute's diagnosis."""
         span_s = self.summary["duration_s"] or 0.0
         if len(self.recent) < 2:
-            return "the last reading"
+            return "a single reading (a snapshot)"
+        if span_s < SNAPSHOT_S:
+            return f"a {span_s:.1f} s snapshot"
         return "the last minute" if span_s >= 50 else f"the last {span_s:.0f} s"
 
     @property
@@ -306,6 +314,8 @@ def _clocks_held(ctx: _Ctx) -> Diagnosis | None:
     power_pct = ctx.summary["power"]["mean_pct_of_limit"]
     app_clocks = (ctx.shares.get("applications_clocks_setting") or 0) >= 0.5
     if ctx.util is None or ctx.util < BUSY_UTIL_PCT or ctx.sm_ratio is None or ctx.sm_ratio >= CLOCK_HELD_RATIO:
+        return None
+    if (ctx.summary["duration_s"] or 0.0) < HELD_MIN_SPAN_S:
         return None
     if _active(ctx, _THERMAL + _HW_CUT) or power_pct is None or power_pct >= AT_LIMIT_PCT:
         return None  # explained by a slowdown reason, or by the power limit
@@ -500,3 +510,73 @@ def diagnose_job(alive: bool, gpu_diagnoses: dict[int, Diagnosis], processes_lis
     others = tuple(sorted({d.state for i, d in gpu_diagnoses.items()
                            if i != index and d.state not in (worst.state, "ok", "no_data")}, key=SEVERITY.index))
     return Diagnosis(worst.state, f"GPU {index}: {worst.detail}", {"gpu": index, **worst.evidence}, others)
+
+
+# -- a watch log's diagnosis changes as findings ---------------------------------------------------
+
+# What to run when a GPU spent time in a state: the command that confirms the cause (or fixes it).
+WATCH_REMEDIES = {
+    "thermal": "watch clocks and temperature under load: `nvidia-smi -q -d PERFORMANCE,TEMPERATURE`; check airflow and fans "
+               "with the provider",
+    "hw_slowdown": "`nvidia-smi -q -d PERFORMANCE` names the reason; a power brake or HW slowdown is the host's power "
+                   "supply or board: ask the provider",
+    "neighbour": "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv` lists what holds the GPU; another "
+                 "tenant's process is the provider's to explain",
+    "power_capped": "`nvidia-smi -q -d POWER` shows the limit; `sudo nvidia-smi -pl <default W>` restores it where allowed",
+    "clocks_held": "`nvidia-smi -q -d CLOCK` shows application clocks; `sudo nvidia-smi -rac` resets them",
+    "cpu_steal": "`vmstat 1` (the st column) confirms it; a dedicated-CPU instance or another host avoids it",
+    "input_bound": "more DataLoader workers (num_workers), pinned memory, or preprocessing off the training path",
+    "io_bound": "`iostat -x 1` shows the busy device; stage the data on local NVMe or in memory",
+    "slowing": "`gpuvet run --soak-minutes 10` measures the same decay under a known load",
+    "underused": "profile a step (torch.profiler) to see what the GPU waits on: synchronisation, small batches, network",
+}
+WATCH_SOURCE = "gpuvet watch's diagnosis rules (gpuvet/judge/diagnose.py), one diagnosis per GPU each second"
+_NOT_A_PROBLEM = ("ok", "idle", "no_data", "job_gone", "no_gpu")
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def state_durations(sessions: list[tuple[list[tuple[float, str, str]], float]]) -> dict[str, tuple[float, float, str]]:
+    """Seconds in each state from a log's diagnosis changes: per session, (changes [(t, state, text)]
+    in time order, the session's end t); a state lasts until the next change or the end.
+    -> {state: (seconds, first t, first text)}; the first t counts from its session's start."""
+    found: dict[str, tuple[float, float, str]] = {}
+    for changes, end_t in sessions:
+        for (t, state, text), following in zip(changes, list(changes[1:]) + [(end_t, None, None)]):
+            seconds = max(0.0, following[0] - t)
+            before = found.get(state)
+            found[state] = (seconds, t, text) if before is None else (before[0] + seconds, before[1], before[2])
+    return found
+
+
+def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str]], float]]) -> list[Finding]:
+    """A watched GPU's time in each state as findings: a WARN per troubled state ("power-capped 35% of
+    the watched time"), FAIL for heat or a hardware slowdown over FAULT_SHARE of it; PASS when it
+    never left ok / idle. Time before the first diagnosis (no_data) is not counted."""
+    durations = state_durations(sessions)
+    watched = sum(seconds for state, (seconds, _, _) in durations.items() if state != "no_data")
+    if watched <= 0:
+        return []
+    out = []
+    for state in SEVERITY:
+        if state in _NOT_A_PROBLEM or state not in durations or durations[state][0] <= 0:
+            continue
+        seconds, first_t, text = durations[state]
+        share = seconds / watched
+        status = FAIL if state in ("thermal", "hw_slowdown") and share > FAULT_SHARE else WARN
+        out.append(finding(
+            f"watch.{state}", subject, status,
+            f"{LABELS[state]} {100 * share:.0f}% of the watched time ({_minutes(seconds)} of {_minutes(watched)})",
+            measured=f"{_minutes(seconds)} of {_minutes(watched)} watched; first at +{first_t:.0f} s: {text}",
+            expected="ok (or idle) for the whole watch", source=WATCH_SOURCE, remedy=WATCH_REMEDIES.get(state)))
+    if not out:
+        calm = [LABELS[s] for s in ("ok", "idle") if s in durations]
+        out.append(finding("watch.diagnosis", subject, PASS,
+                           f"{' or '.join(calm) or 'ok'} for all {_minutes(watched)} watched",
+                           measured=f"{_minutes(watched)} watched", expected="ok (or idle) for the whole watch",
+                           source=WATCH_SOURCE))
+    return out

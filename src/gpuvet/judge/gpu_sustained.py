@@ -13,6 +13,9 @@ from .common import FAIL, PASS, WARN, Context, finding, subject
 
 DECAY_WARN_PCT, DECAY_FAIL_PCT = 7.0, 15.0
 FAULT_SHARE = 0.05  # a slowdown reason active in more than 5% of the samples is not a blip
+CLOCK_HELD_RATIO = 0.85  # busy, SM clock under 85% of max: held back (watch's diagnosis uses the same)
+HOT_MARGIN_C = 3.0  # this close to the slowdown threshold, clocks are being cut
+HOT_WARN_MARGIN_C = 8.0
 _FAULTS = {
     "hw_slowdown": "HW slowdown",
     "hw_thermal_slowdown": "HW thermal slowdown",
@@ -68,7 +71,7 @@ def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     sm = (telemetry.get("sm_mhz") or {}).get("mean")
     top = gpu.clocks.max_sm_mhz
     power_pct = (telemetry.get("power") or {}).get("mean_pct_of_limit")
-    if not sm or not top or sm >= 0.85 * top:
+    if not sm or not top or sm >= CLOCK_HELD_RATIO * top:
         return []
     shares = telemetry.get("reasons") or {}
     if any((shares.get(r) or 0) > FAULT_SHARE for r in _FAULTS):
@@ -87,9 +90,9 @@ def _heat(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     if hottest is None or slowdown is None:
         return []
     margin = slowdown - hottest
-    if margin <= 3:
+    if margin <= HOT_MARGIN_C:
         return [(FAIL, f"reached {hottest:.0f} C, {margin:.0f} C from slowdown ({slowdown:.0f} C)")]
-    if margin < 8:
+    if margin < HOT_WARN_MARGIN_C:
         return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown")]
     return []
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..facts import Gpu, Machine, to_dict
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
-from .terminal import VERDICT_TEXT, header_line, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
+from .terminal import VERDICT_TEXT, WATCH_VERDICT_TEXT, header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
 
 GIB = 1024**3
 MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
@@ -29,11 +29,12 @@ NO_MATPLOTLIB = "Plots need matplotlib: pip install 'gpuvet[html]' (or pip insta
 
 def render_html(record: RunRecord) -> str:
     plots = render_plots(record)
+    watched = is_watch_log(record)
     sections = [
         _banner(record),
-        _checklist(record),
+        "" if watched else _checklist(record),
         _problems(record.findings),
-        _plots_section(record, plots),
+        _watched_section(record, plots) if watched else _plots_section(record, plots),
         _quiet(record.findings),
         _measurements(record),
         _facts(record.machine),
@@ -81,8 +82,9 @@ def _banner(record: RunRecord) -> str:
     pills = "".join(f'<span class="pill {s}">{counts[s]} {label}</span>'
                     for s, label in ((FAIL, "failed"), (WARN, warnings), (PASS, "passed"), (SKIP, "skipped")))
     lines = "".join(f"<li>{_e(line.strip())}</li>" for line in machine_lines(record.machine) + [options_line(record)] if line)
+    verdict = (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
     return (f'<header class="verdict {record.verdict}" id="verdict">\n'
-            f'<h1>{_e(VERDICT_TEXT[record.verdict])}</h1>\n<p class="pills">{pills}</p>\n'
+            f'<h1>{_e(verdict)}</h1>\n<p class="pills">{pills}</p>\n'
             f'<ul class="machine">{lines}</ul>\n<p class="meta">{_e(header_line(record))}</p>\n</header>')
 
 
@@ -298,7 +300,20 @@ def render_plots(record: RunRecord) -> list[Plot] | None:
          _fact_lines(telemetry, gpus, _slowdown_c, "slowdown", "°C")),
         ("throughput", "Throughput under sustained load", "TFLOPS", _lines(throughput, "tflops"), []),
     ]
+    if is_watch_log(record):
+        host = [_Series.of(s) for s in record.series if s.get("name") == "watch.host"]
+        charts = [("utilization", "GPU utilization", "utilization (%)", _lines(telemetry, "util_pct"), [])] + charts[:3] + [
+            ("host_cpu", "Host CPU: busy, steal and IO wait", "% of all CPUs", _host_lines(host), [])]
     return [plot for plot in (_chart(*chart) for chart in charts) if plot]
+
+
+def _host_lines(host: list[_Series]) -> list[_Line]:
+    """The host's CPU busy, steal and IO-wait shares, one line each (sessions of a log one after another)."""
+    lines = []
+    for column, label in (("cpu_pct", "CPU busy"), ("steal_pct", "steal"), ("iowait_pct", "iowait")):
+        for line in _lines(host, column):
+            lines.append(_Line(label, line.t, line.y))
+    return lines
 
 
 def _number(value: Any) -> float:
@@ -434,7 +449,51 @@ CAPTIONS = {
                 "a slowdown.",
     "temperature": "GPU temperature; dashed: where the GPU starts slowing itself down.",
     "throughput": "Work done per window of the sustained matmul load; a falling line is heat or power soaking in.",
+    "utilization": "Share of time a kernel ran on each GPU (NVML). Dips while the job runs are time the GPU waited: "
+                   "for input, the CPU, storage or other GPUs.",
+    "host_cpu": "The host's CPUs: busy, taken by the hypervisor (steal) and waiting on storage (iowait). Steal or iowait "
+                "rising when utilization dips names the bottleneck.",
 }
+
+
+def _watched_section(record: RunRecord, plots: list[Plot] | None) -> str:
+    """A watch log: the plots of the watched time, and each diagnosis change."""
+    head = '<section id="plots"><h2>Watched job</h2>'
+    log = record.options.get("log")
+    note = (f'<p class="note">Recorded by <code>gpuvet watch --log {_e(log)}</code>; times count from the start of '
+            "each watch session.</p>") if log else ""
+    if plots is None:
+        figures = f'<p class="note">{_e(NO_MATPLOTLIB)}</p>'
+    elif not plots:
+        figures = '<p class="note">The log holds no readings to plot.</p>'
+    else:
+        figures = "\n".join(f'<figure class="plot" id="plot-{p.key}">{p.svg}<figcaption>{_e(CAPTIONS[p.key])}</figcaption></figure>'
+                            for p in plots)
+    return f"{head}\n{note}\n{figures}\n{_diagnosis_changes(record)}\n</section>"
+
+
+def _diagnosis_changes(record: RunRecord) -> str:
+    from ..judge.diagnose import LABELS
+
+    rows = []
+    for s in record.series:
+        if s.get("name") != "watch.diagnosis":
+            continue
+        for row in s.get("rows") or []:
+            if len(row) != 3 or row[1] == "no_data":
+                continue
+            t, state, text = row
+            rows.append((s.get("t0") or 0, _number(t), str(s.get("subject")), state, text))
+    if not rows:
+        return '<h3 id="diagnosis-changes">Diagnosis changes</h3><p class="note">The log records no diagnosis.</p>'
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    body = "".join(f'<tr class="state-{_e(state)}"><td class="num">+{t:.0f} s</td><td>{_e(subject)}</td>'
+                   f"<td>{_e(LABELS.get(state, state))}</td><td>{_e(text)}</td></tr>"
+                   for _, t, subject, state, text in rows)
+    return ('<h3 id="diagnosis-changes">Diagnosis changes</h3><p class="note">Each line: the moment a subject\'s diagnosis '
+            "changed; it holds until that subject's next line.</p>"
+            f"<table><thead><tr><th>Time</th><th>Subject</th><th>State</th><th>What was seen</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>")
 
 
 def _plots_section(record: RunRecord, plots: list[Plot] | None) -> str:

@@ -26,9 +26,22 @@ VERDICT_TEXT = {FAIL: "FAIL: something is wrong with this machine", WARN: "WARN:
                 PASS: "PASS: nothing wrong found"}
 
 
+def is_watch_log(record: RunRecord) -> bool:
+    """A record made of a `gpuvet watch --log` file (runner.load_watch_log): readings of a running
+    job, not a vetting run, so the acceptance checklist has nothing to tick."""
+    return record.options.get("profile") == "watch"
+
+
+# A watch log judges what the watched GPUs went through, not the machine as a whole.
+WATCH_VERDICT_TEXT = {FAIL: "FAIL: the platform slowed the watched job (heat or a hardware slowdown)",
+                      WARN: "WARN: the watched job was held back part of the time",
+                      PASS: "PASS: the watched GPUs stayed ok"}
+
+
 def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
     _header(record, console)
-    _checklist(record, console)
+    if not is_watch_log(record):
+        _checklist(record, console)
     _problems(record.findings, console)
     if verbose:
         _passes_and_skips(record.findings, console, verbose)
@@ -254,7 +267,8 @@ def status_counts(record: RunRecord) -> dict[str, int]:
 
 def verdict_line(record: RunRecord) -> str:
     counts = status_counts(record)
-    return (f"{VERDICT_TEXT[record.verdict]}  ({counts[FAIL]} failed, {counts[WARN]} warnings, "
+    text = (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
+    return (f"{text}  ({counts[FAIL]} failed, {counts[WARN]} warnings, "
             f"{counts[PASS]} passed, {counts[SKIP]} skipped)")
 
 

@@ -25,11 +25,17 @@ class GpuExtrasReader:
         self.unavailable: dict[int, dict[str, str]] = {i: {} for i in gpus}
         self._nvlink_last: dict[int, tuple[float, int, int]] = {}
         self._handles: dict[int, Any] = {}
+        self._minor: dict[int, int] = {}
         for index in gpus:
             try:
                 self._handles[index] = nvml.pynvml.nvmlDeviceGetHandleByIndex(index)
             except Exception as err:
                 self.unavailable[index]["gpu"] = nvml._reason(err)
+                continue
+            try:
+                self._minor[index] = int(nvml.pynvml.nvmlDeviceGetMinorNumber(self._handles[index]))
+            except Exception:
+                pass  # the exporter names the device by its index instead
 
     def read_all(self) -> dict[int, tuple[GpuExtras, list[GpuProcess] | None]]:
         return {index: self._read(index, handle) for index, handle in self._handles.items()}
@@ -57,11 +63,16 @@ class GpuExtrasReader:
             if processes is None and "processes" in holder.unavailable:
                 self.unavailable[index]["processes"] = holder.unavailable["processes"]
         extras.unavailable = dict(self.unavailable[index])
+        extras.minor_number = self._minor.get(index)
         return extras, processes
 
     def _nvlink(self, index: int, handle: Any) -> tuple[float | None, float | None]:
         """Bytes/s over the GPU's active NVLinks, from NVML's cumulative KiB counters."""
-        links = [link.link for link in self.gpus[index].nvlinks or [] if link.active]
+        gpu = self.gpus[index]
+        if gpu.nvlinks is None:  # the facts probe could not list them: say so once, in place of a rate
+            self.unavailable[index].setdefault("nvlink", "links not listed: " + gpu.unavailable.get("nvlinks", "not read at start"))
+            return None, None
+        links = [link.link for link in gpu.nvlinks if link.active]
         if not links:
             return None, None
         p = nvml.pynvml

@@ -46,9 +46,11 @@ class HostReader:
     def __init__(self, job_pid: int | None = None, processes: ProcessTable | None = None):
         self.job_pid = job_pid
         self.processes = processes or ProcessTable()
-        self._cpu = psutil.cpu_times()
-        self._disk = self._disk_bytes()
-        self._net = self._net_bytes()
+        # No baseline yet: the first read() only takes one (its CPU shares and rates are None), so no
+        # reading covers the milliseconds of gpuvet's own start-up (it read "CPU 100%").
+        self._cpu: Any = None
+        self._disk: tuple[int, int] | None = None
+        self._net: tuple[int, int] | None = None
         self._job_io: dict[int, tuple[int, int, int]] = {}  # pid -> (start, read, write)
         self._psutil: dict[int, tuple[int, psutil.Process]] = {}  # for the few processes asked about
         self._users: dict[tuple[int, int], str | None] = {}
@@ -145,7 +147,7 @@ class HostReader:
         now = time.monotonic()
         seconds = now - self._last_t
         cpu, disk, net = psutil.cpu_times(), self._disk_bytes(), self._net_bytes()
-        busy, steal, iowait = cpu_shares(self._cpu, cpu) or (None, None, None)
+        busy, steal, iowait = (cpu_shares(self._cpu, cpu) if self._cpu is not None else None) or (None, None, None)
         workers = self.workers(roots)
         memory = psutil.virtual_memory()
         reading = HostReading(

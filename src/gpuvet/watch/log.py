@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .. import __version__
-from ..facts import Gpu
+from ..facts import Gpu, Host
 from ..judge.diagnose import Diagnosis
 from ..telemetry import COLUMNS, to_series
 from .snapshot import GpuView, Snapshot
@@ -19,6 +19,22 @@ from .snapshot import GpuView, Snapshot
 LOG_SCHEMA = "gpuvet.watch/1"
 HOST_COLUMNS = ("t", "cpu_pct", "steal_pct", "iowait_pct", "mem_used_bytes", "disk_read_bps", "disk_write_bps",
                 "net_rx_bps", "net_tx_bps", "workers", "workers_cpu_pct")
+JOB_COLUMNS = ("t", "alive", "processes", "cpu_pct", "read_bps", "write_bps", "gpus")  # gpus: "0,1"
+
+
+def host_facts(host: Host | None) -> dict[str, Any]:
+    h = host or Host()
+    return {"cpu_model": h.cpu_model, "cpu_logical_cores": h.cpu_logical_cores, "cpu_usable_cores": h.cpu_usable_cores,
+            "memory_total_bytes": h.memory_total_bytes, "hypervisor": h.hypervisor, "container": h.container, "cloud": h.cloud}
+
+
+def gpu_facts(gpu: Gpu) -> dict[str, Any]:
+    """What a report of the log needs to know of a GPU besides its readings: the reference lines
+    of its plots (max SM clock, slowdown temperature, power limits) and its name."""
+    return {"name": gpu.name, "uuid": gpu.uuid, "bus_id": gpu.pcie.bus_id, "memory_total_mib": gpu.memory_total_mib,
+            "max_sm_mhz": gpu.clocks.max_sm_mhz, "slowdown_c": gpu.thermal.slowdown_c,
+            "power_limit_w": gpu.power.enforced_limit_w, "default_power_limit_w": gpu.power.default_limit_w,
+            "min_power_limit_w": gpu.power.min_limit_w, "max_power_limit_w": gpu.power.max_limit_w}
 
 
 # -- JSON ------------------------------------------------------------------------------------------
@@ -80,27 +96,34 @@ class WatchLog:
     the header's t0), so the report plots a watch log like a benchmark's telemetry. A file that
     already holds a watch log gets a new session appended; any other existing file is refused."""
 
-    def __init__(self, path: str, interval_s: float, gpus: list[tuple[int, Gpu]], hostname: str):
+    def __init__(self, path: str, interval_s: float, gpus: list[tuple[int, Gpu]], hostname: str,
+                 job_pid: int | None = None, driver_version: str | None = None, gpu_error: str | None = None,
+                 host: Host | None = None):
         self.path = path
         self.t0 = time.time()
         self._file = open(path, "a", encoding="utf-8")
         self._last_t: dict[int, float] = {}
         self._states: dict[str, str] = {}
+        series: dict[str, Any] = {
+            f"gpu{i}": {"name": "watch.telemetry", "columns": list(COLUMNS), "gpu": g.name, "uuid": g.uuid, "facts": gpu_facts(g)}
+            for i, g in gpus}
+        series["host"] = {"name": "watch.host", "columns": list(HOST_COLUMNS), "facts": host_facts(host)}
+        if job_pid is not None:
+            series["job"] = {"name": "watch.job", "columns": list(JOB_COLUMNS), "pid": job_pid}
         header = {
             "schema": LOG_SCHEMA,
             "kind": "header",
             "gpuvet": __version__,
             "hostname": hostname,
+            "driver_version": driver_version,
+            "gpu_error": gpu_error,  # why GPUs are missing (no driver, NVML failed)
             "t0": self.t0,
             "interval_s": interval_s,
-            "series": {
-                **{f"gpu{i}": {"name": "watch.telemetry", "columns": list(COLUMNS), "gpu": g.name, "uuid": g.uuid}
-                   for i, g in gpus},
-                "host": {"name": "watch.host", "columns": list(HOST_COLUMNS)},
-            },
+            "series": series,
             "note": "rows of each subject use the columns named here, as telemetry.to_series writes them: "
                     "t is seconds since t0; {\"subject\", \"diagnosis\"} lines record diagnosis changes; "
-                    "gpuvet.watch.read_log() turns this file into run-record series",
+                    "a GPU's \"facts\" are read once at start; gpuvet.watch.read_log() turns this file into "
+                    "run-record series",
         }
         self._write(header)
 
@@ -135,6 +158,11 @@ class WatchLog:
             self._last_t[-1] = snap.host.t
             row = [round(snap.host.t - self.t0, 3)] + [_round(getattr(snap.host, c)) for c in HOST_COLUMNS[1:]]
             self._write({"subject": "host", "row": row})
+            if snap.job is not None:  # read with the host, once a second
+                job = snap.job
+                self._write({"subject": "job", "row": [row[0], job.alive, job.processes, _round(job.cpu_pct),
+                                                        _round(job.read_bps), _round(job.write_bps),
+                                                        ",".join(map(str, job.gpus))]})
         if snap.job_diagnosis is not None:
             self._diagnosis("job", snap.job_diagnosis, snap.t)
         self._file.flush()
@@ -151,7 +179,9 @@ class WatchLog:
 
 def read_log(path: str) -> list[dict[str, Any]]:
     """A watch log -> series like telemetry.to_series makes ({"name", "subject", "interval_s", "t0",
-    "columns", "rows"}), one per subject and session, plus a "watch.diagnosis" series (t, state, text)."""
+    "columns", "rows"}), one per subject and session, plus a "watch.diagnosis" series (t, state, text).
+    A GPU's series also holds the facts its header gave ("facts": gpu_facts(), or its name and uuid
+    in logs written before the facts were)."""
     series: list[dict[str, Any]] = []
     session: dict[str, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as f:
@@ -164,6 +194,8 @@ def read_log(path: str) -> list[dict[str, Any]]:
                 for subject, spec in obj["series"].items():
                     session[subject] = {"name": spec["name"], "subject": subject, "interval_s": obj["interval_s"],
                                         "t0": obj["t0"], "columns": spec["columns"], "rows": []}
+                    if spec.get("facts") or spec.get("gpu"):  # older logs: the name alone
+                        session[subject]["facts"] = spec.get("facts") or {"name": spec.get("gpu"), "uuid": spec.get("uuid")}
                     series.append(session[subject])
                 continue
             subject = obj.get("subject")

@@ -80,7 +80,7 @@ def run_loop(monitor: Monitor, outputs: _Outputs, console: Console | None, keys:
             snap = monitor.tick()
             outputs.publish(snap)
             if live is not None:
-                live.update(render(snap, interactive=keys.fd is not None), refresh=True)
+                live.update(render(snap, interactive=keys.fd is not None, screen=True), refresh=True)
             if max_ticks is not None and snap.tick >= max_ticks:
                 return
             next_tick = _next_tick(next_tick, time.monotonic(), monitor.interval_s)
@@ -99,10 +99,13 @@ def _once(monitor: Monitor, as_json: bool, console: Console, outputs: _Outputs) 
     snap = monitor.tick()
     outputs.publish(snap)
     if as_json:
-        console.file.write(json.dumps(snapshot_to_dict(snap), indent=2, allow_nan=False) + "\n")
+        data = {**snapshot_to_dict(snap), "snapshot_s": ONCE_GAP_S}
+        console.file.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
         console.file.flush()
     else:
         console.print(render(snap, interactive=False))
+        console.print(f"A {ONCE_GAP_S:g} s snapshot: two readings, so the diagnoses above are a first look; "
+                      "`gpuvet watch` diagnoses over a sliding minute.", style="dim")
 
 
 def _error(message: str) -> int:
@@ -150,7 +153,9 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
     try:
         monitor.start()
         if log_path:
-            outputs.log = WatchLog(log_path, interval_s, sorted(monitor._facts.items()), monitor.hostname)
+            outputs.log = WatchLog(log_path, interval_s, sorted(monitor._facts.items()), monitor.hostname,
+                                   job_pid=pid, driver_version=monitor.machine.driver.version,
+                                   gpu_error=monitor.gpu_error, host=monitor.machine.host)
         if prometheus:
             from ..exporter import Exporter, parse_listen
 

@@ -3,6 +3,7 @@ building of each tick's Snapshot with its diagnoses."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -157,8 +158,7 @@ class Monitor:
                 pid=p.pid, name=os.path.basename(p.name) if p.name else (names[0] if visible else None),
                 user=self.host_reader.user_of(p.pid) if visible else None, used_mib=p.used_memory_mib,
                 visible=visible, in_job=(p.pid in self._job_tree) if self.pid is not None else None))
-        return GpuExtras(extras.pcie_tx_kbs, extras.pcie_rx_kbs, extras.nvlink_tx_bps, extras.nvlink_rx_bps,
-                         views, extras.unavailable)
+        return dataclasses.replace(extras, processes=views)
 
     def _diagnose(self) -> None:
         following = self.pid is not None

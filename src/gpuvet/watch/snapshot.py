@@ -34,6 +34,7 @@ class GpuExtras:
     nvlink_rx_bps: float | None = None
     processes: list[ProcessView] | None = None  # None: NVML cannot list them here
     unavailable: dict[str, str] = field(default_factory=dict)
+    minor_number: int | None = None  # /dev/nvidiaN (dcgm-exporter's "device" label), read once
 
 
 @dataclass

@@ -10,12 +10,17 @@ for the next frames while the line stays the same). Rich Text objects built, wra
 for every line of every frame were ~80% of a frame's cost (~1 ms per GPU block); what is left is
 mostly rich Live's own pass over the screen (splitting, padding, writing: ~1.5 ms for 8 GPUs).
 tests/test_watch.py checks that every line looks exactly as rich draws the Text it stands for.
+
+On a full screen (rich Live) the frame fits the console's height: when the full blocks need more
+rows than it has, a compact layout takes their place (one row per GPU under column names, its
+diagnosis on the next row or after the numbers; the job and host blocks whole), and GPUs that
+still do not fit are counted on a "+N more GPUs (enlarge the window)" row, never dropped unseen.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -113,17 +118,35 @@ _SLOW_KEEP = 512
 
 
 class _Frame:
-    """The whole view: its lines, turned into Segments when rich asks (see the module's note)."""
+    """The whole view: its lines, turned into Segments when rich asks (see the module's note).
 
-    def __init__(self, lines: list[_Line]):
+    `fit(height)`: the lines of a layout for a screen of `height` rows, used when `lines` would
+    take more rows than the console has (options.size: rich hands a Group's items no height);
+    without `fit` (a plain print) every line is printed."""
+
+    def __init__(self, lines: list[_Line], fit: Callable[[int], list[_Line]] | None = None):
         self.lines = lines
+        self.fit = fit
 
     def __rich_console__(self, console: Any, options: Any) -> Iterator[Segment | Text]:
         width = options.max_width
         # Console.print's own justify / overflow / no_wrap (the view never passes them) are left to rich.
         plain_options = width >= 1 and options.justify in (None, "default") and not options.no_wrap and options.overflow is None
+        height = options.size.height
+        if self.fit is None or not plain_options or not height:
+            yield from self._segments(self.lines, console, options, plain_options)
+            return
+        if len(self.lines) <= height:  # each line takes a row at least: more lines than rows never fit
+            drawn = list(self._segments(self.lines, console, options, True))
+            if sum(segment.text.count("\n") for segment in drawn) <= height:
+                yield from drawn
+                return
+        yield from self._segments(self.fit(height), console, options, True)
+
+    def _segments(self, lines: list[_Line], console: Any, options: Any, plain_options: bool) -> Iterator[Segment | Text]:
+        width = options.max_width
         new_line = Segment.line()
-        for line in self.lines:
+        for line in lines:
             cut = self._cut(line, width) if plain_options else None
             if cut is None:
                 yield from self._by_rich(line, console, options, plain_options)
@@ -216,21 +239,39 @@ def _gpu_lines(view: GpuView, out: list[_Line]) -> None:
             temp += f", {margin:.0f} C to slowdown"
         out.append(_row("power", (f"{power}   temp {temp}", "")))
         memory = f"{_gib(s.mem_used_mib)} of {_gib(f.memory_total_mib)}" if f.memory_total_mib else _gib(s.mem_used_mib)
-        link = f"Gen{s.pcie_gen} x{s.pcie_width}" if s.pcie_gen and s.pcie_width else "link -"
-        pcie = f"PCIe {link} tx {_bps(e.pcie_tx_kbs and e.pcie_tx_kbs * 1000)} rx {_bps(e.pcie_rx_kbs and e.pcie_rx_kbs * 1000)}"
-        nvlink = f"   NVLink tx {_bps(e.nvlink_tx_bps)} rx {_bps(e.nvlink_rx_bps)}" if e.nvlink_tx_bps is not None else ""
-        out.append(_row("memory", (f"{memory}   {pcie}{nvlink}", "")))
+        out.append(_row("memory", (f"{memory}   {_pcie_words(view)}{_nvlink_words(view)}", "")))
         out.append(_row("reasons", *_reasons_pieces(s.reasons, view.reasons)))
     out.append(_row("procs", *_processes_pieces(e)))
     out.append(_diagnosis_line(view.diagnosis))
 
 
-def _reasons_pieces(mask: int | None, names: list[str] | None) -> tuple[Piece, ...]:
+def _pcie_words(view: GpuView) -> str:
+    s, e = view.sample, view.extras
+    link = f"Gen{s.pcie_gen} x{s.pcie_width}" if s.pcie_gen and s.pcie_width else "link -"
+    why = e.unavailable.get("pcie_tx") or e.unavailable.get("pcie_rx")
+    if why:
+        return f"PCIe {link} throughput n/a ({why})"
+    return f"PCIe {link} tx {_bps(e.pcie_tx_kbs and e.pcie_tx_kbs * 1000)} rx {_bps(e.pcie_rx_kbs and e.pcie_rx_kbs * 1000)}"
+
+
+def _nvlink_words(view: GpuView) -> str:
+    """NVLink throughput, or why there is none: NVML cannot give it, or no link is active."""
+    e, links = view.extras, view.facts.nvlinks
+    if "nvlink" in e.unavailable:
+        return f"   NVLink n/a ({e.unavailable['nvlink']})"
+    if e.nvlink_tx_bps is not None:
+        return f"   NVLink tx {_bps(e.nvlink_tx_bps)} rx {_bps(e.nvlink_rx_bps)}"
+    if not any(link.active for link in links or []):
+        return "   NVLink none active"  # the facts list no active link ([]: none at all)
+    return "   NVLink tx - rx - (first rate in a second)"
+
+
+def _reasons_pieces(mask: int | None, names: list[str] | None, with_mask: bool = True) -> tuple[Piece, ...]:
     if mask is None:
         return (("not reported", "dim"),)
     if not names:
         return (("none", "green"),)
-    return ((f"0x{mask:x} = ", ""),) + tuple(
+    return ((f"0x{mask:x} = ", ""),) * with_mask + tuple(
         ((" | " if i else "") + name, "red" if name in _FAULT_REASONS else "yellow") for i, name in enumerate(names))
 
 
@@ -266,31 +307,118 @@ def _host_lines(h: HostReading | None, hostname: str, out: list[_Line]) -> None:
         out.append(_row("workers", ("no DataLoader-like worker busy", "dim")))
 
 
+def _printable(text: str) -> str:
+    """A process's own words (its name, its arguments) on one row: control characters as "?"."""
+    return text if text.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
 def _job_lines(job: JobReading, d: Diagnosis | None, out: list[_Line]) -> None:
-    out.append(_title(f"job {job.pid} {job.name or ''}", "magenta"))
+    out.append(_title(_printable(f"job {job.pid} {job.name or ''}"), "magenta"))
     if not job.alive:
         out.append(_row("", (f"process {job.pid} is not running", "dim")))
     else:
-        out.append(_row("command", (job.cmdline or job.name or "", "")))
+        out.append(_row("command", (_printable(job.cmdline or job.name or ""), "")))
         out.append(_row("tree", (f"{job.processes} process(es)   CPU {_num(job.cpu_pct, unit='%')}   read {_bps(job.read_bps)} "
                                  f"write {_bps(job.write_bps)}   GPUs {', '.join(map(str, job.gpus)) or 'none'}", "")))
     if d is not None:
         out.append(_diagnosis_line(d))
 
 
-def render(snap: Snapshot, interactive: bool = True) -> _Frame:
+def _header(snap: Snapshot, interactive: bool) -> _Line:
     clock = time.strftime("%H:%M:%S", time.localtime(snap.t))
     head = (f"gpuvet watch · {snap.hostname} · {len(snap.gpus)} GPU(s) · every {snap.interval_s:g} s · "
             f"tick {snap.tick} · {clock}", "")
-    lines = [_Line((head, ("   q quits", "dim")) if interactive else (head,), base="bold")]
+    return _Line((head, ("   q quits", "dim")) if interactive else (head,), base="bold")
+
+
+def _gpu_error_lines(snap: Snapshot, out: list[_Line]) -> None:
+    if snap.gpu_error:
+        words = "no GPU data: " if not snap.gpus else "some GPUs are not shown: "
+        tail = "; the host part still works" if not snap.gpus else ""
+        out.append(_title("GPUs", "yellow"))
+        out.append(_Line(((f"  {words}{snap.gpu_error}{tail}", ""),)))
+
+
+def render(snap: Snapshot, interactive: bool = True, screen: bool = False) -> _Frame:
+    """The view of one snapshot. `screen`: drawn on a full screen (rich Live), so fitted to the
+    console's height: a compact layout when the full blocks would not fit (see _compact)."""
+    lines = [_header(snap, interactive)]
     if snap.job is not None:
         _job_lines(snap.job, snap.job_diagnosis, lines)
     for g in snap.gpus:
         _gpu_lines(g, lines)
-    if snap.gpu_error:
-        words = "no GPU data: " if not snap.gpus else "some GPUs are not shown: "
-        tail = "; the host part still works" if not snap.gpus else ""
-        lines.append(_title("GPUs", "yellow"))
-        lines.append(_Line(((f"  {words}{snap.gpu_error}{tail}", ""),)))
+    _gpu_error_lines(snap, lines)
     _host_lines(snap.host, snap.hostname, lines)
-    return _Frame(lines)
+    return _Frame(lines, fit=(lambda height: _compact(snap, interactive, height)) if screen else None)
+
+
+# -- the compact layout: a screen too short for the full blocks ------------------------------------
+
+def _one_row(line: _Line) -> _Line:
+    """The line cut with "…" at the screen's edge instead of wrapped: exactly one row."""
+    return line if line.fill is not None else line._replace(no_wrap=True, overflow="ellipsis")
+
+
+_COMPACT_COLUMNS = f"{'':6}{'util':>5}{'SM/max':>10}{'power/limit':>13}{'temp':>6}{'margin':>8}  {'memory':<12}  "
+
+
+def _compact_gpu(view: GpuView, inline: bool) -> list[_Line]:
+    """One row per GPU under _COMPACT_COLUMNS: utilization, SM clock % of max, power % of the limit,
+    temperature and its margin to slowdown, memory, reasons; the diagnosis on the next row, or in
+    place of the reasons when `inline` (it names the reasons that matter)."""
+    s, f = view.sample, view.facts
+    pieces: list[Piece] = [(f"GPU {view.index:<2}", "bold cyan")]
+    if s is None:
+        pieces.append(("  waiting for the first reading", "dim"))
+    else:
+        sm = f"{100 * view.sm_ratio:.0f}%" if view.sm_ratio else _num(s.sm_mhz, unit=" MHz")
+        power = f"{100 * view.power_ratio:.0f}%" if view.power_ratio is not None else _num(s.power_w, unit=" W")
+        margin = view.slowdown_margin_c
+        used = "-" if s.mem_used_mib is None else f"{s.mem_used_mib / 1024:.1f}"
+        memory = f"{used}/{f.memory_total_mib / 1024:.0f} GiB" if f.memory_total_mib else _gib(s.mem_used_mib)
+        pieces.append((f"{_num(s.util_pct, unit='%'):>5}{sm:>10}{power:>13}{_num(s.temp_c, unit=' C'):>6}"
+                       f"{_num(margin, unit=' C'):>8}  {memory:<12}  ", ""))
+        if not inline:
+            pieces.extend(_reasons_pieces(s.reasons, view.reasons, with_mask=False))
+    d = view.diagnosis
+    if inline:
+        pieces += [("→ ", "bold"), (d.text, "bold " + _STATE_STYLE.get(d.state, ""))]
+        return [_Line(tuple(pieces), no_wrap=True, overflow="ellipsis")]
+    return [_Line(tuple(pieces), no_wrap=True, overflow="ellipsis"), _one_row(_diagnosis_line(d))]
+
+
+def _columns(inline: bool) -> _Line:
+    return _Line(((_COMPACT_COLUMNS + ("diagnosis" if inline else "reasons"), "dim"),), no_wrap=True, overflow="ellipsis")
+
+
+def _more_gpus(hidden: list[GpuView]) -> _Line:
+    counts: dict[str, int] = {}
+    for view in hidden:
+        counts[view.diagnosis.label] = counts.get(view.diagnosis.label, 0) + 1
+    states = ", ".join(f"{label} ×{n}" for label, n in counts.items())
+    return _Line(((f"  +{len(hidden)} more GPUs (enlarge the window): {states}", "yellow"),), no_wrap=True, overflow="ellipsis")
+
+
+def _compact(snap: Snapshot, interactive: bool, height: int) -> list[_Line]:
+    """The view in `height` rows: the header, the job and host blocks and the GPUs' diagnoses
+    always; the GPUs one or two rows each; those that still do not fit (the least troubled first)
+    counted on a "+N more GPUs" row."""
+    head = [_one_row(_header(snap, interactive))]
+    if snap.job is not None:
+        _job_lines(snap.job, snap.job_diagnosis, head)
+    tail: list[_Line] = []
+    _gpu_error_lines(snap, tail)
+    _host_lines(snap.host, snap.hostname, tail)
+    head, tail = [_one_row(line) for line in head], [_one_row(line) for line in tail]
+    if not snap.gpus:
+        return head + tail
+    head.append(_title("GPUs · compact: enlarge the window for the full view", "cyan"))
+    room = height - len(head) - len(tail) - 1  # - the columns' row
+    for inline in (False, True):
+        rows = [line for view in snap.gpus for line in _compact_gpu(view, inline)]
+        if len(rows) <= room:
+            return head + [_columns(inline)] + rows + tail
+    shown = sorted(snap.gpus, key=lambda v: (diagnose.SEVERITY.index(v.diagnosis.state), v.index))[:max(0, room - 1)]
+    hidden = [v for v in snap.gpus if v not in shown]
+    rows = [_columns(True)] + [line for view in sorted(shown, key=lambda v: v.index) for line in _compact_gpu(view, True)]
+    return head + rows + [_more_gpus(hidden)] + tail
