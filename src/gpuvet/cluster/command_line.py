@@ -4,6 +4,7 @@ finish."""
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 from typing import Any
@@ -73,12 +74,41 @@ def _benchmark_names() -> tuple[str, ...]:
 def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], no_cross: bool, **values: Any) -> None:
     """Vet every node of a multi-node job at once (one process per node, from torchrun or srun),
     measure the network between the nodes, and name the stragglers."""
+    try:
+        expected = expand_hostlist(nodes) if nodes else []
+    except LaunchError as err:
+        click.echo(f"gpuvet cluster: --nodes {nodes}: {err}", err=True)
+        sys.exit(EXIT_USAGE)
     if show_launch:
-        click.echo(print_launch())
+        click.echo(print_launch(options=given_options(click.get_current_context()), nodes=expected,
+                                join_timeout_s=values["join_timeout"]))
         return
-    options = Options(benchmarks=list(benchmarks) or None, cross=not no_cross,
-                      nodes=expand_hostlist(nodes) if nodes else [], **values)
+    options = Options(benchmarks=list(benchmarks) or None, cross=not no_cross, nodes=expected, **values)
     finish(main(options))
+
+
+# Not passed on by --print-launch: each node has its own name.
+_NOT_PASSED_ON = ("show_launch", "node_name")
+
+
+def given_options(ctx: click.Context) -> list[str]:
+    """The options given on this command line, written out again (quoted) for every node."""
+    from click.core import ParameterSource
+
+    words: list[str] = []
+    for param in ctx.command.params:
+        if param.name in _NOT_PASSED_ON or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        if getattr(param, "is_flag", False):
+            if value:
+                words.append(param.opts[0])
+            elif getattr(param, "secondary_opts", None):
+                words.append(param.secondary_opts[0])  # --on-demand
+            continue
+        for item in value if getattr(param, "multiple", False) else [value]:
+            words += [param.opts[0], shlex.quote(f"{item:g}" if isinstance(item, float) else str(item))]
+    return words
 
 
 def finish(code: int) -> None:

@@ -13,7 +13,7 @@ import click
 
 from ..judge.cluster import FAILED, MISSING
 from ..record import FAIL
-from .node import EXIT_FAIL, EXIT_OK, Node
+from .node import EXIT_FAIL, EXIT_OK, Node, verdict_words
 from .plan import Plan, make_plan
 from .record import cluster_record, cross_measurements, node_entries, write_atomically
 from .rendezvous import POLL_S
@@ -39,6 +39,7 @@ class Coordinator:
         outcome = node.vet()
         node.post_vet(outcome)
         if outcome.error is None:
+            node.say(f"local {verdict_words(node)}")
             node.post_ready()
         else:
             node.say(outcome.error)
@@ -99,6 +100,7 @@ class Coordinator:
 
         o, nodes = self.options, self.roster.nodes
         self.roster.poll()
+        absent = self.roster.settle_names()
         unique_names(nodes)
         if self.plan:
             self.plan.names = [self.roster.nodes[r].name for r in self.plan.members]
@@ -106,7 +108,7 @@ class Coordinator:
         shipped = dict(zip(with_records, self.rv.get_packed_many([f"record/{r}" for r in with_records])))
         records = {r: s["record"] for r, s in shipped.items()}
         saved = {r: s.get("saved_run") for r, s in shipped.items()}
-        entries = node_entries(nodes, records, saved)
+        entries = node_entries(nodes, records, saved, absent)
         measurements = cross_measurements(self.plan, nodes, self.skipped)
         record = cluster_record(self.node.launch, o, self.node.started_at, time.monotonic() - self.node.started,
                                 entries, self.plan, measurements)

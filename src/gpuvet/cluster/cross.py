@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from .cross_rank import CHILD_GRACE_S, CrossRankConfig, run_rank, transfer_step
+from .cross_rank import CHILD_GRACE_S, FINISHED, CrossRankConfig, run_rank, transfer_step
 from .launch import Launch, interface_towards
 from .options import Options
 from .plan import Plan
@@ -195,4 +195,6 @@ def combine_rank_reports(plan: Plan, member: int, reports: list[dict[str, Any]],
             if failed:
                 ring.append({"round": index, "src_member": src_member, "error": failed["error"]})
     rows = next((r["allreduce"]["rows"] for r in reports if r.get("allreduce")), None)
-    return {"allreduce": rows, "ring": ring, "errors": errors, "aborted": aborted}
+    # Every rank's last step: when the phase stops, rank 0 compares them to name the node behind.
+    steps = [FINISHED if r.get("finished") else r.get("step") for r in reports]
+    return {"allreduce": rows, "ring": ring, "errors": errors, "aborted": aborted, "steps": steps}

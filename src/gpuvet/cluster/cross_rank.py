@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -182,3 +183,26 @@ def _ring_round(plan: Plan, config: CrossRankConfig, index: int, ring: list[int]
 
 def transfer_step(index: int) -> str:
     return f"ring round {index + 1}: transfer"
+
+
+FINISHED = "finished"
+_RING_STEP = re.compile(r"ring round (\d+): (barrier|transfer)")
+
+
+def step_progress(step: str | None) -> tuple[int, ...]:
+    """How far a rank got, comparable across ranks: in a collective every rank waits for the last
+    one, so the ranks furthest behind are those that held the others up."""
+    if step == FINISHED:
+        return (9,)
+    if step == "teardown":
+        return (8,)
+    ring = _RING_STEP.fullmatch(step or "")
+    if ring:
+        return (7, int(ring.group(1)), ring.group(2) == "transfer")
+    if (step or "").startswith("all-reduce of "):
+        size = (step or "").split()[2]
+        return (6, int(size) if size.isdigit() else 0)
+    return (_EARLY_STEPS.get(step or "", 0),)
+
+
+_EARLY_STEPS = {"starting Python": 1, "starting": 2, "importing torch": 3, "init_process_group": 4}

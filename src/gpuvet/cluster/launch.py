@@ -117,22 +117,33 @@ def _slurm_launch(env: dict[str, str] | os._Environ, port: int | None) -> Launch
 
 
 def print_launch(env: dict[str, str] | os._Environ = os.environ, options: list[str] | None = None,
-                 python: str | None = None) -> str:
-    """The command line that starts gpuvet on every node from here: srun inside a Slurm
-    allocation, else torchrun with placeholders to fill in."""
-    extra = " ".join(options or [])
+                 python: str | None = None, nodes: list[str] | None = None, join_timeout_s: float = 300.0) -> str:
+    """The command line that starts gpuvet on every node from here, with the run options given
+    (`options`, already quoted): srun inside a Slurm allocation, else torchrun, with the node count
+    and first host from `nodes` (placeholders without).
+
+    torchrun's rendezvous is elastic (`--nnodes 1:N`): it starts as soon as all N nodes are there,
+    or `last_call_timeout` after the first one with the nodes that came; a fixed --nnodes would
+    instead end in a rendezvous traceback before gpuvet runs, and nobody would be named. gpuvet
+    names the ones that did not come from --nodes."""
+    extra = list(options or [])
+    out = [] if "--out" in extra else ["--out", "gpuvet-cluster" + (f"-{env['SLURM_JOB_ID']}" if env.get("SLURM_JOB_ID") else "")
+                                        + ".json"]
     job = env.get("SLURM_JOB_ID")
     if job:
-        nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-        if not nodes and env.get("SLURM_JOB_NODELIST"):
-            nodes = str(len(expand_hostlist(env["SLURM_JOB_NODELIST"])))
-        line = (f"srun --nodes={nodes or '<NODES>'} --ntasks-per-node=1 --kill-on-bad-exit=0 {python or sys.executable} "
-                f"-m gpuvet.cluster --out gpuvet-cluster-{job}.json")
+        count = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+        if not count and env.get("SLURM_JOB_NODELIST"):
+            count = str(len(expand_hostlist(env["SLURM_JOB_NODELIST"])))
+        line = [f"srun --nodes={count or '<NODES>'} --ntasks-per-node=1 --kill-on-bad-exit=0 {python or sys.executable} "
+                "-m gpuvet.cluster"]
     else:
-        line = ("torchrun --nnodes <NUMBER_OF_NODES> --nproc-per-node 1 --rdzv-backend c10d "
-                f"--rdzv-endpoint <FIRST_NODE_HOST>:29400 --rdzv-id gpuvet-{random.randrange(16**6):06x} --max-restarts 0 "
-                "-m gpuvet.cluster --out gpuvet-cluster.json")
-    return f"{line} {extra}".strip()
+        count = str(len(nodes)) if nodes else "<NUMBER_OF_NODES>"
+        first = nodes[0] if nodes else "<FIRST_NODE_HOST>"
+        wait = int(join_timeout_s)
+        line = [f"torchrun --nnodes 1:{count} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {first}:29400 "
+                f"--rdzv-id gpuvet-{random.randrange(16**6):06x} --rdzv-conf join_timeout={wait + 60},last_call_timeout={wait} "
+                "--max-restarts 0 -m gpuvet.cluster"]
+    return " ".join(line + extra + out)
 
 
 def interface_towards(address: str) -> str | None:

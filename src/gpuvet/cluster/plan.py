@@ -26,6 +26,7 @@ class Plan:
     rounds: list[list[int]]  # per round: member indices in ring order (each sends to the next)
     timeout_s: float
     notes: list[str] = field(default_factory=list)
+    without_gpu: list[str] = field(default_factory=list)  # GPUs were asked for; these nodes had none usable
 
 
 def shuffled_rings(members: int, rounds: int, rng: random.Random) -> list[list[int]]:
@@ -47,7 +48,7 @@ def make_plan(ready: dict[int, dict[str, Any]], options: Options, rng: random.Ra
     members = sorted(ready)
     names = [ready[r]["name"] for r in members]
     without_gpu = [ready[r]["name"] for r in members if not ready[r].get("gpus")]
-    notes = []
+    notes: list[str] = []
     if options.device == "cuda" and not without_gpu:
         backend, device, ranks_per_node = "nccl", "cuda", min(int(ready[r]["gpus"]) for r in members)
         max_mib, ring_mib = options.allreduce_max_mib or GPU_ALLREDUCE_MAX_MIB, options.ring_mib or GPU_RING_MIB
@@ -57,7 +58,8 @@ def make_plan(ready: dict[int, dict[str, Any]], options: Options, rng: random.Ra
         if options.device == "cuda":
             notes.append(f"gloo on the CPUs: no usable GPU on {', '.join(without_gpu[:8])}")
     return Plan(members, names, ranks_per_node, backend, device, _whole_floats(max_mib), _whole_floats(ring_mib),
-                RING_REPEATS, shuffled_rings(len(members), options.ring_rounds, rng), options.cross_timeout, notes)
+                RING_REPEATS, shuffled_rings(len(members), options.ring_rounds, rng), options.cross_timeout, notes,
+                without_gpu if options.device == "cuda" and backend == "gloo" else [])
 
 
 def _whole_floats(mib: float) -> int:

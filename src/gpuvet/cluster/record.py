@@ -13,10 +13,11 @@ from typing import Any
 from .. import __version__
 from ..bench.allreduce import LATENCY_BYTES
 from ..facts import from_dict
-from ..judge.cluster import ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, MISSING, NOTE, OK, RING, NodeEntry, judge_cluster
+from ..judge.cluster import ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, NodeEntry, judge_cluster
 from ..record import Measurement, verdict_of
 from .launch import Launch
 from .options import Options
+from .cross_rank import FINISHED, step_progress
 from .plan import Plan
 from .roster import NodeState
 
@@ -69,6 +70,9 @@ def cross_measurements(plan: Plan | None, nodes: list[NodeState], skipped: str |
     problem = _cross_problem(plan, members)
     if problem:
         measurements.append(_note(*problem))
+    if plan.without_gpu:
+        measurements.append(Measurement(FALLBACK, None, "", "cluster", {"backend": plan.backend, "device": plan.device,
+                                                                        "without_gpu": plan.without_gpu}))
     return measurements
 
 
@@ -99,14 +103,20 @@ def _ring_measurement(plan: Plan, receiver: str, entry: dict[str, Any]) -> Measu
                        {**details, "bytes": entry["bytes"], "seconds": entry["seconds"], "wrong": entry["wrong"]})
 
 
-def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list[str]] | None:
+def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list[str], dict[str, Any]] | None:
     silent = [m.name for m in members if m.cross is None]
     aborted = next((m.cross["aborted"] for m in members if m.cross and m.cross.get("aborted")), None)
     errors = [(m.name, e) for m in members if m.cross for e in m.cross.get("errors") or []]
     if not (silent or aborted or errors):
         return None
-    if aborted:  # rank 0 stopped everyone because these members went silent: that says it all
-        return "aborted", f"aborted: {aborted}", silent
+    behind, reached = members_behind(members)
+    named = silent + [name for name in behind if name not in silent]
+    extra = {"behind": behind, "others_reached": reached} if behind else {}
+    others = "finished" if reached == FINISHED else f"reached {reached}"
+    behind_words = (f"; {', '.join(f'{name} stopped at {step}' for name, step in list(behind.items())[:8])}"
+                    f" while the others {others}") if behind else ""
+    if aborted:  # rank 0 stopped everyone, or the deadline passed: who was behind says who held it up
+        return "aborted", f"aborted: {aborted}{behind_words}", named, extra
     parts = []
     if silent:
         why = "; ".join(f"{m.name}: {m.reason}" for m in members if m.cross is None and m.reason)
@@ -115,20 +125,46 @@ def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list
         name, error = errors[0]
         parts.append(f"on {name} during {error.get('step')}: {error.get('error')}"
                      + (f" (and {len(errors) - 1} more rank errors)" if len(errors) > 1 else ""))
-    return "failed", "; ".join(parts), silent
+    return "failed", "; ".join(parts) + behind_words, named, extra
 
 
-def _note(outcome: str, reason: str, nodes: list[str] | None = None) -> Measurement:
-    return Measurement(NOTE, None, "", "cluster", {"outcome": outcome, "reason": reason, "nodes": nodes or []})
+def members_behind(members: list[NodeState]) -> tuple[dict[str, str], str | None]:
+    """The members whose slowest rank stopped at an earlier step than the others reached (name ->
+    that step), and the step the others reached. In a collective every rank waits for the last
+    one: a node stuck importing torch or inside a hung NCCL call is the one behind."""
+    last: dict[str, str | None] = {}
+    for m in members:
+        if m.cross is None:
+            continue
+        steps = m.cross.get("steps") or [e.get("step") for e in m.cross.get("errors") or []]
+        if steps:
+            last[m.name] = min(steps, key=step_progress)
+    if len(last) < 2:
+        return {}, None
+    furthest = max(last.values(), key=step_progress)
+    slowest = min(step_progress(s) for s in last.values())
+    if slowest == step_progress(furthest):
+        return {}, None
+    behind = {name: step or "starting" for name, step in last.items() if step_progress(step) == slowest}
+    return behind, furthest
 
 
-def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], saved: dict[int, int | None]) -> list[NodeEntry]:
+def _note(outcome: str, reason: str, nodes: list[str] | None = None, extra: dict[str, Any] | None = None) -> Measurement:
+    return Measurement(NOTE, None, "", "cluster", {"outcome": outcome, "reason": reason, "nodes": nodes or [], **(extra or {})})
+
+
+def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], saved: dict[int, int | None],
+                 absent: list[str] | None = None) -> list[NodeEntry]:
+    """One entry per rank, and one per expected node that no rank answered for (`absent`)."""
     entries = []
     for n in nodes:
         status = OK if n.state in ("ready", "done") else MISSING if n.state == MISSING else FAILED
         if n.state == "joined":  # alive but never ready: the plan went on without it
             status, n.reason = FAILED, n.reason or "not ready when the others met"
         entries.append(NodeEntry(n.name, n.rank, status, n.reason, n.step, n.host, records.get(n.rank), saved.get(n.rank)))
+    for name in absent or []:
+        entries.append(NodeEntry(name, None, MISSING, f"it never joined: named in --nodes, but the launcher started the job "
+                                                      f"with {len(nodes)} node{'' if len(nodes) == 1 else 's'} without it"))
     return entries
 
 
@@ -183,16 +219,27 @@ def rejudge_cluster(record: dict[str, Any], tolerance: float | None = None) -> d
 # == the record on disk ======================================================================
 
 def write_atomically(path: str, text: str) -> None:
+    """Write through a temporary file; the result has the mode a plain open() would give it (the
+    old file's, or 0666 less the umask), not mkstemp's 0600."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _mode_for(path: str) -> int:
+    with contextlib.suppress(OSError):
+        return os.stat(path).st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def check_out_path(out: str | None) -> str | None:

@@ -39,6 +39,9 @@ class Roster:
     def __init__(self, rendezvous: Rendezvous, world_size: int, expected: list[str], options: Options, started: float):
         self.rv, self.options = rendezvous, options
         self.join_deadline = started + options.join_timeout
+        self.expected = list(expected)
+        # A name per rank until the node says its own: --nodes in rank order is a guess (torchrun
+        # hands out ranks in its own order), settled by settle_names() once the joined have spoken.
         self.nodes = [NodeState(r, expected[r] if r < len(expected) else f"rank {r}") for r in range(world_size)]
 
     def poll(self) -> None:
@@ -96,11 +99,30 @@ class Roster:
             if node.state == "joined" and node.joined_at is not None and now - node.joined_at > limit + 10:
                 node.state, node.reason = FAILED, f"not ready {limit + 10:.0f} s after it joined (local vet overdue)"
 
+    def settle_names(self) -> list[str]:
+        """Give the ranks that never joined the expected names no joined node took, in order, and
+        return the expected names left over: nodes named in --nodes (or the Slurm node list) that
+        the launcher started the job without (an elastic torchrun goes on with the nodes that came)."""
+        joined = [n for n in self.nodes if n.joined_at is not None]
+        unclaimed = [name for name in self.expected if not any(_same_host(name, n.name) or _same_host(name, n.host)
+                                                               for n in joined)]
+        for node in self.nodes:
+            if node.joined_at is None and unclaimed:
+                node.name = unclaimed.pop(0)
+        return unclaimed
+
     def settled_for_plan(self) -> bool:
         return all(n.state in ("ready", FAILED, MISSING, "done") for n in self.nodes)
 
     def ready_nodes(self) -> dict[int, dict[str, Any]]:
         return {n.rank: {**(n.ready or {}), "name": n.name} for n in self.nodes if n.state == "ready"}
+
+
+def _same_host(expected: str, actual: str | None) -> bool:
+    """node01 is node01.cluster.local: Slurm lists short names, a hostname may be the full one."""
+    if not actual:
+        return False
+    return expected == actual or expected.split(".")[0] == actual.split(".")[0]
 
 
 def unique_names(nodes: list[NodeState]) -> None:

@@ -39,12 +39,16 @@ ALLREDUCE_BUSBW = "cluster.allreduce.busbw"
 ALLREDUCE_LATENCY = "cluster.allreduce.latency_1mb"
 RING = "cluster.ring"
 NOTE = "bench.cluster"
+FALLBACK = "cluster.fallback"  # the meeting ran over gloo on the CPUs although GPUs were asked for
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation
 NOISE_SIGMAS = 3.0
 MIN_FOR_SPREAD = 5  # values needed before their spread may widen the threshold
 RING_TOLERANCE = 0.25  # node-to-node TCP/RDMA transfers vary more than GPU kernels
 ALLREDUCE_PASS_SHARE, ALLREDUCE_WARN_SHARE = 0.6, 0.35  # as gpu.allreduce inside one machine
+# gloo moves data over one TCP stream per pair, which rarely fills a fast NIC: below this share of
+# the slowest node's NIC it is worth a look, above it nothing can be concluded from the NIC.
+GLOO_WARN_SHARE = 0.05
 NAMES_SHOWN = 8
 HEADLINE_CHARS = 60  # a node's own worst finding, in its one line of the report
 SEED_SOURCE = ("seed: multi-node training speed-up fell from 8x to under 5x when the interconnect was slow or lacked "
@@ -148,11 +152,22 @@ def _watts(value: Any) -> str | None:
     return None if value is None else f"{float(value):.0f} W"
 
 
-def _pcie_capability(gpu: dict[str, Any]) -> str | None:
-    for reading in (gpu.get("pcie") or {}).get("readings") or ():
-        if reading.get("max_gen") and reading.get("max_width"):
-            return f"Gen{reading['max_gen']} x{reading['max_width']}"
-    return None
+def _pcie_link(gpu: dict[str, Any]) -> str | None:
+    """The link's maximum (LnkCap), plus what it runs at when that is less: a GPU trained at x8
+    in an x16 slot must not look like its neighbours. The generation counts only under load
+    (an idle link drops its speed to save power); the width counts always."""
+    readings = (gpu.get("pcie") or {}).get("readings") or ()
+    cap = next(((r["max_gen"], r["max_width"]) for r in readings if r.get("max_gen") and r.get("max_width")), None)
+    if cap is None:
+        return None
+    text = f"Gen{cap[0]} x{cap[1]}"
+    loaded = next((r for r in readings if r.get("under_load") and r.get("current_width")), None)
+    if loaded and ((loaded.get("current_gen") or cap[0]) < cap[0] or loaded["current_width"] < cap[1]):
+        return f"{text} (runs Gen{loaded.get('current_gen') or '?'} x{loaded['current_width']} under load)"
+    width = next((r["current_width"] for r in readings if r.get("current_width")), None)
+    if width and width < cap[1]:
+        return f"{text} (runs x{width})"
+    return text
 
 
 def _uniformity_facts(machine: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, str | None]:
@@ -169,7 +184,7 @@ def _uniformity_facts(machine: dict[str, Any], gpus: list[dict[str, Any]]) -> di
         "VBIOS": _joined(g.get("vbios") for g in gpus),
         "power limit": _joined(_watts((g.get("power") or {}).get("enforced_limit_w") or (g.get("power") or {}).get("limit_w"))
                                for g in gpus),
-        "PCIe link": _joined(_pcie_capability(g) for g in gpus),
+        "PCIe link": _joined(_pcie_link(g) for g in gpus),
         "GPU memory": _joined(f"{g['memory_total_mib']} MiB" if g.get("memory_total_mib") else None for g in gpus),
         "PyTorch": torch_text,
     }
@@ -248,7 +263,7 @@ def _beyond(value: float, base: float, threshold: float, higher_is_better: bool)
 
 def robust_baseline(values: list[float], tolerance: float, higher_is_better: bool = True,
                     rounds: int = 20) -> tuple[float, float, int, float] | None:
-    """(baseline, threshold, kept, spread), or None with nothing to compare. fix_threshold with a
+    """(baseline, threshold, kept), or None with nothing to compare. fix_threshold with a
     median: drop the values on the bad side of the threshold, recompute from the rest, until
     stable. Only the bad side is dropped: a fast GPU does not make the others slow."""
     ordered = sorted(values)
@@ -322,6 +337,13 @@ def find_stragglers(views: list[NodeView], tolerance: float | None = None) -> tu
     return baselines, stragglers
 
 
+def show_command(entry: NodeEntry) -> str:
+    """The command that prints a node's own stored run, on that node (each node keeps its own store)."""
+    if entry.saved_run is None:
+        return f"`gpuvet run` on {entry.name} (its run was not saved)"
+    return f"`gpuvet show {entry.saved_run}` on {entry.name}"
+
+
 def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragglers: list[Straggler]) -> list[Finding]:
     if not baselines:
         return [_finding("cluster.stragglers", "cluster", SKIP,
@@ -338,6 +360,7 @@ def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragg
     by_node: dict[str, list[Straggler]] = defaultdict(list)
     for s in stragglers:
         by_node[s.node].append(s)
+    entries = {v.name: v.entry for v in views}
     findings = []
     for node, found in by_node.items():  # worst node first: stragglers are sorted by share
         status = FAIL if any(s.status == FAIL for s in found) else WARN
@@ -348,7 +371,7 @@ def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragg
             measured="; ".join(s.words() for s in found[:NAMES_SHOWN])
                      + (f"; ... {len(found) - NAMES_SHOWN} more" if len(found) > NAMES_SHOWN else ""),
             expected=basis, source=source,
-            remedy=f"on {node}: `gpuvet report` of its stored run (gpu.throttle, gpu.power_limit, gpu.pcie_link explain most); "
+            remedy=f"{show_command(entries[node])} (gpu.throttle, gpu.power_limit, gpu.pcie_link explain most); "
                    "`nvidia-smi -q -d PERFORMANCE,POWER,CLOCK`; drain it or ask the provider for another node"))
     return findings
 
@@ -424,7 +447,14 @@ def name_list(names: list[str], limit: int = NAMES_SHOWN) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _node_state_findings(entries: list[NodeEntry]) -> list[Finding]:
+def _last_step_words(entry: NodeEntry) -> str:
+    """" (last step: X)", unless the reason already says where the node was."""
+    if not entry.step or "last step" in (entry.reason or "") or entry.step in (entry.reason or ""):
+        return ""
+    return f" (last step: {entry.step})"
+
+
+def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others_reached: str | None) -> list[Finding]:
     missing = [e for e in entries if e.status == MISSING]
     failed = [e for e in entries if e.status == FAILED]
     findings = []
@@ -434,14 +464,31 @@ def _node_state_findings(entries: list[NodeEntry]) -> list[Finding]:
                                  remedy=f"on {e.name}: is it up, can it reach the master address and port (firewall), did "
                                         "its launcher start? The other nodes' results are complete without it"))
     for e in failed:
-        step = f" (last step: {e.step})" if e.step else ""
+        step = _last_step_words(e)
         findings.append(_finding("cluster.nodes", f"node:{e.name}", FAIL,
                                  f"{e.name} failed: {e.reason or 'no reason given'}{step}", measured=(e.reason or "") + step,
                                  expected="every node finishes its vet and the cross-node tests",
                                  remedy=f"on {e.name}: `dmesg | tail`, `nvidia-smi`; rerun `gpuvet run` there alone"))
+    by_name = {e.name: e for e in entries}
+    for name, step in behind.items():
+        if name not in by_name or by_name[name].status != OK:
+            continue  # already named above
+        others = _others_words(others_reached)
+        findings.append(_finding(
+            "cluster.nodes", f"node:{name}", FAIL, f"{name} held up the cross-node phase: stuck at {step} {others}",
+            measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
+            expected="every node's ranks reach each collective together",
+            remedy=f"{show_command(by_name[name])}; there: `dmesg | tail`, `nvidia-smi`; NCCL_DEBUG=INFO shows where a "
+                   "collective hangs; rerun without it to vet the others"))
     if not findings:
         findings.append(_finding("cluster.nodes", "cluster", PASS, f"all {len(entries)} nodes joined and reported"))
     return findings
+
+
+def _others_words(reached: str | None) -> str:
+    if reached == "finished":
+        return "while the others finished"
+    return f"while the others reached {reached}" if reached else "while the others went on"
 
 
 def _node_check_findings(views: list[NodeView]) -> list[Finding]:
@@ -455,14 +502,17 @@ def _node_check_findings(views: list[NodeView]) -> list[Finding]:
                 seen.add(key)
                 groups[key].append((view.name, f.get("summary") or ""))
     reported = sum(1 for v in views if v.entry.record is not None)
+    entries = {v.name: v.entry for v in views}
     findings = []
     for (check, status), items in sorted(groups.items(), key=lambda kv: (kv[0][1] != FAIL, -len(kv[1]), kv[0][0])):
         nodes = [n for n, _ in items]
         example = f"{items[0][0]}: {items[0][1]}"
+        first = entries[items[0][0]]
         findings.append(_finding("cluster.node_checks", check, status,
                                  f"{check} {status.upper()} on {len(nodes)} of {reported} nodes ({name_list(nodes)})",
                                  measured=f"e.g. {example}",
-                                 remedy="`gpuvet report` of each node's stored run shows the evidence and the fix"))
+                                 remedy=f"each node's stored run shows the evidence and the fix: `gpuvet show RUN` on that node "
+                                        f"(RUN: its saved run in the node list), e.g. {show_command(first)}"))
     return findings
 
 
@@ -523,10 +573,16 @@ def _allreduce_finding(views: list[NodeView], busbw: Measurement | None, latency
                         remedy="`ibstat`; `NCCL_DEBUG=INFO` prints NET/IB when NCCL uses RDMA, NET/Socket when it does not")
     if floor is None:
         why = f"no NIC link rate known on {name_list(unknown)}" if unknown else "no NIC link rate known"
-        return _finding("cluster.allreduce", "cluster", PASS,
-                        f"cross-node all-reduce {busbw.value:.3g} GB/s bus bandwidth ({why})",
-                        measured=measured, source=SEED_SOURCE)
+        # Nothing to compare with is not a pass: the figure is kept, the verdict left open.
+        return _finding("cluster.allreduce", "cluster", SKIP,
+                        f"cross-node all-reduce {busbw.value:.3g} GB/s measured, not judged: {why} to compare with",
+                        measured=measured, expected="a known link rate on every node (NIC speed or RDMA port rate)",
+                        source=SEED_SOURCE,
+                        remedy="`ethtool IFACE` (Speed) and `ibstat` (Rate) on the nodes; cloud VMs often report no speed: "
+                               "compare with the instance type's documented network bandwidth, or `gpuvet net` between two nodes")
     share = busbw.value / floor
+    if backend == "gloo":
+        return _gloo_allreduce(busbw, measured, share, floor, words)
     status = PASS if share >= ALLREDUCE_PASS_SHARE else WARN if share >= ALLREDUCE_WARN_SHARE else FAIL
     return _finding("cluster.allreduce", "cluster", status,
                     f"cross-node all-reduce {busbw.value:.3g} GB/s = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})",
@@ -536,6 +592,22 @@ def _allreduce_finding(views: list[NodeView], busbw: Measurement | None, latency
                                                        "the transport; check MTU and that all nodes sit in one placement group")
 
 
+def _gloo_allreduce(busbw: Measurement, measured: str, share: float, floor: float, words: str) -> Finding:
+    """gloo (TCP, one stream per pair, CPU copies) is judged like the ring: nodes against each
+    other (cluster.ring), and against the NIC only when far below it."""
+    summary = f"cross-node all-reduce {busbw.value:.3g} GB/s over gloo = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})"
+    if share >= GLOO_WARN_SHARE:
+        return _finding("cluster.allreduce", "cluster", PASS, summary, measured=measured,
+                        expected=f">= {100 * GLOO_WARN_SHARE:.0f}% of the slowest NIC over gloo (one TCP stream rarely "
+                                 "fills a fast NIC; cluster.ring compares the nodes with each other)",
+                        source=SEED_SOURCE)
+    return _finding("cluster.allreduce", "cluster", WARN, summary + " (far below the NIC even for gloo)",
+                    measured=measured, expected=f">= {100 * GLOO_WARN_SHARE:.0f}% of the slowest NIC over gloo",
+                    source=SEED_SOURCE,
+                    remedy="`iperf3 -c` between two nodes (or `gpuvet net`): near the NIC rate means gloo is the limit, "
+                           "far below it means the network; check MTU and `ip -s link` for drops")
+
+
 def _not_measured(check: str, notes: list[Measurement], what: str) -> Finding:
     note = next((n for n in notes if n.details.get("outcome") in ("failed", "aborted")), notes[0] if notes else None)
     if note is None:
@@ -543,9 +615,37 @@ def _not_measured(check: str, notes: list[Measurement], what: str) -> Finding:
     reason = note.details.get("reason", "no reason given")
     if note.details.get("outcome") in ("failed", "aborted"):
         return _finding(check, "cluster", FAIL, f"{what} failed: {reason}", measured=reason,
-                        remedy="the nodes named in cluster.nodes stopped it; rerun without them, "
-                               "or check the network between them")
+                        remedy=_stopped_remedy(note.details))
     return _finding(check, "cluster", SKIP, f"{what}: {reason}")
+
+
+def _stopped_remedy(details: dict[str, Any]) -> str:
+    """Who stopped the cross-node phase, by name, and what to do about it."""
+    named = list(details.get("nodes") or [])
+    behind = details.get("behind") or {}
+    if not named:
+        return ("no node was behind the others: rerun with NCCL_DEBUG=INFO (where does it hang?) and check the network "
+                "between the nodes (`gpuvet net`, `iperf3`); a longer --cross-timeout if the network is just slow")
+    where = "; ".join(f"{name} (stuck at {behind[name]})" if name in behind else name for name in named[:NAMES_SHOWN])
+    one = len(named) == 1
+    return (f"held up by {where}: {'its' if one else 'their'} line in the node list says more; check "
+            f"{'it' if one else 'them'} (`dmesg | tail`, `nvidia-smi`, NCCL_DEBUG=INFO), "
+            f"or rerun without {'it' if one else 'them'} to measure the others")
+
+
+def _fallback_findings(fallback: Measurement | None) -> list[Finding]:
+    """GPUs were asked for but the nodes met over gloo on their CPUs: the cross-node figures then
+    say nothing about NCCL or RDMA, and some nodes have no usable GPU."""
+    if fallback is None:
+        return []
+    without = list(fallback.details.get("without_gpu") or [])
+    where = name_list(without) if without else "some nodes"
+    return [_finding("cluster.fallback", "cluster", WARN,
+                     f"cross-node tests ran over gloo on the CPUs, not NCCL on the GPUs: no usable GPU on {where}",
+                     measured=f"no usable GPU (torch.cuda) on {where}", expected="every node has a GPU PyTorch can use",
+                     source="NCCL needs a GPU on every rank; without one gpuvet measures the network over gloo instead",
+                     remedy=f"on {where}: `nvidia-smi`; `python -c 'import torch; print(torch.cuda.is_available())'`; "
+                            "or --device cpu to measure over gloo on purpose")]
 
 
 def ring_pairs(ring: list[Measurement]) -> list[RingPair]:
@@ -691,43 +791,103 @@ def judge_cluster(entries: list[NodeEntry], measurements: list[Measurement] | No
     baselines, stragglers = find_stragglers(views, options.get("tolerance"))
     uniformity = check_uniformity(views)
     busbw, latency, ring, notes = _cross_measurements(measurements)
+    fallback = next((m for m in measurements if m.name == FALLBACK), None)
     ring_verdict = attribute_ring(ring_pairs(ring)) if ring else None
-    findings = (_node_state_findings(entries) + _straggler_findings(views, baselines, stragglers)
-                + _uniformity_findings(uniformity) + _node_check_findings(views)
+    behind, others_reached = _behind(notes)
+    findings = (_node_state_findings(entries, behind, others_reached) + _straggler_findings(views, baselines, stragglers)
+                + _uniformity_findings(uniformity) + _node_check_findings(views) + _fallback_findings(fallback)
                 + [_allreduce_finding(views, busbw, latency, notes)] + _ring_findings(views, ring, notes))
-    rows = node_rows(views, stragglers, ring_verdict)
+    rows = node_rows(views, stragglers, ring_verdict, uniformity, behind, others_reached)
     return ClusterJudgement(findings, rows, baselines, stragglers, uniformity, ring_verdict)
 
 
-def node_rows(views: list[NodeView], stragglers: list[Straggler], ring: RingVerdict | None) -> list[NodeRow]:
-    """One row per node, worst first: missing, failed, failing, warning, passing; slower first
-    within each."""
-    worst_of: dict[str, Straggler] = {}
+def _behind(notes: list[Measurement]) -> tuple[dict[str, str], str | None]:
+    """The nodes that held up the cross-node phase (name -> the step they stopped at), from the note."""
+    for note in notes:
+        if note.details.get("behind"):
+            return dict(note.details["behind"]), note.details.get("others_reached")
+    return {}, None
+
+
+# Within a badge: nodes the cluster itself singles out first (their worst share of a cluster
+# baseline, then odd ones out), then the rest.
+ODD_ONE_PACE = 1.5
+NOTHING_PACE = 2.0
+
+
+@dataclass
+class ClusterEvidence:
+    """What the cluster, not the node's own record, says about one node."""
+
+    straggler: Straggler | None = None
+    ring_slow: list[RingPair] | None = None
+    ring_share: float | None = None  # its slow transfers' median / the ring's baseline
+    odd: list[tuple[str, str, str]] = field(default_factory=list)  # (field, its value, the majority value)
+    behind: str | None = None  # the step it stopped the cross-node phase at
+
+
+def node_rows(views: list[NodeView], stragglers: list[Straggler], ring: RingVerdict | None,
+              uniformity: list[UniformityRow] | None = None, behind: dict[str, str] | None = None,
+              others_reached: str | None = None) -> list[NodeRow]:
+    """One row per node, worst first: missing, failed, failing, warning, passing; within each, the
+    nodes the cluster's own evidence singles out (straggler, slow ring partner, odd one out,
+    held up the meeting) before the others, slower first."""
+    evidence: dict[str, ClusterEvidence] = defaultdict(ClusterEvidence)
     for s in stragglers:  # sorted by share: the first per node is its worst
-        worst_of.setdefault(s.node, s)
-    ring_suspects = ring.suspect_nodes if ring else {}
-    rows = [_row(view, worst_of.get(view.name), ring_suspects.get(view.name)) for view in views]
+        if evidence[s.node].straggler is None:
+            evidence[s.node].straggler = s
+    for name, slow in (ring.suspect_nodes if ring else {}).items():
+        values = [p.gbps for p in slow if p.gbps is not None]
+        evidence[name].ring_slow = slow
+        evidence[name].ring_share = (statistics.median(values) / ring.baseline if values and ring.baseline else 0.0)
+    for row in uniformity or ():
+        for value, names in row.odd.items():
+            if len(names) < row.count:  # an even split has no odd one out
+                for name in names:
+                    evidence[name].odd.append((row.field, value, row.value or "?"))
+    for name, step in (behind or {}).items():
+        evidence[name].behind = step
+    rows = [_row(view, evidence.get(view.name) or ClusterEvidence(), others_reached) for view in views]
     order = {v.name: v.order for v in views}
-    rows.sort(key=lambda r: (_BADGE_ORDER[r.badge], r.pace if r.pace is not None else 2.0, natural_key(r.name), order[r.name]))
+    rows.sort(key=lambda r: (_BADGE_ORDER[r.badge], r.pace if r.pace is not None else _sort_pace(evidence.get(r.name)),
+                             natural_key(r.name), order[r.name]))
     return rows
 
 
-def _row(view: NodeView, straggler: Straggler | None, ring_slow: list[RingPair] | None) -> NodeRow:
+def _sort_pace(evidence: ClusterEvidence | None) -> float:
+    if evidence and (evidence.behind or evidence.odd):
+        return 0.0 if evidence.behind else ODD_ONE_PACE
+    return NOTHING_PACE
+
+
+def _row(view: NodeView, evidence: ClusterEvidence, others_reached: str | None = None) -> NodeRow:
     entry = view.entry
     if entry.status == MISSING:
         return NodeRow(entry.name, entry.rank, entry.status, None, "MISSING", "—", None, entry.reason or "never joined")
     statuses = [view.verdict or PASS]
     headlines = []
+    paces = []
     if entry.status == FAILED:
-        headlines.append(f"failed: {entry.reason or 'no reason given'}" + (f" (during {entry.step})" if entry.step else ""))
+        during = f" (during {entry.step})" if _last_step_words(entry) else ""
+        headlines.append(f"failed: {entry.reason or 'no reason given'}{during}")
+    if evidence.behind:
+        statuses.append(FAIL)
+        headlines.append(f"held up the cross-node phase: stuck at {evidence.behind} {_others_words(others_reached)}")
+    straggler = evidence.straggler
     if straggler:
         statuses.append(straggler.status)
+        paces.append(straggler.share)
         where = f"{straggler.subject} " if straggler.subject and _scope(straggler.subject) == "gpu" else ""
         headlines.append(f"straggler: {where}{METRICS[straggler.metric].label} {_fmt(straggler.value)} {straggler.unit} "
                          f"= {100 * straggler.share:.0f}% of {_fmt(straggler.baseline)}")
-    if ring_slow:
+    if evidence.ring_slow:
         statuses.append(WARN)
-        headlines.append(f"slow with every ring partner ({len(ring_slow)} transfers)")
+        paces.append(evidence.ring_share or 0.0)
+        headlines.append(f"slow with every ring partner ({len(evidence.ring_slow)} transfers, "
+                         f"{100 * (evidence.ring_share or 0.0):.0f}% of the typical pair)")
+    for name, value, majority in evidence.odd:
+        statuses.append(FAIL if name in _UNIFORM_FAIL else WARN)
+        headlines.append(f"odd one out: {name} {_clip(value, 40)} (most nodes: {_clip(majority, 40)})")
     worst_problem = _worst_problem(view.problems)
     if worst_problem:  # its own report has the evidence; one line per node here
         more = len({f["check"] for f in view.problems}) - 1
@@ -735,7 +895,7 @@ def _row(view: NodeView, straggler: Straggler | None, ring_slow: list[RingPair] 
                          + (f" (+{more} more)" if more > 0 else ""))
     badge = "FAILED" if entry.status == FAILED else _worst_status(statuses).upper()
     return NodeRow(entry.name, entry.rank, entry.status, view.verdict, badge, view.gpus_text,
-                   straggler.share if straggler else None, "; ".join(headlines) or "nothing to report", entry.saved_run)
+                   min(paces) if paces else None, "; ".join(headlines) or "nothing to report", entry.saved_run)
 
 
 def _clip(text: str, limit: int = HEADLINE_CHARS) -> str:
