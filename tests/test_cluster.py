@@ -351,6 +351,15 @@ def test_three_nodes_vet_meet_and_report(nodes_factory):
     for rank in (1, 2):
         assert f"node-{rank} (rank {rank}): local verdict" in nodes.stdout(rank)
         assert f"cluster verdict {record['verdict'].upper()}" in nodes.stdout(rank)
+    # The cluster record renders for a ticket or a page, and --redact takes the hostnames out.
+    hostname = record["nodes"][0]["record"]["machine"]["host"]["hostname"]
+    env = {**os.environ, "PYTHONPATH": SRC, "NO_COLOR": "1"}
+    for fmt, start in (("md", "# "), ("html", "<!doctype html")):
+        shown = subprocess.run([sys.executable, "-m", "gpuvet", "report", str(nodes.out), "--format", fmt, "--redact"],
+                               capture_output=True, text=True, env=env, timeout=120)
+        assert shown.returncode == 0 and shown.stdout.lower().startswith(start), shown.stderr
+        assert "node-2" not in shown.stdout and "HOST-REDACTED-3" in shown.stdout  # node names become tokens
+        assert not hostname or hostname not in shown.stdout
 
 
 def test_a_node_killed_mid_run_and_one_that_never_joined_are_named(nodes_factory):

@@ -23,7 +23,7 @@ def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) ->
     `gpuvet watch --log` file."""
     check_out_path(out)
     if _is_cluster_record(path):
-        _cluster_report(path, fmt, out, verbose)
+        _cluster_report(path, fmt, out, verbose, redact)
         return
     if fmt == "terminal" and out:
         raise UsageProblem("--out needs --format md, html or json")
@@ -77,7 +77,7 @@ def _is_cluster_record(path: str) -> bool:
         return False
 
 
-def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool) -> None:
+def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool, redact: bool) -> None:
     """A cluster record (gpuvet cluster --out): one line per node, stragglers, cross-node verdict."""
     import json
 
@@ -89,13 +89,17 @@ def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool) -> None
             data = rejudge_cluster(json.load(f))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UsageProblem(f"{path}: not a readable gpuvet cluster record ({err})") from None
-    if fmt == "json":
-        text = cluster_view.to_json(data)
+    if redact:
+        data = cluster_view.redact_cluster(data)
+    if fmt == "terminal":
         if out:
-            write_atomically(out, text)
-        else:
-            click.echo(text)
+            raise UsageProblem("--out needs --format md, html or json")
+        cluster_view.render(data, Console(highlight=False, soft_wrap=True), verbose)
         return
-    if fmt != "terminal" or out:
-        raise UsageProblem("a cluster record renders as terminal or json")
-    cluster_view.render(data, Console(highlight=False, soft_wrap=True), verbose)
+    render = {"json": cluster_view.to_json, "md": lambda d: cluster_view.render_markdown(d, verbose=True),
+              "html": lambda d: cluster_view.render_html(d, verbose=True)}[fmt]
+    text = render(data)
+    if out:
+        write_atomically(out, text)
+    else:
+        click.echo(text)
