@@ -98,7 +98,13 @@ def _throttle(gpu: Gpu) -> Finding:
     faults = [_FAULTS[r] for r in reasons if r in _FAULTS]
     clocks = _clock_text(gpu)
     if faults:
-        return finding("gpu.throttle", s, FAIL, "clocks cut: " + "; ".join(faults) + clocks,
+        c = gpu.clocks
+        at_full = bool(c.sm_mhz and c.max_sm_mhz and c.sm_mhz >= 0.97 * c.max_sm_mhz)
+        # A snapshot can flag a reason while the clock it read is still at max: say so, not "cut".
+        head = "slowdown flagged in the snapshot: " if at_full else "clocks cut: "
+        if at_full:
+            clocks = f" (SM clock at its full {c.sm_mhz} MHz at that instant: watch it under load)"
+        return finding("gpu.throttle", s, FAIL, head + "; ".join(faults) + clocks,
                        measured=measured, expected=_NO_FAULT, source=_REASONS_SOURCE,
                        remedy=f"watch it under load: `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE,POWER`; "
                               "check cooling and power cabling, or ask the provider for another GPU")
