@@ -242,8 +242,16 @@ def test_sw_power_cap_while_idle_is_not_a_fault():
     assert f.status == "pass" and "idle" in f.summary
 
 
-def test_application_clocks_hold_warns_with_reset_command():
+def test_application_clocks_at_their_default_are_not_a_hold():
+    # The K80 flags applications_clocks_setting with application clocks at the default: 562 = 562 MHz.
     f = results(machine_from("smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml"), "gpu.throttle")["gpu0"]
+    assert f.status == "pass" and "at the board's default (562 MHz)" in f.summary
+
+
+def test_application_clocks_set_below_default_warn_with_reset_command():
+    machine = machine_from("smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml")
+    machine.gpus[0].clocks.applications_graphics_mhz = 324  # edited: the real capture says 562 (= default)
+    f = results(machine, "gpu.throttle")["gpu0"]
     assert f.status == "warn" and "nvidia-smi -i 0 -rac" in f.remedy
 
 

@@ -201,3 +201,48 @@ def test_a_crashing_rule_is_a_skip_and_the_others_still_report(monkeypatch):
     (crashed,) = [f for f in findings if f.check == "gpu.ecc"]
     assert crashed.status == "skip" and "crashed" in crashed.summary and "boom" in crashed.summary
     assert any(f.check == "gpu.power_limit" and f.status == "pass" for f in findings)
+
+
+# -- stack.driver_cuda: the wheel the remedy names exists on PyTorch's index ----------------------
+
+@pytest.mark.parametrize("capture_name, torch_cuda, command", [
+    # driver 535 runs CUDA 12.2: the newest index not newer is cu121, last built for torch 2.5.1
+    ("smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt", "13.0", "pip install torch==2.5.1 --index-url https://download.pytorch.org/whl/cu121"),
+    # driver 460 runs CUDA 11.2: cu102 (torch 1.12.1); there is no cu112 index
+    ("smi_text/q-4x-v100-pcie-16gb-azure-ncv3-460.32.03.txt", "12.1", "pip install torch==1.12.1 --index-url https://download.pytorch.org/whl/cu102"),
+])
+def test_driver_too_old_names_a_wheel_index_that_exists(capture_name, torch_cuda, command):
+    f = result(with_gpus(capture_name, stack=stack(torch_cuda)), "stack.driver_cuda")
+    assert f.status in ("warn", "fail") and command in f.remedy
+    assert "previous-versions" in f.evidence.source
+
+
+@pytest.mark.parametrize("capture_name, command", [
+    ("smi_text/q-titan-v-560.35.03.txt", "pip install torch --index-url https://download.pytorch.org/whl/cu126"),  # CUDA 12.6
+    ("smi_xml/gt-1030-x4-470.74-v11.xml", "pip install torch==1.12.1 --index-url https://download.pytorch.org/whl/cu113"),  # CUDA 11.4
+    ("smi_text/default-table-8x-h100-550.90.07.txt", "pip install torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124"),  # CUDA 12.4
+])
+def test_cpu_only_torch_names_the_wheel_for_this_driver(capture_name, command):
+    f = result(with_gpus(capture_name, stack=stack(None, version="2.9.1+cpu")), "stack.driver_cuda")
+    assert f.status == "fail" and command in f.remedy
+
+
+def test_wheel_for_a_driver_older_than_every_index_says_to_upgrade():
+    from gpuvet.judge.stack import wheel_for
+
+    assert wheel_for("10.1").startswith("no PyTorch wheel index has a build for CUDA 10.1 or older: upgrade the driver to >= 440.33")
+    assert wheel_for("12.9") == "pip install torch --index-url https://download.pytorch.org/whl/cu128"
+
+
+def test_host_passes_say_what_was_expected_and_where_that_comes_from(this_host):
+    # edited: values that pass everywhere, so every host check reaches its pass
+    this_host.cpu_usable_cores, this_host.shm_total_bytes, this_host.somaxconn = 64, 16 * GIB, 4096
+    this_host.steal_pct, this_host.steal_since_boot_pct = 0.5, 0.1
+    machine = with_gpus("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt", host=this_host)
+    for check, expected, source in (("host.cpu", "at least 8 usable cores per GPU", "DataLoader"),
+                                    ("host.shm", "at least 4 GiB", "docs.docker.com"),
+                                    ("host.steal", "under 5%", "/proc/stat"),
+                                    ("host.somaxconn", ">= 1024", "listen() backlog")):
+        f = result(machine, check)
+        assert f.status == "pass", check
+        assert f.evidence.expected.startswith(expected) and source in f.evidence.source, check

@@ -117,3 +117,31 @@ def test_every_format_renders_a_record_made_now_from_a_capture(capture):
     assert "| | Item | What decided it |" in markdown
     page = render_html(r)
     assert page.startswith("<!doctype html>") and 'id="checklist"' in page and page.rstrip().endswith("</html>")
+
+
+def test_input_where_every_check_skips_does_not_read_nothing_wrong_found():
+    for name in ("proc_sysfs/proc-driver-nvidia-version-470.63.01.txt", "lspci/lspci-nn-a10-kvm.txt"):
+        r = runner.inspect([str(FIXTURES / name)])
+        assert r.verdict == "pass"  # the record's field: the worst status, unchanged
+        last = text(r).rstrip().splitlines()[-1]
+        assert last.startswith("SKIP: nothing could be checked from this input: capture `nvidia-smi -q -x")
+        assert "nothing wrong found" not in last and "0 passed" in last
+        assert "nothing could be checked" in render_markdown(r)
+
+
+def test_the_same_problem_on_every_gpu_is_printed_once_with_the_subject_range():
+    r = runner.inspect([str(FIXTURES / "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt")], expect="H100 PCIe")
+    out = text(r)
+    lines = [line for line in out.splitlines() if "is not the 'H100 PCIe' you expected" in line]
+    assert len(lines) == 1 and "gpu0-7" in lines[0]
+    assert "Problems (9 failed" in out  # the count still counts every GPU
+
+
+def test_grouped_remedies_that_differ_only_in_the_gpu_index_name_every_gpu():
+    r = runner.inspect([str(FIXTURES / "smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")])
+    for f in r.findings:
+        if f.check == "gpu.power_limit":  # edited (synthetic): every GPU capped alike
+            f.status, f.summary, f.remedy = FAIL, "capped at 300 W", f"sudo nvidia-smi -i {f.subject[3:]} -pl 450"
+    out = text(r)
+    assert [line.split()[2] for line in out.splitlines() if line.startswith("  FAIL  gpu.power_limit")] == ["gpu0-7"]
+    assert "sudo nvidia-smi -i 0,1,2,3,4,5,6,7 -pl 450" in out

@@ -111,6 +111,14 @@ def _occupancy(gpu: Gpu) -> list[tuple[str, str]]:
     compute = [p for p in processes if (p.type or "C") != "G"]
     graphics = [p for p in processes if p.type == "G"]
     hidden = used - sum(p.used_memory_mib or 0 for p in processes)
+    desktop = [p for p in processes if "G" in (p.type or "")]
+    if desktop and hidden > threshold and not busy:
+        # A desktop on this GPU (compositor, browser, editor) holds display buffers that nvidia-smi
+        # attributes to no process: memory in use, but the capture shows no other tenant.
+        others = [p for p in compute if p not in desktop]
+        also = f"; {len(others)} compute process(es) too: {_names(others)}" if others else ""
+        return [(WARN, f"{load} by a desktop session on this GPU ({_names(desktop)}); {gib(hidden)} of it is attributed to "
+                       f"no listed process (display buffers), not another tenant as far as the capture shows{also}")]
     if hidden > threshold or (busy and not processes):
         # Nothing you run shows up here before you start: this is another user, container or VM.
         status = FAIL if busy or hidden > _HIDDEN_FAIL_SHARE * total else WARN
@@ -145,8 +153,9 @@ def _ecc(gpu: Gpu) -> Finding:
     s, e = subject(gpu), gpu.ecc
     counters = (e.volatile_uncorrected, e.aggregate_uncorrected, e.retired_pages_sbe, e.retired_pages_dbe,
                 e.remapped_rows_uncorrectable, e.remapped_rows_pending, e.remapped_rows_failure, e.retired_pages_pending)
+    inforom = _inforom_warning(gpu)
     if e.enabled is None and all(c is None for c in counters):
-        return finding("gpu.ecc", s, SKIP, "no ECC on this GPU (or not in the capture)")
+        return inforom or finding("gpu.ecc", s, SKIP, "no ECC on this GPU (or not in the capture)")
     measured = _ecc_text(gpu)
     reset = (f"stop jobs on it, reset it (`sudo nvidia-smi -r -i {gpu.index}`) and run gpuvet again; "
              "if errors return, ask the provider to replace the GPU")
@@ -165,6 +174,8 @@ def _ecc(gpu: Gpu) -> Finding:
     if failures:
         return finding("gpu.ecc", s, FAIL, "; ".join(failures), measured=measured,
                        expected=_ECC_HEALTHY, source=_ECC_SOURCE, remedy=reset)
+    if inforom:
+        return inforom
     warnings = []
     if e.aggregate_uncorrected:
         warnings.append(f"{e.aggregate_uncorrected} uncorrectable errors over the GPU's lifetime")
@@ -182,8 +193,25 @@ def _ecc(gpu: Gpu) -> Finding:
     if e.enabled is False:
         return finding("gpu.ecc", s, PASS, "ECC off (optional on this card); no errors recorded", measured=measured,
                        expected=_ECC_HEALTHY, source=_ECC_SOURCE)
+    if e.enabled is None:  # counters read, mode not: say only what was read
+        return finding("gpu.ecc", s, PASS, "no uncorrectable errors or pending retirements recorded (ECC mode not in the capture)",
+                       measured=measured, expected=_ECC_HEALTHY, source=_ECC_SOURCE)
     return finding("gpu.ecc", s, PASS, "ECC on, no uncorrectable errors", measured=measured,
                    expected=_ECC_HEALTHY, source=_ECC_SOURCE)
+
+
+def _inforom_warning(gpu: Gpu) -> Finding | None:
+    """nvidia-smi's "WARNING: infoROM is corrupted": the infoROM keeps the ECC error counts and the
+    retired-page list, so with it corrupt the error history cannot be trusted (or kept)."""
+    text = why_missing(gpu, "inforom", "")
+    if "corrupt" not in text.lower():
+        return None
+    return finding("gpu.ecc", subject(gpu), WARN,
+                   "infoROM corrupted: the ECC error counts and retired-page list it stores cannot be trusted",
+                   measured=text, expected="an intact infoROM (no nvidia-smi warning)",
+                   source="nvidia-smi warning; the infoROM holds ECC and page-retirement records (NVML docs)",
+                   remedy=f"confirm with `nvidia-smi -q -i {gpu.index}` (a corrupt infoROM prints the warning again); "
+                          "ask the provider to reflash or replace the GPU")
 
 
 def _ecc_text(gpu: Gpu) -> str:

@@ -23,29 +23,65 @@ def check_model(ctx: Context) -> list[Finding]:
 
 def _no_gpu(ctx: Context) -> Finding:
     """No GPU found. From a capture that only means the capture holds no GPU facts; on a live run
-    on a machine rented for its GPU, it is a problem: the verdict must not read PASS."""
+    on a machine rented for its GPU, it is a problem: the verdict must not read PASS, and a run
+    told which GPU was paid for (--expect) has failed to find it."""
     why = ctx.machine.gpu_error or "no NVIDIA GPU found"
+    expect = (ctx.options.get("expect") or "").strip()
     if ctx.machine.source != "live" or ctx.options.get("device") == "cpu":  # a capture, or a run asked to use the CPU
         return finding("gpu.model", "gpu", SKIP, f"no GPU facts: {why}")
+    remedy = ("confirm with `nvidia-smi`, `lsmod | grep nvidia` and `lspci | grep -i nvidia`: if lspci lists a GPU, "
+              "install or load the NVIDIA driver (in a container: start it with `--gpus all`); if not, ask the provider")
+    measured = f"0 GPUs visible to NVML ({why})"
+    if expect:
+        return finding("gpu.model", "gpu", FAIL, f"expected {expect}; no NVIDIA GPU visible: {why}",
+                       measured=measured, expected=expect, source="--expect", remedy=remedy)
     return finding("gpu.model", "gpu", WARN, f"no NVIDIA GPU visible: {why}",
-                   measured=f"0 GPUs visible to NVML ({why})", expected="the GPU(s) this machine was rented with",
-                   source="NVML device list",
-                   remedy="confirm with `nvidia-smi`, `lsmod | grep nvidia` and `lspci | grep -i nvidia`: if lspci lists a GPU, "
-                          "install or load the NVIDIA driver (in a container: start it with `--gpus all`); if not, ask the provider")
+                   measured=measured, expected="the GPU(s) this machine was rented with",
+                   source="NVML device list", remedy=remedy)
+
+
+# `lspci` names a GPU from the PCI ID database: "NVIDIA Corporation GA100 [A100 SXM4 80GB]". The
+# bracketed marketing name is what gpuvet can judge --expect against when no driver named the GPU.
+_LSPCI_ONLY = re.compile(r"only lspci saw this GPU: .*\[(?P<model>[^\]]+)\]")
+_PCI_IDS_SOURCE = "the device name lspci reads from the PCI ID database (pci.ids), not from the driver"
+
+
+def _lspci_model(gpu: Gpu) -> str | None:
+    m = _LSPCI_ONLY.search(why_missing(gpu, "name", ""))
+    return m.group("model").strip() if m and not re.fullmatch(r"[0-9a-f]{4}(:[0-9a-f]{4})?", m.group("model").strip()) else None
+
+
+def _unnamed_model(gpu: Gpu, expect: str) -> Finding:
+    """No driver-reported name: judge --expect against lspci's name, or say it could not be checked."""
+    s, why = subject(gpu), why_missing(gpu, "name", "not in the capture")
+    confirm = "capture `nvidia-smi --query-gpu=name,memory.total --format=csv` (or `nvidia-smi -q -x`) on the machine"
+    lspci_model = _lspci_model(gpu)
+    if expect and lspci_model:
+        if _name_matches(expect, lspci_model, None):
+            return finding("gpu.model", s, PASS, f"lspci names it {lspci_model!r}: the model you expected ({expect!r})",
+                           measured=lspci_model, expected=expect, source=_PCI_IDS_SOURCE, remedy=f"confirm: {confirm}")
+        return finding("gpu.model", s, FAIL, f"lspci names it {lspci_model!r}, not the {expect!r} you expected",
+                       measured=lspci_model, expected=expect, source=_PCI_IDS_SOURCE,
+                       remedy=f"ask the provider for the model you paid for; {confirm}")
+    if expect:
+        return finding("gpu.model", s, WARN, f"cannot check that this is the {expect!r} you expected: model name unknown ({why})",
+                       measured=why, expected=expect, source="--expect", remedy=confirm)
+    return finding("gpu.model", s, SKIP, f"model name unknown: {why}")
 
 
 def _model(gpu: Gpu, ref: Reference | None, expect: str) -> Finding:
     s = subject(gpu)
     if not gpu.name:
-        return finding("gpu.model", s, SKIP, f"model name unknown: {why_missing(gpu, 'name', 'not in the capture')}")
+        return _unnamed_model(gpu, expect)
     memory = f", {gib(gpu.memory_total_mib)}" if gpu.memory_total_mib else ""
     described = f"{gpu.name}{memory}"
     if reference.is_truncated(gpu.name):
         return _truncated_model(gpu, ref, expect, described)
     if expect:
         if matches_expectation(expect, gpu):
-            return finding("gpu.model", s, PASS, f"{described}: the model you expected ({expect!r})",
-                           measured=described, expected=expect, source="--expect")
+            row = f" (reference {ref.id})" if ref else ""
+            return finding("gpu.model", s, PASS, f"{described}{row}: the model you expected ({expect!r})",
+                           measured=described, expected=expect, source="--expect" + (f"; {SOURCE_NOTE}, row {ref.id}" if ref else ""))
         return finding(
             "gpu.model", s, FAIL, f"{described} is not the {expect!r} you expected",
             measured=described, expected=expect, source="--expect",
@@ -101,35 +137,91 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
+def _expect_words(expect: str) -> list[str]:
+    """The user's words, with a memory size written apart joined up: "80 GB" -> "80gb"."""
+    words = _words(expect)
+    joined: list[str] = []
+    for word in words:
+        if joined and word in ("gb", "gib", "g") and joined[-1].isdigit():
+            joined[-1] += word
+        else:
+            joined.append(word)
+    return joined
+
+
+# Form-factor words: "SXM" names every SXM generation ("SXM4", "SXM5"), so it fits them as a prefix.
+_FORM_FACTORS = ("sxm", "pcie", "nvl")
+_IGNORED = {"nvidia"}
+
+
+def _fits_token(word: str, tokens: list[str]) -> bool:
+    """`word` is one whole token of the name, or several adjacent ones written together
+    ("rtx4090", "4090d"); never part of one: "A10" is not "A100", "L4" not "L40S", "H20" not "H200"."""
+    if word in tokens or any(_same_form_factor(word, token) for token in tokens):
+        return True
+    return any("".join(tokens[i:j]) == word for i in range(len(tokens)) for j in range(i + 2, len(tokens) + 1))
+
+
+def _same_form_factor(a: str, b: str) -> bool:
+    """ "sxm" and "sxm5" (a generation left out) name one form factor; "sxm4" and "sxm5" do not."""
+    for form in _FORM_FACTORS:
+        rest_a, rest_b = a[len(form):], b[len(form):]
+        if a.startswith(form) and b.startswith(form) and all(r == "" or r.isdigit() for r in (rest_a, rest_b)):
+            return not rest_a or not rest_b or rest_a == rest_b
+    return False
+
+
+def _reference_tokens(ref: Reference | None) -> list[list[str]]:
+    """Other ways to name the matched reference model: its id ("H100-SXM5-80GB" for the NVML
+    name "NVIDIA H100 80GB HBM3") and the form factor noted beside its name ("NVIDIA H800 (SXM)")."""
+    if ref is None:
+        return []
+    id_words = _words(re.sub(r"\([^)]*\)", " ", ref.id))
+    notes = re.findall(r"\(([^)]*)\)", ref.id + " " + ref.row.get("nvidia_smi_names", "").split(";")[0])
+    forms = [w for note in notes for w in _words(note) if w in _FORM_FACTORS]
+    return [id_words + forms]
+
+
+_MEMORY_WORD = re.compile(r"(\d+)g(?:b|ib)?")
+
+
 def _memory_word_fits(word: str, memory_mib: float | None) -> bool | None:
-    """None when `word` is no memory size ("80GB", "24G"); else whether the memory is within 10% of it."""
-    size = re.fullmatch(r"(\d+)g(?:b|ib)?", word)
-    if not size:
+    """None when `word` is no memory size ("80GB", "24G") or the memory is unknown; else whether
+    the memory is within 10% of it."""
+    size = _MEMORY_WORD.fullmatch(word)
+    if not size or not memory_mib:
         return None
     gb = int(size.group(1))
-    return bool(memory_mib) and abs(memory_mib / 1024 - gb) <= 0.1 * gb
+    return abs(memory_mib / 1024 - gb) <= 0.1 * gb
 
 
 def matches_expectation(expect: str, gpu: Gpu) -> bool:
     """Does the user's "A100 80GB" describe this GPU? Every word must fit; tier words must agree.
 
-    Memory words ("80GB", "24G") are compared with the memory the GPU reports (within 10%),
-    so "H100 80GB" matches "NVIDIA H100 PCIe" with 80 GB. Form factors (PCIe, SXM) only count
-    when the user names them; tier words (Ti, SUPER, D, NVL) always count, so "RTX 4090" is
-    not an "RTX 4090 D".
+    Words match whole tokens of the name (or of the matched reference row's id, so "H100 SXM"
+    fits "NVIDIA H100 80GB HBM3", row H100-SXM5-80GB). Memory words ("80GB", "80 GB") are compared
+    with the memory the GPU reports (within 10%), so "H100 80GB" matches "NVIDIA H100 PCIe" with
+    80 GB. Form factors (PCIe, SXM) only count when the user names them; tier words (Ti, SUPER,
+    D, NVL) always count, so "RTX 4090" is not an "RTX 4090 D".
     """
-    return _name_matches(expect, gpu.name or "", gpu.memory_total_mib)
+    name = gpu.name or ""
+    return _name_matches(expect, name, gpu.memory_total_mib, reference.match(name, gpu.memory_total_mib))
 
 
-def _name_matches(expect: str, name: str, memory_mib: float | None) -> bool:
-    name_words, joined = set(_words(name)), "".join(_words(name))
-    for word in _words(expect):
+def _name_matches(expect: str, name: str, memory_mib: float | None, ref: Reference | None = None) -> bool:
+    spellings = [_words(name)] + _reference_tokens(ref)
+    expected = _expect_words(expect)
+    for word in expected:
+        if word in _IGNORED:
+            continue
         fits = _memory_word_fits(word, memory_mib)
         if fits is False:
             return False
-        if fits is None and word != "nvidia" and word not in name_words and word not in joined:  # "rtx4090" too
+        if fits is None and not any(_fits_token(word, tokens) for tokens in spellings):
             return False
-    return (name_words & _TIER_WORDS) <= set(_words(expect))
+    # A tier word of the name must be asked for, alone or stuck to a number ("4090D", "1080Ti").
+    asked = set(expected) | {part for word in expected for part in re.findall(r"[a-z]+|\d+", word)}
+    return (set(_words(name)) & _TIER_WORDS) <= asked
 
 
 def truncated_name_fits(expect: str, gpu: Gpu) -> bool:
@@ -139,20 +231,18 @@ def truncated_name_fits(expect: str, gpu: Gpu) -> bool:
     words = _words(visible)
     cut_mid_word = bool(words) and visible[-1:].isalnum()
     complete, partial = (words[:-1], words[-1]) if cut_mid_word else (words, "")
-    joined = "".join(words)
     shows_model_number = any(any(ch.isdigit() for ch in w) for w in complete)
-    for word in _words(expect):
-        fits = _memory_word_fits(word, gpu.memory_total_mib)
-        if fits is not None:
-            if not fits and gpu.memory_total_mib:
+    for word in _expect_words(expect):
+        if _MEMORY_WORD.fullmatch(word):
+            if _memory_word_fits(word, gpu.memory_total_mib) is False:
                 return False
             continue
-        if word == "nvidia" or word in complete or word in joined or (partial and word.startswith(partial)):
+        if word in _IGNORED or _fits_token(word, complete) or (partial and word.startswith(partial)):
             continue
         if shows_model_number and any(ch.isdigit() for ch in word):
             return False  # the visible part already names another model ("V100" when "A100" was expected)
     # A known model the user means must start the way the cut-off name does.
-    meant = [r for r in reference.all_references() if _name_matches(expect, r.name, r.number("nvidia_smi_memory_total_mib"))]
+    meant = [r for r in reference.all_references() if _name_matches(expect, r.name, r.number("nvidia_smi_memory_total_mib"), r)]
     prefix = visible.rstrip()
     return not meant or any(r.name.startswith(prefix) or r.name.startswith(f"NVIDIA {prefix}") for r in meant)
 
@@ -178,9 +268,18 @@ def check_uniform(ctx: Context) -> list[Finding]:
                         measured="; ".join(differences), expected="identical configuration on every GPU",
                         source="the facts of every GPU, compared with each other",
                         remedy="compare `nvidia-smi --query-gpu=index,memory.total,power.limit,pcie.link.gen.max,pcie.link.width.max,vbios_version --format=csv`")]
-    shared = "; ".join(f"{label} {_shown(value(gpus[0]))}{_UNITS.get(label, '')}" for label, value, _ in _UNIFORM_FACTS if value(gpus[0]) is not None)
-    return [finding("gpu.uniform", "machine", PASS, f"{n} x {gpus[0].name}: same memory, power limit, link and VBIOS",
-                    measured=f"{n} GPUs alike: {shared}", expected="identical configuration on every GPU",
+    # Name only the facts actually compared: known on at least two GPUs.
+    compared = [(label, value) for label, value, _ in _UNIFORM_FACTS if sum(value(g) is not None for g in gpus) >= 2]
+    if not compared:
+        return [finding("gpu.uniform", "machine", SKIP, f"{n} x {gpus[0].name}: no configuration fact (memory, power limit, "
+                                                        "link, VBIOS) known on two GPUs to compare")]
+    shared = "; ".join(f"{label} {_shown(value(gpus[0]))}{_UNITS.get(label, '')}" for label, value in compared if value(gpus[0]) is not None)
+    labels = [label for label, _ in compared]
+    listed = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + f" and {labels[-1]}"
+    unknown = [label for label, _, _ in _UNIFORM_FACTS if label not in labels]
+    return [finding("gpu.uniform", "machine", PASS, f"{n} x {gpus[0].name}: same {listed}",
+                    measured=f"{n} GPUs alike: {shared}" + (f"; not in the facts: {', '.join(unknown)}" if unknown else ""),
+                    expected="identical configuration on every GPU",
                     source="the facts of every GPU, compared with each other")]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from ..facts import Gpu, PcieLink, Topology
@@ -57,8 +58,17 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
                        f"PCIe link not reported: {why_missing(gpu, 'pcie.current_gen', 'not in the capture')}",
                        remedy="capture `nvidia-smi -q -x` or `sudo lspci -vv -d 10de:`")
     loaded = _under_load(gpu, r)
+    reported_max = bool(r.max_gen and r.max_width)
+    r, capability = _with_known_max(r, ref)
     now, best = _link_text(r.current_gen, r.current_width), _link_text(r.max_gen, r.max_width)
-    measured = f"{now} {_when(gpu, loaded)} ({r.source}), max {best}"
+    if capability is None:
+        return finding("gpu.pcie_link", s, SKIP,
+                       f"{now} now, but the link's maximum is not in the capture and there is no reference for "
+                       f"{gpu.name or 'this GPU'}: cannot tell whether that is the full link",
+                       measured=f"{now} {_when(gpu, loaded)} ({r.source}), max not reported",
+                       remedy=f"`nvidia-smi -i {gpu.index} -q -d PCIE` (Max link generation/width) or "
+                              f"`sudo lspci -vv -s {gpu.pcie.bus_id or 'BUS_ID'} | grep LnkCap`")
+    measured = f"{now} {_when(gpu, loaded)} ({r.source}), max {best}" + ("" if reported_max else " (reference)")
     confirm = (f"confirm under load: `nvidia-smi -i {gpu.index} -q -d PCIE` while a job runs, or "
                f"`sudo lspci -vv -s {gpu.pcie.bus_id or 'BUS_ID'} | grep -E 'LnkCap|LnkSta'`")
     problems: list[tuple[str, str]] = []  # (status, text)
@@ -88,10 +98,23 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
         status = FAIL if any(st == FAIL for st, _ in problems) else WARN
         return finding("gpu.pcie_link", s, status, "; ".join(text for _, text in problems) + gen_note,
                        measured=measured, expected=f"{best}" + (" under load" if not loaded else ""),
-                       source=f"PCIe link capability ({r.source})", remedy=confirm)
+                       source=capability, remedy=confirm)
     summary = f"{now}{gen_note}" if gen_note else f"{now}, the full {best} link" + (" under load" if loaded else "")
     return finding("gpu.pcie_link", s, PASS, summary, measured=measured, expected=best,
-                   source=f"PCIe link capability ({r.source})", remedy=confirm if gen_note else None)
+                   source=capability, remedy=confirm if gen_note else None)
+
+
+def _with_known_max(r: PcieLink, ref: Reference | None) -> tuple[PcieLink, str | None]:
+    """The reading with its maximum generation and width, and where they come from: the capture
+    (PCIe link capability), else the model's reference row; None when neither knows them."""
+    if r.max_gen and r.max_width:
+        return r, f"PCIe link capability ({r.source})"
+    ref_gen = ref.number("pcie_gen") if ref else None
+    ref_lanes = ref.number("pcie_lanes") if ref else None
+    if not (r.max_gen or ref_gen) or not (r.max_width or ref_lanes):
+        return r, None
+    filled = dataclasses.replace(r, max_gen=r.max_gen or int(ref_gen), max_width=r.max_width or int(ref_lanes))
+    return filled, f"the link maximum is not in the capture: {ref.cite('pcie_gen')} and pcie_lanes"
 
 
 def _slot_limit(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:

@@ -108,7 +108,7 @@ def _throttle(gpu: Gpu) -> Finding:
                        measured=measured, expected=_NO_FAULT, source=_REASONS_SOURCE,
                        remedy=f"watch it under load: `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE,POWER`; "
                               "check cooling and power cabling, or ask the provider for another GPU")
-    if "applications_clocks_setting" in reasons:
+    if "applications_clocks_setting" in reasons and not _default_app_clocks(gpu):
         return finding("gpu.throttle", s, WARN, "clocks held down by an application-clocks setting" + clocks,
                        measured=measured, expected="default application clocks", source=_REASONS_SOURCE,
                        remedy=f"sudo nvidia-smi -i {gpu.index} -rac  (reset application clocks)")
@@ -118,11 +118,26 @@ def _throttle(gpu: Gpu) -> Finding:
                 else "the GPU is at its power limit: normal under full load (see gpu.power_limit)")
         return finding("gpu.throttle", s, PASS, f"SW power cap ({state}): {note}", measured=measured,
                        expected=_NO_FAULT, source=_REASONS_SOURCE)
+    if "applications_clocks_setting" in reasons:
+        c = gpu.clocks
+        return finding("gpu.throttle", s, PASS,
+                       f"application clocks at the board's default ({c.applications_graphics_mhz} MHz): the flag reports "
+                       "the default setting, not a cap" + clocks,
+                       measured=f"{measured}; application clocks {c.applications_graphics_mhz} MHz, default "
+                                f"{c.default_applications_graphics_mhz} MHz",
+                       expected="default application clocks", source=_REASONS_SOURCE)
     if "gpu_idle" in reasons:
         return finding("gpu.throttle", s, PASS, "idle; no slowdown active", measured=measured,
                        expected=_NO_FAULT, source=_REASONS_SOURCE)
     return finding("gpu.throttle", s, PASS, "no clock-event reason active" + clocks, measured=measured,
                    expected=_NO_FAULT, source=_REASONS_SOURCE)
+
+
+def _default_app_clocks(gpu: Gpu) -> bool:
+    """Application clocks known to be at the board's default (Tesla K80: 562 = 562 MHz): the flag
+    then reports the default setting, not a cap someone set, so there is nothing to reset."""
+    c = gpu.clocks
+    return c.applications_graphics_mhz is not None and c.applications_graphics_mhz == c.default_applications_graphics_mhz
 
 
 def _clock_text(gpu: Gpu) -> str:
@@ -144,6 +159,24 @@ def check_temperature(ctx: Context) -> list[Finding]:
 
 
 def _temperature(gpu: Gpu) -> Finding:
+    return _fan_error(gpu) or _temperature_reading(gpu)
+
+
+def _fan_error(gpu: Gpu) -> Finding | None:
+    """nvidia-smi printed ERR! for the fan: the fan (or its tachometer) failed, so cooling is in doubt."""
+    fan = why_missing(gpu, "fan", "")
+    if "ERR!" not in fan:
+        return None
+    now = f"; {gpu.thermal.gpu_c:.0f} C now" if gpu.thermal.gpu_c is not None else ""
+    return finding("gpu.temperature", subject(gpu), WARN,
+                   f"fan reading failed (nvidia-smi shows ERR!){now}: a dead fan or sensor lets the GPU overheat under load",
+                   measured=f"fan: {fan}{now}", expected="a fan speed in percent",
+                   source="nvidia-smi fan column (ERR!: the driver could not read the fan)",
+                   remedy=f"confirm with `nvidia-smi -i {gpu.index} --query-gpu=fan.speed,temperature.gpu --format=csv` "
+                          "under load; ask the provider to check the fan")
+
+
+def _temperature_reading(gpu: Gpu) -> Finding:
     s, t = subject(gpu), gpu.thermal
     if t.gpu_c is None and t.slowdown_margin_c is None:
         return finding("gpu.temperature", s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")

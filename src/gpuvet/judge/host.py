@@ -35,12 +35,14 @@ def check_cpu(ctx: Context) -> list[Finding]:
     model = host.cpu_model or "CPU"
     described = f"{cores} usable cores ({host.cpu_physical_cores or '?'} physical, {host.cpu_logical_cores or '?'} logical), {model}"
     gpus = len(ctx.machine.gpus)
+    expected = f"at least {CORES_PER_GPU_WARN} usable cores per GPU (under {CORES_PER_GPU_FAIL} fails)"
+    source = ("PyTorch DataLoader practice: several worker processes per GPU; gpuvet rule of thumb for image pipelines "
+              "(seed: 8 -> 16 cores cut a 4090's training time by a third)")
     if gpus == 0:
-        return [finding("host.cpu", "host", PASS, described, measured=described)]
+        return [finding("host.cpu", "host", PASS, described, measured=described,
+                        expected=f"{expected}; no GPU here to feed", source=source)]
     per_gpu = cores / gpus
     measured = f"{described}; {per_gpu:.1f} per GPU"
-    expected = f"at least {CORES_PER_GPU_WARN} cores per GPU"
-    source = "gpuvet rule of thumb for image pipelines (seed: 8 -> 16 cores cut a 4090's training time by a third)"
     remedy = "raise DataLoader num_workers up to the core count; if the GPU still waits on data, rent more vCPUs per GPU"
     if per_gpu < CORES_PER_GPU_FAIL:
         return [finding("host.cpu", "host", FAIL, f"only {per_gpu:.1f} CPU cores per GPU: the input pipeline will starve the GPUs",
@@ -48,7 +50,8 @@ def check_cpu(ctx: Context) -> list[Finding]:
     if per_gpu < CORES_PER_GPU_WARN:
         return [finding("host.cpu", "host", WARN, f"{per_gpu:.1f} CPU cores per GPU: image decoding and augmentation may not keep up",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
-    return [finding("host.cpu", "host", PASS, f"{per_gpu:.0f} CPU cores per GPU ({cores} usable, {model})", measured=measured)]
+    return [finding("host.cpu", "host", PASS, f"{per_gpu:.0f} CPU cores per GPU ({cores} usable, {model})", measured=measured,
+                    expected=expected, source=source)]
 
 
 def check_shm(ctx: Context) -> list[Finding]:
@@ -61,15 +64,17 @@ def check_shm(ctx: Context) -> list[Finding]:
     measured = f"/dev/shm {size / GIB:.1f} GiB ({(host.shm_free_bytes or 0) / GIB:.1f} GiB free)"
     remedy = ("start the container with `--shm-size=16g` (or `--ipc=host`); on Kubernetes mount an emptyDir with "
               "medium: Memory at /dev/shm")
+    expected = f"at least {SHM_WARN_BYTES // GIB} GiB (under {SHM_FAIL_BYTES // GIB} GiB fails)"
+    source = ("PyTorch DataLoader workers hand batches over in shared memory (/dev/shm); Docker's default is 64 MB "
+              "(docs.docker.com, `docker run --shm-size`)")
     if size < SHM_FAIL_BYTES:
         return [finding("host.shm", "host", FAIL,
                         f"/dev/shm is only {size / 2**20:.0f} MiB: PyTorch DataLoader workers crash with 'bus error' or 'No space left'",
-                        measured=measured, expected=f"at least {SHM_WARN_BYTES // GIB} GiB", source="Docker's 64 MB default is the usual cause",
-                        remedy=remedy)]
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
     if size < SHM_WARN_BYTES:
         return [finding("host.shm", "host", WARN, f"/dev/shm is {size / GIB:.1f} GiB: tight for several DataLoader workers with large batches",
-                        measured=measured, expected=f"at least {SHM_WARN_BYTES // GIB} GiB", remedy=remedy)]
-    return [finding("host.shm", "host", PASS, measured, measured=measured)]
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
+    return [finding("host.shm", "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 
 def check_steal(ctx: Context) -> list[Finding]:
@@ -82,16 +87,17 @@ def check_steal(ctx: Context) -> list[Finding]:
     since_boot = f", {host.steal_since_boot_pct:.1f}% since boot" if host.steal_since_boot_pct is not None else ""
     measured = f"{host.steal_pct:.1f}% steal{window}{since_boot}"
     worst = max(host.steal_pct, host.steal_since_boot_pct or 0.0)
-    expected = f"under {STEAL_WARN_PCT:.0f}%"
+    expected = f"under {STEAL_WARN_PCT:.0f}% ({STEAL_FAIL_PCT:.0f}% or more fails)"
+    source = "/proc/stat steal time (CPU time the hypervisor gave to other guests), over the window and since boot"
     remedy = "run `vmstat 1 10` (column st) while your job runs; high steal means an oversold host: ask for another one"
     if worst >= STEAL_FAIL_PCT:
         return [finding("host.steal", "host", FAIL, f"the hypervisor takes {worst:.0f}% of CPU time: neighbours share your cores",
-                        measured=measured, expected=expected, source="/proc/stat steal", remedy=remedy)]
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
     if worst >= STEAL_WARN_PCT:
         return [finding("host.steal", "host", WARN, f"{worst:.0f}% CPU steal: the host is busy with other tenants",
-                        measured=measured, expected=expected, source="/proc/stat steal", remedy=remedy)]
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
     where = f" ({host.hypervisor} guest)" if host.hypervisor else ""
-    return [finding("host.steal", "host", PASS, f"{measured}{where}", measured=measured)]
+    return [finding("host.steal", "host", PASS, f"{measured}{where}", measured=measured, expected=expected, source=source)]
 
 
 def check_somaxconn(ctx: Context) -> list[Finding]:
@@ -102,13 +108,14 @@ def check_somaxconn(ctx: Context) -> list[Finding]:
     if value is None:
         return [finding("host.somaxconn", "host", SKIP, f"net.core.somaxconn not readable: {why_missing(host, 'somaxconn')}")]
     measured = f"net.core.somaxconn = {value}"
+    expected = f">= {SOMAXCONN_MIN} (4096 on kernels since 5.4)"
+    source = "Linux: net.core.somaxconn caps every listen() backlog; seed: 128 dropped 200 concurrent requests"
     if value < SOMAXCONN_MIN:
         return [finding("host.somaxconn", "host", WARN,
                         f"TCP accept queue of {value}: a server (inference API, Jupyter, rendezvous) drops connections under bursts",
-                        measured=measured, expected=f">= {SOMAXCONN_MIN} (4096 on kernels since 5.4)",
-                        source="seed: 128 with 200 concurrent requests",
+                        measured=measured, expected=expected, source=source,
                         remedy="sudo sysctl -w net.core.somaxconn=4096")]
-    return [finding("host.somaxconn", "host", PASS, measured, measured=measured)]
+    return [finding("host.somaxconn", "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 
 def workdir_persistence(host: Host) -> tuple[bool | None, str]:
@@ -174,4 +181,5 @@ def check_workdir(ctx: Context) -> list[Finding]:
         return [finding("storage.workdir", "storage", SKIP, f"{unknown}: {confirm}", measured=where, remedy=confirm)]
     if issues:
         return [finding("storage.workdir", "storage", WARN, "; ".join(issues), measured=where, expected=expected, remedy=remedy)]
-    return [finding("storage.workdir", "storage", PASS, f"{where}; {why}", measured=where)]
+    return [finding("storage.workdir", "storage", PASS, f"{where}; {why}", measured=where, expected=expected,
+                    source="the file system, device and platform behind the working directory (findmnt, /sys/block)")]

@@ -7,7 +7,50 @@ from . import cuda
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 from .cuda import version_tuple as vt
 
-_INSTALL = "install a PyTorch wheel built for an older CUDA (e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu{tag}`)"
+# PyTorch's CUDA wheel indexes (https://download.pytorch.org/whl/<tag>): the CUDA each is built
+# with, and the last torch release published there (None: the newest release, 2.9.1, still is).
+# Source: pytorch.org/get-started/previous-versions (the pip --index-url line of each release).
+# cu111 and older are left out: their releases used `-f torch_stable.html`, not an index.
+WHEEL_SOURCE = "PyTorch's wheel indexes per release (pytorch.org/get-started/previous-versions)"
+TORCH_WHEELS = (
+    ("cu102", "10.2", "1.12.1"), ("cu113", "11.3", "1.12.1"), ("cu116", "11.6", "1.13.1"),
+    ("cu117", "11.7", "2.0.1"), ("cu118", "11.8", "2.7.1"), ("cu121", "12.1", "2.5.1"),
+    ("cu124", "12.4", "2.6.0"), ("cu126", "12.6", None), ("cu128", "12.8", None),
+    ("cu129", "12.9", "2.8.0"), ("cu130", "13.0", None),
+)
+_INDEX = "https://download.pytorch.org/whl/"
+
+
+def driver_cuda(driver) -> str | None:
+    """The newest CUDA the driver runs: as reported, else the newest toolkit released with an
+    older or equal driver (CUDA release notes, Table 3)."""
+    if driver.cuda_version:
+        return driver.cuda_version
+    if not driver.version:
+        return None
+    fitting = [c for c, needs in cuda.TOOLKIT_DRIVER.items() if vt(needs) <= vt(driver.version)]
+    return max(fitting, key=vt) if fitting else None
+
+
+def wheel_for(cuda_version: str | None) -> str:
+    """The pip command for the newest PyTorch wheel this driver's CUDA runs: a tag still built
+    by current releases when one fits (no pin), else the newest older tag, pinned to the last
+    torch release that had it; or why none fits."""
+    if not cuda_version:
+        return (f"find the driver's CUDA version with `nvidia-smi` (top right), then pick that or an older "
+                f"CUDA on pytorch.org/get-started/locally (e.g. `pip install torch --index-url {_INDEX}cu126`)")
+    fitting = [w for w in TORCH_WHEELS if vt(w[1]) <= vt(cuda_version)[:2]]
+    if not fitting:
+        oldest_tag, oldest_cuda, last = TORCH_WHEELS[0]
+        return (f"no PyTorch wheel index has a build for CUDA {cuda_version} or older: upgrade the driver to "
+                f">= {cuda.toolkit_driver(oldest_cuda)} ({oldest_tag}, last built for torch {last}) or, for current "
+                f"wheels (cu126), >= {cuda.toolkit_driver('12.6')}")
+    current = [w for w in fitting if w[2] is None]
+    tag, _, last = (current or fitting)[-1]
+    pin = f"=={last}" if last else ""
+    note = f"  ({tag} was last built for torch {last})" if last else ""
+    return f"pip install torch{pin} --index-url {_INDEX}{tag}{note}"
+
 
 
 def check_driver_cuda(ctx: Context) -> list[Finding]:
@@ -23,7 +66,7 @@ def check_driver_cuda(ctx: Context) -> list[Finding]:
             return [finding("stack.driver_cuda", "stack", FAIL,
                             f"PyTorch {torch.version} is a CPU-only build: it will never use the GPUs",
                             measured=f"torch.version.cuda = None ({torch.version})", expected="a CUDA build of PyTorch",
-                            remedy="pip install torch --index-url https://download.pytorch.org/whl/cu128  (pick the CUDA your driver supports)")]
+                            source=WHEEL_SOURCE, remedy=f"install a CUDA build your driver runs: {wheel_for(driver_cuda(driver))}")]
         return [finding("stack.driver_cuda", "stack", SKIP, f"PyTorch {torch.version} has no CUDA runtime (CPU or ROCm build)")]
     if driver.version is None:
         return [finding("stack.driver_cuda", "stack", SKIP,
@@ -38,16 +81,16 @@ def check_driver_cuda(ctx: Context) -> list[Finding]:
         return [finding("stack.driver_cuda", "stack", PASS,
                         f"driver {driver.version} runs CUDA {torch.cuda} (torch {torch.version})",
                         measured=measured, expected=expected, source=cuda.SOURCE)]
-    tag = (driver.cuda_version or "").replace(".", "")
-    remedy = f"ask the provider for a driver >= {needed or '?'}, or " + _INSTALL.format(tag=tag or "118")
+    remedy = (f"ask the provider for a driver >= {needed or '?'}, or install a PyTorch wheel for the driver's CUDA: "
+              f"{wheel_for(driver_cuda(driver))}")
     if family_min and vt(driver.version) >= vt(family_min) and vt(driver.cuda_version or "0")[:1] == vt(torch.cuda)[:1]:
         return [finding("stack.driver_cuda", "stack", WARN,
                         f"driver {driver.version} is older than CUDA {torch.cuda} wants; it runs by minor-version compatibility, "
                         "but PTX/JIT code (torch.compile, Triton) can fail with 'unsupported PTX version'",
-                        measured=measured, expected=expected, source=cuda.SOURCE, remedy=remedy)]
+                        measured=measured, expected=expected, source=f"{cuda.SOURCE}; {WHEEL_SOURCE}", remedy=remedy)]
     return [finding("stack.driver_cuda", "stack", FAIL,
                     f"driver {driver.version} is too old for PyTorch built with CUDA {torch.cuda}: CUDA calls will fail",
-                    measured=measured, expected=expected, source=cuda.SOURCE, remedy=remedy)]
+                    measured=measured, expected=expected, source=f"{cuda.SOURCE}; {WHEEL_SOURCE}", remedy=remedy)]
 
 
 def check_arch_support(ctx: Context) -> list[Finding]:

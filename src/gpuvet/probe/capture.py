@@ -11,6 +11,7 @@ import codecs
 import re
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ..facts import Driver, Gpu, Machine, PcieLink, Topology
 from . import lspci, nvlink_status, proc_version, smi_csv, smi_table, smi_text, smi_xml, topo
@@ -46,6 +47,8 @@ class Capture:
     pci_drivers: dict[str, str] = field(default_factory=dict)  # bus id -> kernel driver
     pci_names: dict[str, str] = field(default_factory=dict)  # bus id -> lspci device text
     kernel_module_version: str | None = None
+    attached: int | None = None  # GPUs on the machine by the report's header (more than `gpus` with `-i N`)
+    timestamp: datetime | None = None  # when nvidia-smi wrote the report ("Timestamp" / <timestamp>)
     note: str | None = None
 
 
@@ -124,10 +127,14 @@ def _fill(capture: Capture, text: str) -> None:
     kind = capture.kind
     if kind == "smi-xml":
         capture.driver, capture.gpus = smi_xml.parse_smi_xml(text)
-        capture.note = _fewer_than_attached(smi_xml.attached_gpus(text), len(capture.gpus))
+        capture.attached = smi_xml.attached_gpus(text)
+        capture.note = _fewer_than_attached(capture.attached, len(capture.gpus))
+        capture.timestamp = _timestamp(text)
     elif kind == "smi-text":
         capture.driver, capture.gpus = smi_text.parse_smi_text(text)
-        capture.note = _fewer_than_attached(smi_text.attached_gpus(text), len(capture.gpus))
+        capture.attached = smi_text.attached_gpus(text)
+        capture.note = _fewer_than_attached(capture.attached, len(capture.gpus))
+        capture.timestamp = _timestamp(text)
     elif kind == "smi-csv":
         capture.driver, capture.gpus = smi_csv.parse_smi_csv(text)
     elif kind == "smi-table":
@@ -153,6 +160,19 @@ def _fill(capture: Capture, text: str) -> None:
         capture.kernel_module_version = proc_version.parse_kernel_module_version(text)
     if not capture.gpus and kind in ("smi-xml", "smi-text", "smi-csv", "smi-table"):
         raise CaptureError(f"the {kind} capture lists no GPU")
+
+
+_TIMESTAMP = re.compile(r"^\s*(?:<timestamp>|Timestamp\s*:\s*)(?P<when>\w{3} \w{3} +\d{1,2} \d\d:\d\d:\d\d \d{4})", re.M)
+
+
+def _timestamp(text: str) -> datetime | None:
+    m = _TIMESTAMP.search(text[:8192])
+    if not m:
+        return None
+    try:
+        return datetime.strptime(" ".join(m.group("when").split()), "%a %b %d %H:%M:%S %Y")
+    except ValueError:
+        return None
 
 
 def _fewer_than_attached(attached: int | None, found: int) -> str | None:
@@ -232,6 +252,32 @@ def _bundle_captures(text: str, path: str) -> list[Capture]:
 
 # Full reports first: they carry the most facts about each GPU.
 _RANK = {"smi-xml": 0, "smi-text": 1, "smi-csv": 2, "smi-table": 3, "smi-dmon": 4}
+_BUSY_PCT = 50  # a GPU this busy, with work on it, shows its PCIe link as it runs under load
+
+
+def _base_order(report: Capture) -> tuple:
+    """Which report gives each GPU's facts. The judgement must not depend on the order the files
+    were given, so: an idle snapshot first (a bundle's "idle" section); then the one with every
+    GPU (not an `-i N` one); a full report (-q, -q -x) before a table or CSV; among those, the idler
+    one: the fewest processes, the least memory used, the least busy, since isolation is about
+    what runs before you start; then the fullest form, the earliest timestamp, and the path, so
+    ties never fall back on argument order. The other reports only add PCIe readings, marked
+    "under load" when taken while the GPU worked (what gpu.pcie_link reads the link from)."""
+    return (report.phase == "load", -len(report.gpus), _RANK[report.kind] > _RANK["smi-text"], _occupancy(report),
+            _RANK[report.kind], report.timestamp or datetime.max, report.path)
+
+
+def _occupancy(report: Capture) -> tuple:
+    """(0, processes, MiB used, % busy) summed over the GPUs; (1,) when the report lists no processes."""
+    if any(g.processes is None for g in report.gpus):
+        return (1,)
+    return (0, sum(len(g.processes or []) for g in report.gpus), sum(g.memory_used_mib or 0 for g in report.gpus),
+            sum(g.utilization_pct or 0 for g in report.gpus))
+
+
+def _working(gpu: Gpu) -> bool:
+    """Busy with real work (a process or a context's worth of memory), not just the driver waking it."""
+    return (gpu.utilization_pct or 0) >= _BUSY_PCT and bool(gpu.processes or (gpu.memory_used_mib or 0) >= 1024)
 
 
 def merge(captures: list[Capture]) -> Machine:
@@ -243,9 +289,7 @@ def merge(captures: list[Capture]) -> Machine:
     _check_lspci_has_gpus(captures)
     machine = Machine(source="capture")
     machine.captures = [{"path": c.path, "kind": c.kind, **({"note": c.note} if c.note else {})} for c in captures]
-    # The base report: idle before load, then the one with every GPU (not an `-i N` one), then the fullest form.
-    reports = sorted((c for c in captures if c.kind in _RANK),
-                     key=lambda c: (c.phase == "load", -len(c.gpus), _RANK[c.kind]))
+    reports = sorted((c for c in captures if c.kind in _RANK), key=_base_order)
     if reports:
         base = reports[0]
         for other in reports[1:]:
@@ -255,10 +299,11 @@ def merge(captures: list[Capture]) -> Machine:
         for other in reports[1:]:
             _merge_report(machine, other)
     for c in captures:
-        if c.topology is not None and machine.topology is None and _topology_fits(machine, c):
+        if c.topology is not None and machine.topology is None and _topology_fits(machine, c, reports):
             machine.topology = c.topology
         if c.kernel_module_version:
             machine.driver.kernel_module_version = c.kernel_module_version
+            _note_stale_module(machine, c)
         if c.nvlinks:
             _merge_nvlinks(machine, c.nvlinks)
         if c.pci_names:
@@ -285,16 +330,19 @@ def _merge_report(machine: Machine, report: Capture) -> None:
     """A second report of the same GPUs: keep its PCIe readings (a load capture's matter most)."""
     if machine.driver.version is None and report.driver:
         machine.driver = report.driver
-    unmatched = []
+    unmatched, loaded = [], False
     for gpu in report.gpus:
         target = _find(machine, gpu)
         if target is None:
             unmatched.append(f"gpu{gpu.index}")
             continue
         for reading in gpu.pcie.readings:
-            if report.phase == "load":
-                reading.under_load = True
+            if report.phase == "load" or _working(gpu):
+                reading.under_load = loaded = True
             target.pcie.readings.append(reading)
+    if report.gpus and len(unmatched) < len(report.gpus):
+        _note(machine, report.path, "another report of these GPUs: only its PCIe link readings are used"
+                                    + (" (taken under load)" if loaded else "") + "; isolation and the rest come from the idler one")
     if unmatched:
         _note(machine, report.path, f"{', '.join(unmatched)} here match no GPU of the other report: "
                                     "not used; is this capture from the same machine?")
@@ -360,14 +408,29 @@ def _describe(report: Capture) -> str:
     return f"{text} driver {version}" if version else text
 
 
-def _topology_fits(machine: Machine, capture: Capture) -> bool:
-    """`topo -m` shows every GPU of its machine: fewer than the reports hold means another machine."""
-    shown, reported = len(capture.topology.gpus), len(machine.gpus)
-    if reported and shown < reported:
+def _topology_fits(machine: Machine, capture: Capture, reports: list[Capture]) -> bool:
+    """`topo -m` shows every GPU of its machine, so its GPU count must be the machine's: the
+    reports' "Attached GPUs" (a `-i N` report still counts them all), else the GPUs they list.
+    Only the count is compared: a matrix names no GPU model, so a topology of another machine
+    with as many GPUs (NV12 links pasted beside an H100 report) cannot be told apart here."""
+    shown = len(capture.topology.gpus)
+    reported = max((r.attached or len(r.gpus) for r in reports), default=0)
+    if reported and shown != reported:
         _note(machine, capture.path, f"this topo matrix shows {shown} GPUs, the nvidia-smi report {reported}: "
                                      "not used; is this capture from the same machine?")
         return False
     return True
+
+
+def _note_stale_module(machine: Machine, capture: Capture) -> None:
+    """/proc/driver/nvidia/version names the kernel module loaded; nvidia-smi the driver it talked
+    to. Different versions: the captures are from different times or machines, or the driver was
+    upgraded without reloading its module (CUDA then fails with "driver/library version mismatch")."""
+    module, driver = capture.kernel_module_version, machine.driver.version
+    if module and driver and module != driver:
+        _note(machine, capture.path, f"kernel module {module} loaded, but the nvidia-smi report says driver {driver}: "
+                                     "captured at different times or on another machine, or the driver was upgraded "
+                                     "without reloading its module (reboot, or reload the nvidia modules)")
 
 
 def _check_lspci_has_gpus(captures: list[Capture]) -> None:

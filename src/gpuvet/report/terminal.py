@@ -5,6 +5,7 @@ checklist, the skips and the verdict."""
 
 from __future__ import annotations
 
+import re
 from itertools import groupby
 
 from rich.console import Console
@@ -106,16 +107,36 @@ def _problems(findings: list[Finding], console: Console) -> None:
         return
     failed, warned = sum(f.status == FAIL for f in found), sum(f.status == WARN for f in found)
     console.print(f"\n[bold]Problems[/] [dim]({failed} failed, {warned} warning{'' if warned == 1 else 's'})[/]")
+    for group in same_problem_groups(found):
+        _problem(group, console)
+
+
+_GPU_INDEX = re.compile(r"(?<=-i )\d+|\bgpu\d+\b|\bGPU\d+\b")
+
+
+def _without_index(text: str | None) -> str:
+    return _GPU_INDEX.sub("#", text or "")
+
+
+def same_problem_groups(found: list[Finding]) -> list[list[Finding]]:
+    """Findings that say the same thing about several GPUs (8 x "not the 'H100' you expected"):
+    one group each, in order of first appearance. Same check, status and summary once GPU
+    numbers are set aside."""
+    groups: dict[tuple[str, str, str, str], list[Finding]] = {}
     for f in found:
-        _problem(f, console)
+        groups.setdefault((f.check, f.status, f.subject.rstrip("0123456789"), _without_index(f.summary)), []).append(f)
+    return list(groups.values())
 
 
-def _problem(f: Finding, console: Console) -> None:
-    console.print(f"  {_badge(f.status)}  {f.check:<18} {f.subject:<8} {escape(f.summary)}")
+def _problem(group: list[Finding], console: Console) -> None:
+    f = group[0]
+    subjects = subject_range(list(dict.fromkeys(g.subject for g in group)))
+    console.print(f"  {_badge(f.status)}  {f.check:<18} {subjects:<8} {escape(f.summary)}")
     e = f.evidence
     parts = []
     if e.measured:
-        parts.append(f"measured {e.measured}")
+        alike = all(g.evidence.measured == e.measured for g in group)
+        parts.append(f"measured {e.measured}" if alike else f"measured ({f.subject}) {e.measured}")
     if e.expected:
         parts.append(f"expected {e.expected}")
     if parts:
@@ -123,7 +144,19 @@ def _problem(f: Finding, console: Console) -> None:
     if e.source:
         console.print(f"        [dim]source: {escape(e.source)}[/]")
     if f.remedy:
-        console.print(f"        [cyan]fix/confirm:[/] {escape(f.remedy)}")
+        console.print(f"        [cyan]fix/confirm:[/] {escape(_group_remedy(group))}")
+
+
+def _group_remedy(group: list[Finding]) -> str:
+    """One remedy for the group: nvidia-smi's `-i` takes a list, so "-i 3" becomes "-i 0,1,2,3"
+    when the remedies differ only in the GPU index; otherwise the first GPU's, marked as such."""
+    first = group[0].remedy or ""
+    if len(group) == 1 or all(g.remedy == first for g in group):
+        return first
+    if all(_without_index(g.remedy) == _without_index(first) for g in group) and "-i " in first:
+        indexes = ",".join(g.subject.removeprefix("gpu") for g in group)
+        return re.sub(r"(?<=-i )\d+", indexes, first)
+    return f"({group[0].subject}) {first}"
 
 
 def _passes_and_skips(findings: list[Finding], console: Console, verbose: bool) -> None:
@@ -268,14 +301,31 @@ def status_counts(record: RunRecord) -> dict[str, int]:
     return {s: sum(1 for f in record.findings if f.status == s) for s in (FAIL, WARN, PASS, SKIP)}
 
 
+# Every check skipped: "nothing wrong found" would read as a clean bill of health for a machine
+# nothing was learnt about (a /proc/driver/nvidia/version or `lspci -nn` alone).
+NOTHING_CHECKED_TEXT = ("SKIP: nothing could be checked from this input: capture `nvidia-smi -q -x > gpu.xml` "
+                        "(and `nvidia-smi topo -m`) on the machine and inspect that, or run `gpuvet run` there")
+
+
+def nothing_checked(record: RunRecord) -> bool:
+    counts = status_counts(record)
+    return counts[FAIL] + counts[WARN] + counts[PASS] == 0
+
+
+def verdict_text(record: RunRecord) -> str:
+    """The verdict in words; the record's verdict field stays the worst status (pass when all skip)."""
+    if nothing_checked(record) and not is_watch_log(record):
+        return NOTHING_CHECKED_TEXT
+    return (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
+
+
 def verdict_line(record: RunRecord) -> str:
     counts = status_counts(record)
-    text = (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
-    return (f"{text}  ({counts[FAIL]} failed, {counts[WARN]} warnings, "
+    return (f"{verdict_text(record)}  ({counts[FAIL]} failed, {counts[WARN]} warnings, "
             f"{counts[PASS]} passed, {counts[SKIP]} skipped)")
 
 
 def _verdict(record: RunRecord, console: Console) -> None:
-    verdict = record.verdict
+    style = STYLE[SKIP] if nothing_checked(record) and not is_watch_log(record) else STYLE[record.verdict]
     text, _, rest = verdict_line(record).partition("  ")
-    console.print(f"\n[{STYLE[verdict]}]{escape(text)}[/]  {escape(rest)}")
+    console.print(f"\n[{style}]{escape(text)}[/]  {escape(rest)}")
