@@ -242,8 +242,10 @@ def test_history_of_one_machine_resolves_its_key_and_shows_the_trend(capsys, tmp
     data = json.loads(out)
     assert code == 0 and data["machine"] == cpu_key and len(data["runs"]) == 2
     assert data["trend"]["schema"] == "gpuvet.trend/1" and "UTC+8 h" in data["trend"]["clock"]
-    (figure,) = data["trend"]["figures"]  # only the sustained run measured something
+    # only the sustained run measured a benchmark; the quick run's host facts add the CPU steal
+    figure, steal = data["trend"]["figures"]
     assert figure["name"] == "sustained.tflops" and len(figure["points"]) == 1
+    assert steal["name"] == "host.steal_pct" and len(steal["points"]) >= 1
     code, out, _ = gpuvet(capsys, "history", "--machine", cpu_key, "--db", db)
     assert "values, oldest first" in out and "0.03207" in out and "this machine's time zone" in out
     code, out, err = gpuvet(capsys, "history", "--machine", "zz", "--db", db)

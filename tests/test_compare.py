@@ -19,7 +19,7 @@ from rich.console import Console
 
 from gpuvet import judge
 from gpuvet.cli import main
-from gpuvet.compare import (Comparison, compare, entry, find_run, history_trend, key_figures, parse_job, run_figures,
+from gpuvet.compare import (TOKENS, Comparison, compare, entry, find_run, history_trend, key_figures, parse_job, run_figures,
                             with_prices)
 from gpuvet.facts import Machine
 from gpuvet.probe import live
@@ -128,7 +128,8 @@ def test_cost_per_pflop_hour_and_per_million_tokens(h100):
     assert costs["usd_per_pflop_hour_bf16"] == pytest.approx(16.0 / (700.0 * 8 / 1000))  # $2.857
     assert costs["usd_per_pflop_hour_sustained"] == pytest.approx(16.0 / (650.0 * 8 / 1000))
     assert costs["usd_per_million_tokens"] == pytest.approx(16.0 / (40000.0 * 8 * 3600 / 1e6))  # $0.0139
-    assert any("price per hour / (median bf16 GEMM TFLOPS per GPU x GPUs / 1000)" in n for n in result.notes)
+    assert any("price per hour / (sum of the GPUs' bf16 GEMM TFLOPS / 1000)" in n for n in result.notes)
+    assert not any(row.name.endswith("_slowest_gpu") for row in result.costs)  # equal GPUs: no second row
 
 
 def test_a_figure_measured_on_some_gpus_counts_for_all_of_them_and_says_so(h100):
@@ -274,9 +275,11 @@ def test_history_trend_compares_day_and_night_in_utc(h100):
 
 def test_history_trend_of_real_cpu_runs(cpu_runs):
     trend = history_trend(cpu_runs)
-    (figure,) = trend.figures  # the CPU runs measured only the sustained load
+    # the CPU runs measured the sustained load; the host facts add the CPU steal of each run
+    figure, steal = trend.figures
     assert figure.name == "sustained.tflops" and len(figure.points) == 2
     assert "2 runs" in figure.sentence and "UTC" in figure.sentence
+    assert steal.name == "host.steal_pct" and steal.unit == "%" and len(steal.points) == 2
 
 
 def test_entries_are_named_by_reference_and_label_and_a_job_finds_them(h100, rtx4090):
@@ -347,3 +350,120 @@ def test_history_trend_names_its_time_zone(h100):
     run = synthetic(h100, {"sustained.tflops": 650.0})  # synthetic
     assert history_trend([run], utc_offset_hours=1, zone="local time CET").clock.startswith(
         "day = 08:00-20:00 local time CET (UTC+1 h)")
+
+
+# -- a second audit: failures always shown, throttled GPUs priced, shapes, directions, ties ----
+
+RECORDS = FIXTURES / "records"
+
+
+def record_file(name: str) -> RunRecord:
+    return RunRecord.from_dict(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+def test_a_failure_on_one_run_shows_even_where_the_other_run_skipped_the_check(capsys):
+    code = 0
+    try:
+        main(["compare", str(RECORDS / "h100-8x-synthetic-sustained.json"), str(RECORDS / "cpu-quick.json"), "--md"])
+    except SystemExit as exit_:
+        code = exit_.code
+    markdown = capsys.readouterr().out
+    assert code in (0, None)
+    assert "| gpu.throttle | FAIL | not checked (skip) |" in markdown
+    assert "| gpu.sustained | FAIL | not checked |" in markdown  # the CPU run has no such check at all
+    assert "- FAIL gpu.sustained on " in markdown and "gpu2: throughput fell 40%" in markdown
+    assert "checks agree on every run" not in markdown
+    result = compare([("h100", record_file("h100-8x-synthetic-sustained"), None), ("cpu", record_file("cpu-quick"), None)])
+    data = compare_view.to_dict(result)
+    throttle = next(row for row in data["findings"] if row["check"] == "gpu.throttle")
+    assert throttle["shown"] and throttle["problem"] and throttle["statuses"] == ["fail", "skip"]
+    assert data["findings"][0]["statuses"][0] == "fail"  # failures first
+    console = Console(record=True, width=200, color_system=None)
+    compare_view.render(result, console)
+    text = console.export_text()
+    assert "gpu.sustained" in text and "gpu.isolation" in text and "not checked (skip)" in text
+
+
+def test_cost_counts_every_gpus_own_rate_and_the_slowest_gpu_for_a_data_parallel_job():
+    record = record_file("h100-8x-synthetic-sustained")  # synthetic: gpu2 power-braked to 398 TFLOPS
+    rates = [m.value for m in record.measurements if m.name == "sustained.tflops"]
+    result = compare([("h100", record, 24.0)])
+    costs = {row.name: row.values[0] for row in result.costs}
+    assert costs["usd_per_pflop_hour_sustained"] == pytest.approx(24.0 / (sum(rates) / 1000))  # ~$4.79, not $4.55
+    assert costs["usd_per_pflop_hour_sustained_slowest_gpu"] == pytest.approx(24.0 / (min(rates) * 8 / 1000))  # ~$7.53
+    assert result.rank_basis == "usd_per_pflop_hour_sustained"
+    assert any("paced by the slowest GPU" in n and "the ranking uses the sum" in n for n in result.notes)
+    markdown = compare_view.to_markdown(result)
+    assert "| USD per PFLOP-hour (sustained) | $4.79 |" in markdown
+    assert "| USD per PFLOP-hour (sustained, paced by the slowest GPU) | $7.53 |" in markdown
+
+
+def test_a_decay_is_judged_by_its_size_whatever_its_sign():
+    steady, cpu = record_file("h100-8x-synthetic-sustained"), record_file("cpu-sustained")  # cpu: -165.6%
+    result = compare([("h100", steady, None), ("cpu", cpu, None)])
+    decay = next(row for row in result.measurements if row.name == "sustained.decay_pct")
+    assert decay.closer_to_zero and decay.best_runs == [0]
+    assert "sustained.decay_pct % (closer to 0 is better) | **" in compare_view.to_markdown(result)
+
+
+def with_workload(record: RunRecord, tokens_per_s: float, d_model: int, layers: int, batch: int, dtype: str) -> RunRecord:
+    """Synthetic workload figures with the shape details the workload records."""
+    record = copy.deepcopy(record)
+    shape = {"d_model": d_model, "layers": layers, "heads": 4, "seq_len": 64, "batch": batch, "vocab": 512}
+    for i in range(max(1, len(record.machine.gpus))):
+        subject = f"gpu{i}" if record.machine.gpus else "cpu"
+        record.measurements.append(Measurement(TOKENS, tokens_per_s, "tokens/s", subject, {"shape": shape, "dtype": dtype}))
+    return record
+
+
+def test_tokens_of_different_model_shapes_are_shown_but_not_ranked(h100, rtx4090):
+    gpu = with_workload(h100, 60000.0, 768, 12, 16, "bfloat16")  # synthetic
+    cpu = with_workload(rtx4090, 90000.0, 128, 2, 8, "float32")  # synthetic, a smaller model
+    cpu = synthetic(cpu, {"sustained.tflops": 100.0})
+    gpu = synthetic(gpu, {"sustained.tflops": 600.0})
+    result = compare([("big", gpu, 16.0), ("small", cpu, 3.2)], job="1 h on big")
+    tokens = next(row for row in result.measurements if row.name == TOKENS)
+    assert tokens.values == [60000.0, 90000.0] and tokens.best_runs == [] and tokens.relative_pct == [None, None]
+    assert tokens.not_comparable == "different workload shapes: not comparable"
+    per_token = next(row for row in result.costs if row.name == "usd_per_million_tokens")
+    assert per_token.not_comparable and per_token.best_runs == []
+    assert result.rank_basis == "job" and result.job.metric == "sustained.tflops"  # not tokens of another model
+    assert any("d_model 768 x 12 layers" in n and "batch 16" in n and "bfloat16" in n for n in result.notes)
+    markdown = compare_view.to_markdown(result)
+    assert "| workload.tokens_per_s tokens/s (different workload shapes: not comparable) | 60,000 | 90,000 |" in markdown
+    same = compare([("a", with_workload(h100, 60000.0, 768, 12, 16, "bfloat16"), 16.0),
+                    ("b", with_workload(rtx4090, 9000.0, 768, 12, 16, "bfloat16"), 3.2)])
+    assert same.rank_basis == "usd_per_million_tokens"
+
+
+def test_a_tie_is_worded_as_the_same(h100, rtx4090):
+    a = synthetic(h100, {"sustained.tflops": 650.0})  # synthetic: the same speed at the same price
+    b = synthetic(rtx4090, {"sustained.tflops": 650.0})
+    result = compare([("a", a, 8.0), ("b", b, 8.0)])
+    assert "costs the same per hour and does the work at the same speed" in result.verdict
+    assert "1.0x" not in result.verdict
+
+
+def test_a_short_job_shows_seconds_not_zero_minutes(h100, rtx4090):
+    fast = synthetic(h100, {"sustained.tflops": 650.0})  # synthetic
+    slow = synthetic(rtx4090, {"sustained.tflops": 150.0})
+    result = compare([("fast", fast, 16.0), ("slow", slow, 3.2)], job="10 s on fast")
+    assert "| time | 10 s | 43 s |" in compare_view.to_markdown(result)
+
+
+def test_the_trend_follows_disk_network_cpu_feed_and_steal_where_runs_have_them():
+    runs = []
+    for when, seq, iops, loop, feed, steal in (("2025-03-01T02:00:00Z", 900.0, 40000, 20.0, 800.0, 0.1),
+                                               ("2025-03-01T14:00:00Z", 500.0, 20000, 12.0, 600.0, 4.0)):
+        run = record_file("cpu-quick")  # synthetic figures on the real cpu-quick facts
+        run.started_at = when
+        run.machine.host.steal_pct = steal
+        run.measurements = [Measurement("disk.seq_read", seq, "MB/s", "/tmp"),
+                            Measurement("disk.rand_read_iops", iops, "IOPS", "/tmp"),
+                            Measurement("net.loopback_throughput", loop, "Gbit/s", "loopback"),
+                            Measurement("cpu.feed_rate", feed, "samples/s", "cpu")]
+        runs.append(run)
+    trend = {f.name: f for f in history_trend(runs).figures}
+    assert set(trend) == {"disk.seq_read", "disk.rand_read_iops", "net.loopback_throughput", "cpu.feed_rate", "host.steal_pct"}
+    assert trend["disk.seq_read"].sentence.endswith("44% lower by day")
+    assert trend["host.steal_pct"].sentence.endswith("3.9 points higher by day")

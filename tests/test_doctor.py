@@ -137,6 +137,13 @@ ANSWERS = [
     ("cuda-init-slow", lambda: record("gtx1070-6x-x1-riser"), "Persistence mode", CONFIRMED, "persistence mode off on gpu0-5"),
     ("no-kernel-image", without_kernels, "without kernels", CONFIRMED, "no kernels for compute capability 9.0"),
     ("no-kernel-image", lambda: record("h100-8x-throttle"), "different GPU", RULED_OUT, "NVIDIA H100 80GB HBM3"),
+    # no GPU visible cannot confirm a mixed fleet (nor rule it out): it is another problem
+    ("no-kernel-image", lambda: record("cpu-quick"), "different GPU", UNKNOWN, "this run saw no NVIDIA GPU"),
+    ("slow-from-start", lambda: record("cpu-quick"), "weaker or cut-down GPU", UNKNOWN, "this run saw no NVIDIA GPU"),
+    # one run at one time of day rules out nothing that comes by day
+    ("day-night", lambda: record("cpu-quick"), "stolen by the hypervisor", UNKNOWN,
+     "not tested: one run at one time of day cannot rule out a day-time cause; compare runs at different times with "
+     "`gpuvet history --machine 30db074e17a9`"),
     ("nccl-hang", lambda: record("cpu-quick"), "/dev/shm", RULED_OUT, "/dev/shm 23.5 GiB"),
     ("nccl-hang", lambda: record("h100-bundle-nvlink"), "NVLink down", RULED_OUT, "18 NVLinks active"),
     ("memory-mismatch", lambda: record("gtx1070-6x-x1-riser"), "old driver", CONFIRMED, "driver 384.66"),
@@ -259,3 +266,16 @@ def test_the_terminal_says_what_was_not_tested():
     out = doctor_text(diagnose(symptom("gpu-low-cpu-high"), record("cpu-quick")))
     assert "?          Too few CPU cores" in out and "not tested by this run: the cores were counted" in out
     assert "check: `gpuvet bench cpu`" in out
+
+
+def test_a_day_time_cause_seen_in_one_run_still_shows_what_that_run_saw():
+    steal = one(results("day-night", record("cpu-quick")), "stolen by the hypervisor")
+    assert "seen at 2026-11-29 16:45 UTC: host: 1.0% steal over 0.5 s, 0.3% since boot (kvm guest)" in steal.figures
+    assert steal.next_step == "run `gpuvet run` by day and at night, then `gpuvet history --machine 30db074e17a9`"
+
+
+def test_the_terminal_names_the_run_it_answered_from():
+    console = Console(record=True, width=200, color_system=None)
+    render_doctor(console, diagnose(symptom("day-night"), record("cpu-quick"), "run #3", "this machine's latest full `gpuvet run`"))
+    assert ("Answered from run #3 (started 2026-11-29T16:45:04Z, live, verdict pass): this machine's latest full "
+            "`gpuvet run`.") in console.export_text()

@@ -292,3 +292,101 @@ def test_storage_falls_back_to_psutil_mounts_without_mountinfo(monkeypatch, tmp_
     storage = probe.storage_for(str(tmp_path))
     assert storage.mount_point and storage.fs_type
     assert storage.free_bytes is not None
+
+
+# -- spot / preemptible from the instance metadata (a fake metadata server on loopback) --------
+
+import http.server  # noqa: E402
+import threading  # noqa: E402
+
+from gpuvet.probe.host import instance_lifecycle  # noqa: E402
+
+
+@pytest.fixture
+def metadata_server():
+    """A local HTTP server answering like a cloud's metadata service: `routes` maps
+    (method, path) to (status, body); every request is kept with its headers."""
+    routes: dict[tuple[str, str], tuple[int, str]] = {}
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append((self.command, self.path, dict(self.headers)))
+            status, body = routes.get((self.command, self.path), (404, "not found"))
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_GET = do_PUT = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", routes, seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_aws_spot_is_read_with_an_imdsv2_token(metadata_server):
+    url, routes, seen = metadata_server
+    routes[("PUT", "/latest/api/token")] = (200, "TOKEN-123")
+    routes[("GET", "/latest/meta-data/instance-life-cycle")] = (200, "spot")
+    found = instance_lifecycle("aws", base_url=url)
+    assert found.preemptible is True and found.value == "spot"
+    assert "instance-life-cycle" in found.source
+    (put, _, put_headers), (get, _, get_headers) = seen
+    assert (put, get) == ("PUT", "GET")
+    assert {k.lower(): v for k, v in put_headers.items()}["x-aws-ec2-metadata-token-ttl-seconds"] == "60"
+    assert {k.lower(): v for k, v in get_headers.items()}["x-aws-ec2-metadata-token"] == "TOKEN-123"
+
+
+def test_aws_on_demand_and_a_refused_token_says_why(metadata_server):
+    url, routes, _ = metadata_server
+    routes[("PUT", "/latest/api/token")] = (200, "T")
+    routes[("GET", "/latest/meta-data/instance-life-cycle")] = (200, "on-demand")
+    assert instance_lifecycle("aws", base_url=url).preemptible is False
+    routes[("PUT", "/latest/api/token")] = (403, "forbidden")
+    refused = instance_lifecycle("aws", base_url=url)
+    assert refused.preemptible is None and refused.error == "IMDSv2 token request failed: HTTP 403"
+
+
+def test_gcp_spot_from_the_provisioning_model_or_the_older_preemptible_flag(metadata_server):
+    url, routes, seen = metadata_server
+    routes[("GET", "/computeMetadata/v1/instance/scheduling/provisioning-model")] = (200, "SPOT")
+    spot = instance_lifecycle("gcp", base_url=url)
+    assert spot.preemptible is True and spot.value == "SPOT"
+    assert {k.lower(): v for k, v in seen[0][2].items()}["metadata-flavor"] == "Google"
+    del routes[("GET", "/computeMetadata/v1/instance/scheduling/provisioning-model")]
+    routes[("GET", "/computeMetadata/v1/instance/scheduling/preemptible")] = (200, "FALSE")
+    older = instance_lifecycle("gcp", base_url=url)
+    assert older.preemptible is False and older.source.endswith("scheduling/preemptible")
+
+
+def test_azure_priority(metadata_server):
+    url, routes, seen = metadata_server
+    path = "/metadata/instance/compute/priority?api-version=2021-02-01&format=text"
+    routes[("GET", path)] = (200, "Spot")
+    assert instance_lifecycle("azure", base_url=url).preemptible is True
+    routes[("GET", path)] = (200, "Regular")
+    assert instance_lifecycle("azure", base_url=url).preemptible is False
+    assert {k.lower(): v for k, v in seen[0][2].items()}["metadata"] == "true"
+
+
+def test_no_metadata_service_answers_within_the_budget_and_says_why():
+    import socket
+    import time
+
+    silent = socket.socket()  # accepts connections (the backlog) but never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        started = time.monotonic()
+        found = instance_lifecycle("aws", base_url=f"http://127.0.0.1:{silent.getsockname()[1]}", budget_s=0.3)
+        assert time.monotonic() - started < 1.0
+        assert found.preemptible is None and "token request failed" in found.error
+    finally:
+        silent.close()
+    assert instance_lifecycle("openstack") is None and instance_lifecycle(None) is None

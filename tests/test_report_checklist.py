@@ -52,7 +52,8 @@ def test_x1_riser_crosses_both_pcie_items_with_the_lane_count():
     found = lines(record("gtx1070-6x-x1-riser"))
     for key in ("pcie_link", "pcie_driver_view"):
         assert found[key].state == CROSSED
-        assert found[key].figure.startswith("gpu0: x1 of x16 lanes") and found[key].figure.endswith("(+5 more)")
+        # the other GPUs' own figures, where they differ from gpu0's, not a bare "(+5 more)"
+        assert found[key].figure.startswith("gpu0: x1 of x16 lanes") and found[key].figure.endswith("; gpu1-5: ~0 GB/s … ~8 GB/s")
     assert found["power_wall"].state == TICKED
     assert found["power_wall"].figure == "limit 180 W of 180 W default, settable to 200 W on all 6 GPUs"
 
@@ -189,11 +190,28 @@ def test_local_disk_only_does_not_tick_shared_storage():
                            "run `gpuvet run --path /your/dataset/mount`")
 
 
-def test_a_tested_network_path_or_a_chosen_path_ticks_storage_naming_the_paths():
+def test_a_tested_network_path_or_a_separate_volume_ticks_storage_naming_the_paths():
     shared = lines(disk_run("/mnt/datasets", kind="network"))["storage_io"]
     assert shared.state == TICKED and shared.figure.startswith("tested /mnt/datasets; ")
-    chosen = lines(disk_run("/data", paths=["/data"]))["storage_io"]
-    assert chosen.state == TICKED and chosen.figure.startswith("tested /data; ")
+    volume = disk_run("/data", paths=["/data"])  # synthetic: /data mounted on its own volume
+    for m in volume.measurements:
+        m.details["mount_point"] = "/data"
+    line = lines(volume)["storage_io"]
+    assert line.state == TICKED and line.figure.startswith("tested /data; ")
+
+
+def test_a_chosen_path_on_the_working_directorys_disk_is_not_shared_storage():
+    line = lines(disk_run("/data", paths=["/data"]))["storage_io"]  # mount "/", as the workdir /tmp
+    assert line.state == UNKNOWN
+    assert line.figure == ("local disk only: /data (virtual or unknown disk) passed (/data is on the working directory's "
+                           "own disk: mount / on ext4); no shared or network storage tested: "
+                           "run `gpuvet run --path /your/dataset/mount`")
+
+
+def test_other_gpus_figures_show_where_they_differ():
+    found = lines(record("gtx1070-6x-x1-riser"))
+    assert found["whole_card"].figure == ("gpu0: 2.4 GiB in use, 100% busy by 1 process(es) already running: ./ethminer "
+                                          "(pid 3093); gpu1-5: 2.2 GiB")
 
 
 def test_nvlink_ticked_from_the_link_state():

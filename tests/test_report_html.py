@@ -222,3 +222,12 @@ def test_the_page_renders_in_headless_chromium_offline(tmp_path):
         # The verdict banner's red border is drawn at the top of the page.
         top = image.convert("RGB").crop((0, 0, 1280, 200))
         assert any(abs(r - 0xB4) < 24 and g < 80 and b < 80 for _, (r, g, b) in top.getcolors(maxcolors=1 << 20))
+
+
+def test_a_problem_shared_by_several_gpus_is_one_card_as_in_markdown():
+    page = render_html(record("gtx1070-6x-x1-riser"))  # 6 GPUs on x1 risers, ethminer on each
+    cards = re.findall(r'<article class="finding (\w+)"><h3>.*?<code>([\w.]+)</code> <span class="subject">([^<]+)</span>', page)
+    assert len(cards) == len({(check, who) for _, check, who in cards})  # no repeated card
+    assert ("warn", "gpu.isolation", "gpu1-5") in cards and ("warn", "gpu.isolation", "gpu0") in cards
+    assert len(cards) < 12
+    assert "(N: the GPU&#x27;s index" in page or "(N: the GPU's index" in page  # one remedy for all, with N

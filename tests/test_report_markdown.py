@@ -108,3 +108,11 @@ def test_identical_problems_of_several_gpus_are_one_block():
     assert "`nvidia-smi -i N -q -d PCIE`" in block and "`sudo lspci -vv -s BUS_ID" in block
     assert "(N: the GPU's index, BUS_ID: its bus ID in the GPUs table)" in block
     assert "### ❌ FAIL `gpu.pcie_link` gpu2" not in md
+
+
+def test_the_machine_section_names_the_host_os_and_kernel_and_redact_hides_the_host():
+    markdown = render_markdown(record("cpu-quick"))
+    assert ("- System: host gpu-node-17.example.internal · OS Debian GNU/Linux 12 (bookworm) · kernel 6.18.44-fc-v657"
+            in markdown)
+    redacted = render_markdown(redact(record("cpu-quick")))
+    assert "gpu-node-17" not in redacted and "- System: host HOST-REDACTED-1 · OS Debian" in redacted

@@ -4,13 +4,17 @@ Pure: run records in, a `Comparison` or a `Trend` out; no I/O. The seed's point 
 machine cheap per hour is often dear per result, so next to the measurements this module prices
 the work itself:
 
-* USD per PFLOP-hour achieved = price_per_hour / (median TFLOPS per GPU x GPUs / 1000), i.e.
-  the price of one hour divided by the PFLOP-hours the machine delivers in that hour;
-* USD per million training tokens = price_per_hour / (tokens/s x GPUs x 3600 / 1e6), from the
-  reference workload's `workload.tokens_per_s`;
+* USD per PFLOP-hour achieved = price_per_hour / (sum of the GPUs' TFLOPS / 1000), i.e. the
+  price of one hour divided by the PFLOP-hours the machine delivers in that hour; a GPU that was
+  not measured counts as the median of those that were. A synchronous data-parallel job waits
+  for its slowest GPU, so where the GPUs differ a second row prices the machine at the slowest
+  GPU's rate x GPUs;
+* USD per million training tokens = price_per_hour / (machine tokens/s x 3600 / 1e6), from the
+  reference workload's `workload.tokens_per_s`, only between runs of the same workload shape
+  (model, batch, dtype): tokens of a 2-layer model say nothing about a 12-layer one;
 * a job the user describes ("8 h on RUN") is scaled to every other run by the ratio of machine
-  throughput (workload tokens/s, else sustained TFLOPS, else bf16 GEMM TFLOPS), and costs
-  hours x price.
+  throughput (workload tokens/s of the same shape, else sustained TFLOPS, else bf16 GEMM TFLOPS),
+  and costs hours x price.
 """
 
 from __future__ import annotations
@@ -47,9 +51,28 @@ COST_BASES = (
     (GEMM_BF16, "usd_per_pflop_hour_bf16", "USD per PFLOP-hour (bf16 GEMM)", 1 / 1000),
 )
 JOB_METRICS = (TOKENS, SUSTAINED, GEMM_BF16)
+SLOWEST_SUFFIX = "_slowest_gpu"  # the cost row of a data-parallel job, paced by the slowest GPU
+
+# More figures for one machine over time (`gpuvet history --machine`): what moves with the time
+# of day on a shared host (storage, network, CPU steal, the CPU's feed rate) next to the GPU's.
+STEAL = "host.steal_pct"  # from the host facts, not a measurement
+TREND_FIGURES = KEY_FIGURES + (
+    ("disk.seq_read", "disk seq read", "MB/s"),
+    ("disk.rand_read_iops", "disk random read", "IOPS"),
+    ("net.loopback_throughput", "net loopback", "Gbit/s"),
+    ("net.tcp_throughput", "net node-to-node", "Gbit/s"),
+    ("cpu.feed_rate", "CPU feed", "samples/s"),
+    (STEAL, "CPU steal", "%"),
+)
+
+# The workload's tokens/s (and what follows from it) only compare between runs of one shape.
+SHAPE_DEPENDENT = {TOKENS, "workload.step_time_ms", "usd_per_million_tokens"}
 
 LOWER_IS_BETTER_UNITS = {"ms", "us", "µs", "s", "count"}
-LOWER_IS_BETTER_NAMES = {"sustained.decay_pct"}
+# Signed figures whose size, not sign, is bad: a throughput that fell 5% or rose 5% over a
+# sustained load is equally unsteady (the CPU's warm-up shows as a large negative decay).
+CLOSER_TO_ZERO_NAMES = {"sustained.decay_pct"}
+LOWER_IS_BETTER_NAMES = CLOSER_TO_ZERO_NAMES | {STEAL}
 _STATUS_RANK = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
 
 
@@ -85,6 +108,17 @@ def key_figures(record: RunRecord) -> dict[str, float]:
     return {name: figures[(name, unit)].value for name, _, unit in KEY_FIGURES if (name, unit) in figures}
 
 
+def trend_values(record: RunRecord) -> dict[str, float]:
+    """The TREND_FIGURES a run has, by name: measurements (median over subjects) and the CPU
+    steal its host facts measured."""
+    figures = run_figures(record)
+    values = {name: figures[(name, unit)].value for name, _, unit in TREND_FIGURES if (name, unit) in figures}
+    host = record.machine.host
+    if host is not None and host.steal_pct is not None:
+        values[STEAL] = float(host.steal_pct)
+    return values
+
+
 def gpu_summary(machine: Machine) -> str:
     """"8 x NVIDIA H100 80GB HBM3"; a CPU-only machine says so."""
     if not machine.gpus:
@@ -94,27 +128,49 @@ def gpu_summary(machine: Machine) -> str:
     return ", ".join(f"{n} x {name}" for name, n in names.items())
 
 
-def _machine_units(record: RunRecord, figure: Figure) -> tuple[int, str | None]:
-    """How many times a per-subject figure counts towards the whole machine, and a note when
-    that is an assumption. A per-GPU figure counts once per GPU of the machine (you pay for all
-    of them, measured or not); a cpu or machine figure already is the machine's."""
-    gpu_subjects = [s for s in figure.subjects if re.fullmatch(r"gpu\d+", s)]
-    if not gpu_subjects:
-        return 1, None
-    units = max(len(gpu_subjects), len(record.machine.gpus))
-    if len(gpu_subjects) < units:
-        return units, (f"{figure.name}: measured on {len(gpu_subjects)} of {units} GPUs; "
-                       f"the others are assumed to match their median")
-    return units, None
+def _per_subject(record: RunRecord, name: str, unit: str) -> dict[str, float]:
+    """A figure's value per subject (the median where a subject measured it more than once)."""
+    values: dict[str, list[float]] = {}
+    for m in record.measurements:
+        if m.name == name and m.unit == unit and m.value is not None:
+            values.setdefault(m.subject, []).append(float(m.value))
+    return {subject: statistics.median(v) for subject, v in values.items()}
+
+
+@dataclass
+class MachineRate:
+    """A per-GPU throughput as the whole machine's: every GPU's own rate added up (GPUs that were
+    not measured counted at the median of those that were), and the rate of a synchronous
+    data-parallel job, where every GPU waits for the slowest: slowest x GPUs."""
+
+    total: float
+    slowest_paced: float
+    note: str | None  # an assumption the figure makes
+
+
+def machine_rates(record: RunRecord, name: str, unit: str) -> MachineRate | None:
+    """The whole machine's throughput for a figure (None: not measured). A cpu or machine figure
+    already is the machine's."""
+    per_subject = _per_subject(record, name, unit)
+    gpu_values = [v for s, v in per_subject.items() if re.fullmatch(r"gpu\d+", s)]
+    if not gpu_values:
+        value = statistics.median(per_subject.values()) if per_subject else 0.0
+        return MachineRate(value, value, None) if value > 0 else None
+    units = max(len(gpu_values), len(record.machine.gpus))
+    missing = units - len(gpu_values)
+    median = statistics.median(gpu_values)
+    total = sum(gpu_values) + missing * median
+    if total <= 0:
+        return None
+    note = (f"{name}: measured on {len(gpu_values)} of {units} GPUs; the others are assumed to match their median"
+            if missing else None)
+    return MachineRate(total, min(gpu_values) * units, note)
 
 
 def machine_rate(record: RunRecord, name: str, unit: str) -> tuple[float | None, str | None]:
-    """The whole machine's throughput for a per-GPU figure: median x GPUs (None: not measured)."""
-    figure = run_figures(record).get((name, unit))
-    if figure is None or figure.value <= 0:
-        return None, None
-    units, note = _machine_units(record, figure)
-    return figure.value * units, note
+    """The whole machine's throughput for a per-GPU figure: the sum over its GPUs (None: not measured)."""
+    rate = machine_rates(record, name, unit)
+    return (rate.total, rate.note) if rate else (None, None)
 
 
 # -- comparison -------------------------------------------------------------------------------
@@ -142,6 +198,8 @@ class Row:
     best: int | None = None  # index of the best run (the first of `best_runs`)
     relative_pct: list[float | None] = field(default_factory=list)
     best_runs: list[int] = field(default_factory=list)  # every run with the best value (ties)
+    closer_to_zero: bool = False  # a signed figure judged by its size (lower_is_better of |value|)
+    not_comparable: str | None = None  # why the values are shown but not ranked (no best, no difference)
 
 
 @dataclass
@@ -150,6 +208,13 @@ class FindingRow:
     statuses: list[str | None]  # worst status per run over its subjects; None: not checked
     summaries: list[str | None]  # the worst finding's summary, per run
     differs: bool = False  # the runs that could check it disagree (a skip is no disagreement)
+    subjects: list[str | None] = field(default_factory=list)  # the worst finding's subject, per run
+    problem: bool = False  # some run failed or warned: always shown, whatever the others say
+
+    @property
+    def shown(self) -> bool:
+        """Listed without -v: a problem on any run, or runs that disagree."""
+        return self.problem or self.differs
 
 
 @dataclass
@@ -203,10 +268,11 @@ def compare(records: list[tuple[str, RunRecord, float | None]], job: str | None 
     for name, price in zip(names, prices):
         if price is not None and (not math.isfinite(price) or price <= 0):
             raise ValueError(f"{name}: a price per hour must be a positive finite number, not {price}")
-    notes: list[str] = []
-    measurement_rows, single = _measurement_rows(runs)
-    costs = _cost_rows(runs, prices, notes)
-    estimate = _job_estimate(job, names, runs, prices, notes) if job else None
+    shapes_differ, shape_notes = _shapes_differ(names, runs)
+    notes: list[str] = list(shape_notes)
+    measurement_rows, single = _measurement_rows(runs, shapes_differ)
+    costs = _cost_rows(runs, prices, notes, shapes_differ)
+    estimate = _job_estimate(job, names, runs, prices, notes, comparable_tokens=not shapes_differ) if job else None
     basis, unit, ranking, unranked = _ranking(names, runs, prices, costs, estimate)
     return Comparison(
         runs=[_column(name, r, p) for name, r, p in zip(names, runs, prices)],
@@ -242,10 +308,18 @@ def lower_is_better(name: str, unit: str) -> bool:
     return unit in LOWER_IS_BETTER_UNITS or name in LOWER_IS_BETTER_NAMES
 
 
-def _row(name: str, label: str, unit: str, values: list[float | None], lower: bool) -> Row:
-    row = Row(name, label, unit, lower, values)
+def _row(name: str, label: str, unit: str, values: list[float | None], lower: bool,
+         not_comparable: str | None = None) -> Row:
+    closer_to_zero = name in CLOSER_TO_ZERO_NAMES
+    row = Row(name, label, unit, lower, values, closer_to_zero=closer_to_zero, not_comparable=not_comparable)
     known = [v for v in values if v is not None]
-    if not known:
+    if not known or not_comparable:
+        row.relative_pct = [None] * len(values)
+        return row
+    if closer_to_zero:  # judged by size; a relative difference means nothing around zero
+        best_value = min(known, key=abs)
+        row.best_runs = [i for i, v in enumerate(values) if v is not None and abs(v) == abs(best_value)]
+        row.best = row.best_runs[0]
         row.relative_pct = [None] * len(values)
         return row
     best_value = min(known) if lower and unit != "bool" else max(known)  # bool: 1 = yes is best
@@ -263,9 +337,9 @@ def _relative(value: float | None, best: float) -> float | None:
     return (value - best) / best * 100
 
 
-def _measurement_rows(runs: list[RunRecord]) -> tuple[list[Row], int]:
+def _measurement_rows(runs: list[RunRecord], shapes_differ: str | None) -> tuple[list[Row], int]:
     """Every quantity at least two runs measured (all of them when there is one run); how many
-    quantities only one run has."""
+    quantities only one run has. `shapes_differ`: why the workload's figures are not ranked."""
     per_run = [run_figures(r) for r in runs]
     keys = list(dict.fromkeys(key for figures in per_run for key in figures))
     needed = min(2, len(runs))
@@ -275,16 +349,50 @@ def _measurement_rows(runs: list[RunRecord]) -> tuple[list[Row], int]:
         if sum(v is not None for v in values) < needed:
             single += 1
             continue
-        rows.append(_row(name, name, unit, values, lower_is_better(name, unit)))
+        rows.append(_row(name, name, unit, values, lower_is_better(name, unit),
+                         shapes_differ if name in SHAPE_DEPENDENT else None))
         if name == STEP_TIME:
-            rows += _step_time_spread(runs)
+            rows += _step_time_spread(runs, shapes_differ)
     return rows, single
 
 
 STEP_TIME = "workload.step_time_ms"
 
 
-def _step_time_spread(runs: list[RunRecord]) -> list[Row]:
+def workload_shape(record: RunRecord) -> str | None:
+    """The reference workload's shape as one comparable text ("d_model 768 x 12 layers, ..."), from
+    the details of its tokens/s; None where the run has no workload figure or no shape."""
+    shapes = []
+    for m in record.measurements:
+        if m.name != TOKENS or m.value is None:
+            continue
+        shape = m.details.get("shape") if isinstance(m.details.get("shape"), dict) else {}
+        if not shape:
+            continue
+        parts = [f"d_model {shape.get('d_model')} x {shape.get('layers')} layers", f"{shape.get('heads')} heads",
+                 f"seq {shape.get('seq_len')}", f"batch {shape.get('batch')}", f"vocab {shape.get('vocab')}"]
+        shapes.append(", ".join(parts) + f", {m.details.get('dtype', 'dtype unknown')}")
+    return shapes[0] if len(set(shapes)) == 1 else ("; ".join(dict.fromkeys(shapes)) or None)
+
+
+def _shapes_differ(names: list[str], runs: list[RunRecord]) -> tuple[str | None, list[str]]:
+    """Why the runs' workload figures cannot be ranked (None: one shape, or none), and a note per
+    shape saying which run trained what."""
+    by_shape: dict[str, list[str]] = {}
+    for name, record in zip(names, runs):
+        shape = workload_shape(record)
+        if shape:
+            by_shape.setdefault(shape, []).append(name)
+    unknown = [n for n, r in zip(names, runs) if TOKENS in {m.name for m in r.measurements} and not workload_shape(r)]
+    if len(by_shape) + (1 if unknown and by_shape else 0) < 2:
+        return None, []
+    notes = [f"workload shape on {', '.join(runs_)}: {shape}" for shape, runs_ in by_shape.items()]
+    if unknown:
+        notes.append(f"workload shape on {', '.join(unknown)}: not recorded")
+    return "different workload shapes: not comparable", notes
+
+
+def _step_time_spread(runs: list[RunRecord], shapes_differ: str | None = None) -> list[Row]:
     """The workload's step-time p10 and p90 (kept in the measurement's details): a jittery
     machine shows a wide spread behind a fair median."""
     rows = []
@@ -295,26 +403,41 @@ def _step_time_spread(runs: list[RunRecord]) -> list[Row]:
                      if m.name == STEP_TIME and m.value is not None and isinstance(m.details.get(key), (int, float))]
             values.append(statistics.median(found) if found else None)
         if sum(v is not None for v in values) >= min(2, len(runs)):
-            rows.append(_row(f"{STEP_TIME}.{key}", f"{STEP_TIME} {key}", "ms", values, lower=True))
+            rows.append(_row(f"{STEP_TIME}.{key}", f"{STEP_TIME} {key}", "ms", values, lower=True,
+                             not_comparable=shapes_differ))
     return rows
 
 
-def _cost_rows(runs: list[RunRecord], prices: list[float | None], notes: list[str]) -> list[Row]:
-    """Price per unit of work, for each basis some priced run measured."""
+def _cost_rows(runs: list[RunRecord], prices: list[float | None], notes: list[str],
+               shapes_differ: str | None = None) -> list[Row]:
+    """Price per unit of work, for each basis some priced run measured: on the sum of the GPUs'
+    rates, and, where some machine's GPUs differ, paced by its slowest GPU (a data-parallel job)."""
     if all(p is None for p in prices):
         return []
     rows = []
     for metric, key, label, per_second_to_unit in COST_BASES:
         unit = _unit_of(metric)
-        values: list[float | None] = []
+        totals: list[float | None] = []
+        paced: list[float | None] = []
         for record, price in zip(runs, prices):
-            rate, note = machine_rate(record, metric, unit)
-            if note:
-                notes.append(note)
-            values.append(price / (rate * per_second_to_unit) if price is not None and rate else None)
-        if any(v is not None for v in values):
-            rows.append(_row(key, label, "USD", values, lower=True))
-            notes.append(_formula(key))
+            rate = machine_rates(record, metric, unit)
+            if rate and rate.note:
+                notes.append(rate.note)
+            priced = price is not None and rate is not None
+            totals.append(price / (rate.total * per_second_to_unit) if priced else None)
+            paced.append(price / (rate.slowest_paced * per_second_to_unit) if priced and rate.slowest_paced > 0 else None)
+        if not any(v is not None for v in totals):
+            continue
+        not_comparable = shapes_differ if key in SHAPE_DEPENDENT else None
+        rows.append(_row(key, label, "USD", totals, lower=True, not_comparable=not_comparable))
+        notes.append(_formula(key))
+        if any(t is not None and p is not None and p > t * 1.005 for t, p in zip(totals, paced)):
+            rows.append(_row(key + SLOWEST_SUFFIX, f"{label.removesuffix(')')}, paced by the slowest GPU)"
+                             if label.endswith(")") else f"{label} (paced by the slowest GPU)",
+                             "USD", paced, lower=True, not_comparable=not_comparable))
+            notes.append(f"{label}, paced by the slowest GPU = price per hour / (slowest GPU's rate x GPUs): what a "
+                         f"synchronous data-parallel job pays, since every step waits for the slowest GPU; the ranking "
+                         f"uses the sum of the GPUs' rates (independent work on each GPU)")
     return rows
 
 
@@ -324,10 +447,10 @@ def _unit_of(metric: str) -> str:
 
 def _formula(key: str) -> str:
     if key == "usd_per_million_tokens":
-        return ("USD per million tokens = price per hour / (workload tokens/s per GPU x GPUs x 3600 / 1e6); "
+        return ("USD per million tokens = price per hour / (sum of the GPUs' workload tokens/s x 3600 / 1e6); "
                 "each GPU is assumed to train its own replica (ideal data-parallel scaling)")
     what = "sustained" if key.endswith("sustained") else "bf16 GEMM"
-    return (f"USD per PFLOP-hour ({what}) = price per hour / (median {what} TFLOPS per GPU x GPUs / 1000): "
+    return (f"USD per PFLOP-hour ({what}) = price per hour / (sum of the GPUs' {what} TFLOPS / 1000): "
             f"what one PFLOPS held for an hour costs")
 
 
@@ -404,10 +527,10 @@ def with_prices(entries: list[tuple[str, RunRecord, float | None]],
 
 
 def _job_estimate(job: str, names: list[str], runs: list[RunRecord], prices: list[float | None],
-                  notes: list[str]) -> JobEstimate:
+                  notes: list[str], comparable_tokens: bool = True) -> JobEstimate:
     hours, reference = parse_job(job)
     ref = find_run(reference, names, [r.options.get("label") for r in runs])
-    metric = _job_metric(runs, ref)
+    metric = _job_metric(runs, ref, comparable_tokens)
     if metric is None:
         notes.append(f"job: {names[ref]} has none of {', '.join(JOB_METRICS)}; its time cannot be scaled to other runs")
     ref_rate = machine_rate(runs[ref], metric, _unit_of(metric))[0] if metric else None
@@ -422,10 +545,12 @@ def _job_estimate(job: str, names: list[str], runs: list[RunRecord], prices: lis
     return JobEstimate(job.strip(), names[ref], hours, metric, estimated, costs)
 
 
-def _job_metric(runs: list[RunRecord], ref: int) -> str | None:
-    """The most job-like throughput the reference run has, preferring one every run has."""
+def _job_metric(runs: list[RunRecord], ref: int, comparable_tokens: bool = True) -> str | None:
+    """The most job-like throughput the reference run has, preferring one every run has; the
+    workload's tokens/s only where every run trained the same shape."""
     has = [{name for name, _ in run_figures(r)} for r in runs]
-    candidates = [m for m in JOB_METRICS if m in has[ref]]
+    metrics = JOB_METRICS if comparable_tokens else tuple(m for m in JOB_METRICS if m != TOKENS)
+    candidates = [m for m in metrics if m in has[ref]]
     shared = [m for m in candidates if all(m in h for h in has)]
     return (shared or candidates or [None])[0]
 
@@ -439,10 +564,13 @@ def _ranking(names: list[str], runs: list[RunRecord], prices: list[float | None]
     bases: list[tuple[str, str, list[float | None]]] = []
     if job and any(c is not None for c in job.cost_usd):
         bases.append(("job", f"USD for the job ({job.description})", job.cost_usd))
-    bases += [(row.name, row.label, row.values) for row in costs]
+    # Not the slowest-GPU rows (the sum is the basis, the notes say so), nor figures of different shapes.
+    bases += [(row.name, row.label, row.values) for row in costs
+              if not row.not_comparable and not row.name.endswith(SLOWEST_SUFFIX)]
     priced = [i for i, p in enumerate(prices) if p is not None]
     if not bases or not priced:
-        why = "no price per hour" if not priced else "none of the throughput figures a cost needs"
+        why = ("no price per hour" if not priced else
+               "different workload shapes: tokens/s not comparable" if costs else "none of the throughput figures a cost needs")
         return None, None, [], {n: why for n in names}
     key, label, values = max(bases, key=lambda b: sum(b[2][i] is not None for i in priced))
     ranked = sorted((Ranked(names[i], values[i], prices[i]) for i in priced if values[i] is not None),
@@ -462,18 +590,33 @@ def _verdict_sentence(ranking: list[Ranked], unit: str | None, names: list[str],
     if cheapest_hour.name == best.name:
         runner_up = ranking[1]
         speed = _speed_ratio(runner_up.name, best.name, names, runs, basis, job)
-        return (f"{best.name} is both the cheapest per hour (${best.price_per_hour:.2f}/h) and the cheapest per result "
-                f"({_money(best.cost)} {what}): the next best, {runner_up.name}, costs "
-                f"{_times(runner_up.price_per_hour / best.price_per_hour)} as much per hour but does the work only "
-                f"{_times(speed)} as fast." if speed else
-                f"{best.name} is both the cheapest per hour (${best.price_per_hour:.2f}/h) and the cheapest per result "
-                f"({_money(best.cost)} {what}).")
+        both = (f"{best.name} is both the cheapest per hour (${best.price_per_hour:.2f}/h) and the cheapest per result "
+                f"({_money(best.cost)} {what})")
+        compared = _next_best(runner_up.price_per_hour / best.price_per_hour, speed)
+        return f"{both}: the next best, {runner_up.name}, {compared}." if compared else f"{both}."
     speed = _speed_ratio(best.name, cheapest_hour.name, names, runs, basis, job)
     price_ratio = best.price_per_hour / cheapest_hour.price_per_hour
-    because = f", because it does the work {_times(speed)} as fast for {_times(price_ratio)} the price" if speed else ""
+    for_price = "about the same price" if _same(price_ratio) else f"{_times(price_ratio)} the price"
+    because = f", because it does the work {_times(speed)} as fast for {for_price}" if speed else ""
     return (f"{cheapest_hour.name} is the cheapest per hour (${cheapest_hour.price_per_hour:.2f}/h vs "
             f"${best.price_per_hour:.2f}/h) but not per result: {best.name} costs {_money(best.cost)} {what} against "
             f"{_money(cheapest_hour.cost)}{because}.")
+
+
+def _next_best(price_ratio: float, speed: float | None) -> str:
+    """How the runner-up compares with the cheapest: its price per hour and speed, ties in words."""
+    price = "costs the same per hour" if _same(price_ratio) else f"costs {_times(price_ratio)} as much per hour"
+    if not speed:
+        return "" if _same(price_ratio) else price
+    if _same(speed):
+        return f"{price} and does the work at the same speed"
+    return f"{price} and does the work {_times(speed)} as fast" if _same(price_ratio) else \
+        f"{price} but does the work only {_times(speed)} as fast"
+
+
+def _same(ratio: float) -> bool:
+    """A ratio that prints as 1.0x is a tie, and is worded as one."""
+    return round(ratio, 1) == 1.0
 
 
 def _speed_ratio(fast: str, slow: str, names: list[str], runs: list[RunRecord], basis: str | None,
@@ -516,8 +659,11 @@ def _finding_rows(runs: list[RunRecord]) -> list[FindingRow]:
         worst = [w.get(check) for w in per_run]
         statuses = [f.status if f else None for f in worst]
         judged = {s for s in statuses if s not in (None, SKIP)}
-        rows.append(FindingRow(check, statuses, [f.summary if f else None for f in worst], differs=len(judged) > 1))
-    rows.sort(key=lambda row: not row.differs)  # stable: differing checks first
+        rows.append(FindingRow(check, statuses, [f.summary if f else None for f in worst], differs=len(judged) > 1,
+                               subjects=[f.subject if f else None for f in worst],
+                               problem=bool(judged & {FAIL, WARN})))
+    # stable: failures first, then warnings, then other differences
+    rows.sort(key=lambda row: (not row.shown, -max(_STATUS_RANK.get(s or SKIP, 0) for s in row.statuses)))
     return rows
 
 
@@ -571,8 +717,9 @@ def history_trend(records: list[RunRecord], utc_offset_hours: float = 0.0, zone:
     offset = "UTC" if not utc_offset_hours else f"UTC{utc_offset_hours:+g} h"
     clock = f"{zone} ({offset})" if zone and zone != offset else offset
     figures = []
-    for name, label, unit in KEY_FIGURES:
-        points = [(when, v) for when, r in dated if (v := key_figures(r).get(name)) is not None]
+    values = [(when, trend_values(r)) for when, r in dated]
+    for name, label, unit in TREND_FIGURES:
+        points = [(when, v) for when, figures in values if (v := figures.get(name)) is not None]
         if points:
             figures.append(_trend_figure(name, label, unit, points, shift, clock))
     return Trend(
@@ -598,18 +745,27 @@ def _trend_figure(name: str, label: str, unit: str, points: list[tuple[datetime,
         first=first, last=last,
         change_pct=(last - first) / first * 100 if first > 0 and len(points) > 1 else None,
         day_median=day_median, day_runs=len(day), night_median=night_median, night_runs=len(night),
-        sentence=_day_night_sentence(label, unit, day_median, len(day), night_median, len(night), clock),
+        sentence=_day_night_sentence(label, unit, day_median, len(day), night_median, len(night), clock,
+                                     in_points=unit == "%"),
     )
 
 
+NOISE_POINTS = 1.0  # a share (CPU steal, %) moves in points: 0% vs 2% is no "infinitely higher"
+
+
 def _day_night_sentence(label: str, unit: str, day: float | None, day_runs: int, night: float | None,
-                        night_runs: int, clock: str) -> str:
+                        night_runs: int, clock: str, in_points: bool = False) -> str:
     if day is None or night is None:
         when = "by day" if night is None else "at night"
         return f"{label}: {_runs(day_runs or night_runs)}, all {when} ({clock}); run it at the other time of day to compare"
-    diff = (day - night) / night * 100 if night > 0 else 0.0
     base = (f"{label}: day median {day:.4g} {unit} ({_runs(day_runs)}) vs night {night:.4g} {unit} "
             f"({_runs(night_runs)}, {clock})")
+    if in_points:
+        points = day - night
+        if abs(points) < NOISE_POINTS:
+            return f"{base}: no day/night difference beyond {NOISE_POINTS:g} point"
+        return f"{base}: {abs(points):.1f} points {'lower' if points < 0 else 'higher'} by day"
+    diff = (day - night) / night * 100 if night > 0 else 0.0
     if abs(diff) < NOISE_PCT:
         return f"{base}: no day/night difference beyond {NOISE_PCT:g}%"
     return f"{base}: {abs(diff):.0f}% {'lower' if diff < 0 else 'higher'} by day"

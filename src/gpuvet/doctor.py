@@ -46,6 +46,9 @@ class Symptom:
     aliases: tuple[str, ...]  # other ways people say it: error messages, Chinese phrases
     causes: tuple[Cause, ...]
     advice: str = ""  # what the seed says to do whatever the cause
+    # A symptom that comes and goes with the time of day: one run, taken at one time, can confirm
+    # a cause it catches but cannot rule one out.
+    by_time_of_day: bool = False
 
 
 @dataclass
@@ -61,6 +64,8 @@ class Diagnosis:
     symptom: Symptom
     record: RunRecord | None
     results: list[CauseResult]
+    source: str | None = None  # which run answered ("run #4", a file)
+    source_note: str | None = None  # why that run ("the latest full `gpuvet run` of this machine")
 
     def of(self, state: str) -> list[CauseResult]:
         return [r for r in self.results if r.state == state]
@@ -71,12 +76,30 @@ class Diagnosis:
 _ORDER = {CONFIRMED: 0, UNKNOWN: 1, RULED_OUT: 2}
 
 
-def diagnose(symptom: Symptom, record: RunRecord | None = None) -> Diagnosis:
+def diagnose(symptom: Symptom, record: RunRecord | None = None, source: str | None = None,
+             source_note: str | None = None) -> Diagnosis:
     """Every cause of the symptom, confirmed first, then unknown, then ruled out."""
     results = [_answer(cause, record) for cause in symptom.causes]
+    if record is not None and symptom.by_time_of_day:
+        results = [_one_time_of_day(r, record) for r in results]
     if record is not None:
         results.sort(key=lambda r: _ORDER[r.state])
-    return Diagnosis(symptom, record, results)
+    return Diagnosis(symptom, record, results, source, source_note)
+
+
+def _one_time_of_day(result: CauseResult, record: RunRecord) -> CauseResult:
+    """A pass at one time of day says nothing about another: what looked fine stays open."""
+    if result.state != RULED_OUT:
+        return result
+    from .store import machine_identity  # the key `gpuvet history --machine` groups runs by
+
+    key = machine_identity(record.machine).key
+    when = record.started_at.replace("T", " ")[:16]
+    figures = [f"not tested: one run at one time of day cannot rule out a day-time cause; compare runs at "
+               f"different times with `gpuvet history --machine {key}`"]
+    figures += [f"seen at {when} UTC: {figure}" for figure in result.figures]
+    return CauseResult(result.cause, UNKNOWN, figures,
+                       f"run `{result.cause.measure or 'gpuvet run'}` by day and at night, then `gpuvet history --machine {key}`")
 
 
 def _to_measure(cause: Cause) -> str:
@@ -92,6 +115,8 @@ def _answer(cause: Cause, record: RunRecord | None) -> CauseResult:
     if not cause.rules_out and not cause.checks and cause.facts is None:
         return CauseResult(cause, UNKNOWN, ["a run record cannot show this; check it by hand"], _to_measure(cause))
     found = [f for f in record.findings if f.check in cause.rules_out or f.check in cause.checks]
+    if not record.machine.gpus and found and all(f.check.startswith("gpu.") for f in found):
+        return _no_gpu_to_tell(cause, record)
     problems = [f for f in found if f.status in (FAIL, WARN)]
     tests = [f for f in found if f.status == PASS and f.check in cause.rules_out]
     fact = cause.facts(record) if cause.facts else None
@@ -104,6 +129,15 @@ def _answer(cause: Cause, record: RunRecord | None) -> CauseResult:
         figures = _figures(tests) + ([fact[1]] if fact else [])
         return CauseResult(cause, RULED_OUT, figures)
     return CauseResult(cause, UNKNOWN, _open_figures(cause, found, fact), _to_measure(cause))
+
+
+def _no_gpu_to_tell(cause: Cause, record: RunRecord) -> CauseResult:
+    """A run that saw no GPU can neither confirm nor rule out a cause that lives in the GPU: its
+    "no GPU visible" is a different problem (`gpuvet doctor container-no-gpu`)."""
+    why = record.machine.gpu_error or "no NVIDIA GPU found"
+    return CauseResult(cause, UNKNOWN, [f"not tested: this run saw no NVIDIA GPU ({why}), so it cannot tell"],
+                       f"where the GPU is visible: {_to_measure(cause)}; if it should be visible here: "
+                       f"`gpuvet doctor container-no-gpu`")
 
 
 def _open_figures(cause: Cause, found: list[Finding], fact: FactVerdict | None) -> list[str]:
@@ -335,7 +369,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
              Cause("Shared storage or network contended at peak hours",
                    rules_out=("storage.read", "storage.small_files", "storage.random_read", "net.loopback", "net.node_to_node"),
                    measure="gpuvet run", commands=("iostat -x 5",))),
-            "run gpuvet at both times and compare the records; move heavy jobs off-peak or to better-isolated instances"),
+            "run gpuvet at both times and compare the records; move heavy jobs off-peak or to better-isolated instances",
+            by_time_of_day=True),
     Symptom("cuda-init-slow", "model.to('cuda') or the first CUDA call hangs for seconds",
             "model.to(cuda)之后卡住30秒才响应",
             ("to('cuda') hangs", ".cuda() slow", "first cuda call slow", "hangs for seconds", "context init", "cuda init", "卡住"),
@@ -457,7 +492,9 @@ def _diagnosis(console: Console, d: Diagnosis) -> None:
         console.print("[dim]No run record: the likely causes and how to tell them apart.[/]")
     else:
         r = d.record
-        console.print(f"[dim]Answered from the run of {escape(r.started_at)} ({r.machine.source}, verdict {r.verdict}).[/]")
+        source = f"{d.source} (started {r.started_at}" if d.source else f"the run of {r.started_at} ("
+        console.print(f"[dim]Answered from {escape(source)}, {r.machine.source}, verdict {r.verdict})"
+                      f"{': ' + escape(d.source_note) if d.source_note else ''}.[/]")
     for result in d.results:
         word, style = _STATE_STYLE[result.state]
         console.print(f"\n  [{style}]{word:<9}[/]  {escape(result.cause.name)}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 from datetime import datetime
 
@@ -11,14 +13,16 @@ from rich.console import Console
 
 from .. import runner
 from ..compare import compare as compare_runs
-from ..compare import entry, history_trend, with_prices
+from ..compare import entry, find_run, history_trend, with_prices
 from ..probe.errors import CaptureError
-from ..record import exit_code
+from ..record import RunRecord, exit_code
 from ..report import compare_view
+from ..report.redact import Redactor
 from ..store import NoStoreYet, Store, StoreError, check_price
 from .base import PRICE, UsageProblem, check_out_path, cli, open_store, show_record
 
 _db = click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
+_redact = click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 
 
 def _console() -> Console:
@@ -39,8 +43,10 @@ def _local_clock() -> tuple[float, str]:
 @click.option("--utc-offset", type=click.FloatRange(min=-14, max=14), metavar="HOURS",
               help="Day vs night on this clock (default: this machine's time zone), e.g. 8 for UTC+8.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_redact
 @_db
-def history(machine: str | None, limit: int | None, utc_offset: float | None, as_json: bool, db: str | None) -> None:
+def history(machine: str | None, limit: int | None, utc_offset: float | None, as_json: bool, redact: bool,
+            db: str | None) -> None:
     """List stored runs: date, label, GPUs, verdict, key figures."""
     try:
         store = Store(db, create=False)
@@ -51,15 +57,20 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
         raise UsageProblem(str(err)) from None
     with store:
         try:
+            redactor = _redactor_for(store.runs()) if redact else None
             if machine == "":
                 machines = store.machines()
+                if redactor:
+                    machines = [(k, redactor.text(d), n) for k, d, n in machines]
                 if as_json:
                     click.echo(json.dumps([{"machine": k, "description": d, "runs": n} for k, d, n in machines], indent=2))
                 else:
                     compare_view.render_machines(machines, _console())
                 return
-            key = _machine_key(store, machine) if machine else None
+            key = _machine_key(store, machine, redactor) if machine else None
             summaries = store.runs(machine_key=key, limit=limit)
+            if redactor:
+                summaries = [_redacted_summary(s, redactor) for s in summaries]
             if key is None:
                 if as_json:
                     click.echo(json.dumps(compare_view.summaries_to_dicts(summaries), indent=2))
@@ -84,9 +95,24 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
         click.echo("(day and night on this machine's time zone; --utc-offset HOURS for another)")
 
 
-def _machine_key(store: Store, given: str) -> str:
+def _redactor_for(summaries: list) -> Redactor:
+    """A redactor that knows every stored hostname, so the machine descriptions lose them too."""
+    redactor = Redactor()
+    redactor.learn([{"hostname": s.hostname} for s in summaries if s.hostname])
+    return redactor
+
+
+def _redacted_summary(summary, redactor: Redactor):
+    return dataclasses.replace(
+        summary, hostname=redactor.token("HOST", summary.hostname) if summary.hostname else None,
+        machine_basis=redactor.text(summary.machine_basis), label=redactor.text(summary.label) if summary.label else None)
+
+
+def _machine_key(store: Store, given: str, redactor: Redactor | None = None) -> str:
     """The one machine key that is `given` or starts with it (as git resolves a short hash)."""
     machines = store.machines()
+    if redactor:
+        machines = [(k, redactor.text(d), n) for k, d, n in machines]
     exact = [m for m in machines if m[0] == given]
     found = exact or [m for m in machines if m[0].startswith(given.strip())]
     if len(found) == 1:
@@ -144,14 +170,28 @@ def label_run(run_id: int, label: str | None, price: float | None, db: str | Non
 
 @cli.command("export")
 @click.argument("run_ids", nargs=-1, required=True, type=int, metavar="ID...")
+@_redact
 @_db
-def export_runs(run_ids: tuple[int, ...], db: str | None) -> None:
+def export_runs(run_ids: tuple[int, ...], redact: bool, db: str | None) -> None:
     """Write stored runs as JSON to stdout (gpuvet export 3 4 > runs.json)."""
     with open_store(db) as store:
         try:
-            click.echo(json.dumps(store.export(list(run_ids)), indent=2))
+            runs = store.export(list(run_ids))
         except StoreError as err:
             raise UsageProblem(str(err)) from None
+    if redact:
+        runs = _redacted_dicts(runs)
+    click.echo(json.dumps(runs, indent=2))
+
+
+def _redacted_dicts(runs: list[dict]) -> list[dict]:
+    """Run records redacted together: one host is the same HOST-REDACTED-n in every run."""
+    redactor = Redactor()
+    redactor.learn(runs)
+    clean = [redactor.walk(run) for run in runs]
+    for run in clean:
+        run.setdefault("options", {})["redacted"] = True
+    return clean
 
 
 @cli.command("import")
@@ -203,7 +243,7 @@ def _price_override(ctx, param, values: tuple[str, ...]) -> list[tuple[str, floa
 
 
 @cli.command("compare")
-@click.argument("refs", nargs=-1, required=True, metavar="ID|FILE...")
+@click.argument("refs", nargs=-1, required=True, metavar="ID|LABEL|FILE...")
 @click.option("--job", metavar='"8 h on REF"', help="A job you know the length of on one run (its id, #id, file or label); "
                                                    "its time and cost on every run.")
 @click.option("--price", "prices", multiple=True, callback=_price_override, metavar="REF=USD",
@@ -211,10 +251,12 @@ def _price_override(ctx, param, values: tuple[str, ...]) -> list[tuple[str, floa
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--md", "as_md", is_flag=True, help="Print Markdown.")
 @click.option("-v", "--verbose", is_flag=True, help="Every shared measurement and finding.")
+@_redact
 @_db
 def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, float]], as_json: bool, as_md: bool,
-            verbose: bool, db: str | None) -> None:
-    """Put runs side by side, with the cost per unit of work where prices are known."""
+            verbose: bool, redact: bool, db: str | None) -> None:
+    """Put runs side by side (stored runs by id or label, or record files), with the cost per unit
+    of work where prices are known."""
     entries = []
     store = None
     try:
@@ -223,8 +265,13 @@ def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, floa
             if run_id.isdigit():
                 store = store or open_store(db)
                 entries.append(entry(store.get(int(run_id)), f"#{run_id}"))
-            else:
+            elif os.path.exists(ref) or os.sep in ref or ref.endswith(".json"):
                 entries += _file_entries(ref)
+            else:
+                store = store or _store_for_label(db, ref)
+                entries.append(_labelled_entry(store, ref))
+        if redact:
+            entries = _redacted_entries(entries)
         comparison = compare_runs(with_prices(entries, prices), job)
     except (StoreError, ValueError, CaptureError) as err:
         raise UsageProblem(str(err)) from None
@@ -239,6 +286,44 @@ def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, floa
         compare_view.render(comparison, _console(), verbose=verbose)
 
 
+def _store_for_label(db: str | None, label: str) -> Store:
+    try:
+        return Store(db, create=False)
+    except NoStoreYet:
+        raise UsageProblem(f"{label}: no such file, and no runs are stored yet to find it as a label") from None
+    except StoreError as err:
+        raise UsageProblem(str(err)) from None
+
+
+def _labelled_entry(store: Store, label: str) -> tuple:
+    """The stored run a label names, found as --job finds a run (exactly, then case-insensitively)."""
+    summaries = [s for s in store.runs() if s.label]
+    try:
+        i = find_run(label, [f"#{s.id} {s.label}" for s in summaries], [s.label for s in summaries], what=label)
+    except ValueError:
+        same = [f"#{s.id}" for s in summaries if s.label.casefold() == label.strip().casefold()]
+        if len(same) > 1:
+            raise ValueError(f"{label}: {len(same)} stored runs have this label ({', '.join(same)}); "
+                             f"give one's id, or `gpuvet label ID --label TEXT` to tell them apart") from None
+        known = ", ".join(dict.fromkeys(repr(s.label) for s in summaries[:10])) or "no stored run has one yet"
+        raise ValueError(f"{label}: no such file, and no stored run has that label (labels: {known}; "
+                         f"gpuvet history lists the runs)") from None
+    return entry(store.get(summaries[i].id), f"#{summaries[i].id}")
+
+
+def _redacted_entries(entries: list[tuple]) -> list[tuple]:
+    """The records redacted together (one host is the same token in every run), and the names
+    too: a file name can hold a user's home directory or a hostname."""
+    redactor = Redactor()
+    redactor.learn([record.to_dict() for _, record, _ in entries])
+    clean = []
+    for name, record, price in entries:
+        data = redactor.walk(record.to_dict())
+        data.setdefault("options", {})["redacted"] = True
+        clean.append((redactor.text(name), RunRecord.from_dict(data), price))
+    return clean
+
+
 def _file_entries(path: str) -> list:
     """A run record file, or an export (a list of records)."""
     try:
@@ -249,8 +334,6 @@ def _file_entries(path: str) -> list:
     except ValueError:
         raise CaptureError(f"{path}: not a gpuvet run record or export (not JSON)") from None
     items = data if isinstance(data, list) else [data]
-    from ..record import RunRecord
-
     try:
         records = [RunRecord.from_dict(item) for item in items]
     except (ValueError, TypeError, KeyError, AttributeError) as err:

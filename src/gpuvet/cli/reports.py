@@ -48,23 +48,53 @@ def doctor(symptom: str | None, run_path: str | None, db: str | None) -> None:
     if found is None:
         doctor_module.render_doctor(console)
         raise UsageProblem(f"unknown symptom {symptom!r}: pick one of those listed above")
-    doctor_module.render_doctor(console, doctor_module.diagnose(found, _record_for_doctor(run_path, db)))
+    record, source, note = _record_for_doctor(run_path, db)
+    doctor_module.render_doctor(console, doctor_module.diagnose(found, record, source, note))
+
+
+FULL_PROFILES = ("default", "soak")  # a plain `gpuvet run` (or --soak): facts and every benchmark
 
 
 def _record_for_doctor(run_path: str | None, db: str | None):
+    """The record to answer from, and which run it is. A file is taken as given (a run record or
+    an export, as `report` takes them). From the history: the latest full `gpuvet run` of the
+    machine the latest run was on, since a later `gpuvet workload` or `bench` measured only part of
+    what doctor asks about; without a full run, the latest run, said to be partial."""
     if run_path:
         try:
-            return runner.rejudge(runner.load_record(run_path))
+            return runner.rejudge(load_run_file(run_path)), run_path, None
         except CaptureError as err:
             raise UsageProblem(str(err)) from None
     try:
         from ..store import Store
 
         with Store(db, create=False) as store:
-            latest = store.latest()
-        return runner.rejudge(latest) if latest else None
+            return _latest_full_run(store)
     except StoreError:
-        return None  # no history yet: answer with the checks to run
+        return None, None, None  # no history yet: answer with the checks to run
+
+
+def _latest_full_run(store):
+    latest = store.runs(limit=1)
+    if not latest:
+        return None, None, None
+    newest = latest[0]
+    for summary in store.runs(machine_key=newest.machine_key):
+        record = store.get(summary.id)
+        if record.options.get("profile") in FULL_PROFILES:
+            later = "" if summary.id == newest.id else f"; the later run #{newest.id} was partial ({_what_ran(store.get(newest.id))})"
+            return runner.rejudge(record), f"run #{summary.id}", f"this machine's latest full `gpuvet run`{later}"
+    record = store.get(newest.id)
+    return runner.rejudge(record), f"run #{newest.id}", (f"a partial run ({_what_ran(record)}); no full `gpuvet run` of "
+                                                         f"this machine is stored, which would measure more of the causes")
+
+
+def _what_ran(record) -> str:
+    profile = record.options.get("profile")
+    benchmarks = record.options.get("benchmarks") or []
+    if benchmarks and profile == "bench":
+        return "only " + ", ".join(benchmarks)
+    return {"quick": "facts only: gpuvet run --quick", "watch": "a watch log"}.get(profile, "facts only: a capture or import")
 
 
 def _is_cluster_record(path: str) -> bool:

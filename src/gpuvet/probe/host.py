@@ -222,6 +222,119 @@ def cloud_from_dmi(dmi: Mapping[str, str]) -> str | None:
     return None
 
 
+# -- spot / preemptible, from the cloud's instance metadata -------------------------------------
+
+METADATA_ADDRESS = "http://169.254.169.254"  # AWS, GCP (metadata.google.internal) and Azure alike
+METADATA_BUDGET_S = 0.5  # all requests together: a machine off the cloud must not wait
+
+
+class Lifecycle(NamedTuple):
+    """Whether the platform can take the instance back (spot, preemptible), as its metadata says."""
+
+    preemptible: bool | None  # None: the metadata did not answer
+    value: str | None  # the platform's own word: "spot", "on-demand", "SPOT", "Regular", ...
+    source: str  # the metadata path it came from
+    error: str | None = None  # why there is no answer
+
+
+# Each cloud's documented metadata path and what its answer means (AWS instance-life-cycle:
+# spot | on-demand | scheduled; GCP provisioning-model: SPOT | STANDARD, older instances only
+# scheduling/preemptible: TRUE | FALSE; Azure compute/priority: Regular | Low | Spot).
+_AWS_TOKEN = "/latest/api/token"
+_AWS_LIFECYCLE = "/latest/meta-data/instance-life-cycle"
+_GCP_MODEL = "/computeMetadata/v1/instance/scheduling/provisioning-model"
+_GCP_PREEMPTIBLE = "/computeMetadata/v1/instance/scheduling/preemptible"
+_AZURE_PRIORITY = "/metadata/instance/compute/priority?api-version=2021-02-01&format=text"
+
+
+class _Metadata:
+    """Read-only requests to the link-local metadata service within one time budget, never
+    through a proxy (the environment's HTTP proxy cannot reach a link-local address)."""
+
+    def __init__(self, base_url: str, budget_s: float):
+        import urllib.request
+
+        self._base = base_url.rstrip("/")
+        self._deadline = time.monotonic() + budget_s
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def fetch(self, path: str, headers: dict[str, str], method: str = "GET") -> str:
+        import urllib.request
+
+        left = self._deadline - time.monotonic()
+        if left <= 0.01:
+            raise TimeoutError("out of time")
+        request = urllib.request.Request(self._base + path, headers=headers, method=method)
+        with self._opener.open(request, timeout=left) as response:
+            return response.read(256).decode("ascii", "replace").strip()
+
+
+def instance_lifecycle(cloud: str | None, base_url: str = METADATA_ADDRESS,
+                       budget_s: float = METADATA_BUDGET_S) -> Lifecycle | None:
+    """Spot or on-demand, from the instance metadata of AWS, GCP or Azure (None: another cloud or
+    none, where there is no such metadata to ask). Never raises: a failed request says why."""
+    readers = {"aws": _aws_lifecycle, "gcp": _gcp_lifecycle, "azure": _azure_lifecycle}
+    if cloud not in readers:
+        return None
+    return readers[cloud](_Metadata(base_url, budget_s))
+
+
+def _metadata_error(error: BaseException) -> str:
+    import urllib.error
+
+    if isinstance(error, urllib.error.HTTPError):
+        return f"HTTP {error.code}"
+    reason = getattr(error, "reason", None) or error
+    if isinstance(reason, (TimeoutError, socket.timeout)) or "timed out" in str(reason):
+        return f"no answer within {METADATA_BUDGET_S:g} s"
+    return _why(reason) if isinstance(reason, BaseException) else str(reason)
+
+
+def _aws_lifecycle(metadata: _Metadata) -> Lifecycle:
+    source = f"EC2 instance metadata {_AWS_LIFECYCLE}"
+    try:  # IMDSv2: a session token first (a PUT), then the read with it
+        token = metadata.fetch(_AWS_TOKEN, {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, method="PUT")
+    except Exception as error:  # noqa: BLE001 - any failure is a reason, never a crash
+        return Lifecycle(None, None, source, f"IMDSv2 token request failed: {_metadata_error(error)}")
+    try:
+        value = metadata.fetch(_AWS_LIFECYCLE, {"X-aws-ec2-metadata-token": token})
+    except Exception as error:  # noqa: BLE001
+        return Lifecycle(None, None, source, _metadata_error(error))
+    return _judged(value, source, yes={"spot"}, no={"on-demand", "scheduled", "capacity-block"})
+
+
+def _judged(value: str, source: str, yes: set[str], no: set[str]) -> Lifecycle:
+    """The answer as preemptible or not; a word the docs do not list is kept, but judges nothing."""
+    word = value.strip().lower()
+    if word in yes or word in no:
+        return Lifecycle(word in yes, value, source)
+    return Lifecycle(None, value, source, f"unexpected answer {value[:40]!r}")
+
+
+def _gcp_lifecycle(metadata: _Metadata) -> Lifecycle:
+    headers = {"Metadata-Flavor": "Google"}
+    try:
+        value = metadata.fetch(_GCP_MODEL, headers)
+        return _judged(value, f"GCE metadata {_GCP_MODEL}", yes={"spot"}, no={"standard", "reservation_bound"})
+    except Exception as error:  # noqa: BLE001 - older instances lack provisioning-model
+        first_error = _metadata_error(error)
+    source = f"GCE metadata {_GCP_PREEMPTIBLE}"
+    try:
+        value = metadata.fetch(_GCP_PREEMPTIBLE, headers)
+    except Exception as error:  # noqa: BLE001
+        return Lifecycle(None, None, source, f"{_metadata_error(error)} (provisioning-model: {first_error})")
+    return _judged(value, source, yes={"true"}, no={"false"})
+
+
+def _azure_lifecycle(metadata: _Metadata) -> Lifecycle:
+    source = "Azure instance metadata compute/priority"
+    try:
+        value = metadata.fetch(_AZURE_PRIORITY, {"Metadata": "true"})
+    except Exception as error:  # noqa: BLE001
+        return Lifecycle(None, None, source, _metadata_error(error))
+    return _judged(value, source, yes={"spot", "low"}, no={"regular"})
+
+
 # systemd src/basic/virt.c: fields in this order, each matched by prefix against the table.
 # systemd's "Oracle Corporation" -> VirtualBox entry is left out: Oracle's own bare-metal
 # servers (OCI GPU shapes) report that vendor too.

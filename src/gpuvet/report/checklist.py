@@ -105,18 +105,41 @@ def _skip_reasons(found: list[Finding]) -> str:
 
 
 def _figure(item: Item, deciding: list[Finding]) -> str:
-    """The first deciding finding's words, naming the subjects that share them."""
+    """The first deciding finding's words, naming the subjects that share them; other subjects'
+    words follow compactly, only where they differ from the first ("gpu1-5: 2.2 GiB")."""
     def text(f: Finding) -> str:
         if f.status == PASS and item.passing_figure == "measured" and f.evidence.measured:
             return f.evidence.measured
         return f.summary
 
-    first = text(deciding[0])
-    same = [f.subject for f in deciding if text(f) == first]
-    rest = len(deciding) - len(same)
+    by_text: dict[str, list[str]] = {}
+    for f in deciding:
+        by_text.setdefault(text(f), []).append(f.subject)
+    (first, same), *others = by_text.items()
     who = subject_range(list(dict.fromkeys(same)))
     prefix = f"{who}: " if len(set(same)) > 1 or who.startswith("gpu") else ""
-    return prefix + first + (f" (+{rest} more)" if rest else "")
+    shown = [f"{subject_range(list(dict.fromkeys(subjects)))}: {_difference(first, other)}"
+             for other, subjects in others[:MORE_SHOWN]]
+    more = f" (+{len(others) - MORE_SHOWN} more)" if len(others) > MORE_SHOWN else ""
+    return prefix + first + "".join(f"; {line}" for line in shown) + more
+
+
+MORE_SHOWN = 3  # other subjects' differing words listed after the first finding's
+
+
+def _difference(first: str, other: str) -> str:
+    """The words of `other` that differ from `first`, a bare number with the word after it for
+    sense ("2.2 GiB"); the whole text where most of it differs."""
+    import difflib
+
+    a, b = first.split(), other.split()
+    parts = []
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            unit = j2 < len(b) and not re.search(r"[A-Za-z]", b[j2 - 1])  # "2.2" needs its "GiB"
+            parts.append(" ".join(b[j1:j2 + 1] if unit else b[j1:j2]))
+    changed = " … ".join(parts)
+    return changed if parts and len(changed) < 0.6 * len(other) else other
 
 
 def _join(*parts: str) -> str:
@@ -338,20 +361,41 @@ _SHARED_KINDS = ("network",)
 
 
 def _storage_io(record: RunRecord, item: Item) -> Line:
-    """Local disk and shared storage: which paths were tested, and whether any was shared storage."""
+    """Local disk and shared storage: which paths were tested, and whether any was shared storage:
+    a network file system, or a volume other than the working directory's (a path the user chose
+    on the same local disk tests that disk again, not shared storage)."""
     line = _from_findings(record, item)
     tested = list(dict.fromkeys(f.subject for f in line.findings if f.status in _SEVERITY))
     if not tested:
         return line
-    kinds = {m.subject: m.details.get("kind") for m in record.measurements if m.name.startswith("disk.") and m.details}
-    local_only = all(kinds.get(p) and kinds[p] not in _SHARED_KINDS for p in tested)
-    # The paths the user pointed at (--path) are the ones that matter, shared or not.
-    if line.state != TICKED or not local_only or record.options.get("paths"):
+    storage = {m.subject: m.details for m in record.measurements if m.name.startswith("disk.") and m.details}
+    beyond = [p for p in tested if _beyond_workdir(record, storage.get(p) or {})]
+    if line.state != TICKED or beyond:
         where = f"tested {', '.join(tested)}"
         return Line(item, line.state, _join(where, line.figure) if line.state == TICKED else _join(line.figure, where), line.findings)
-    labels = ", ".join(f"{p} ({_KIND_WORDS.get(kinds[p], kinds[p])})" for p in tested)
-    return Line(item, UNKNOWN, f"local disk only: {labels} passed; no shared or network storage tested: "
+    labels = ", ".join(f"{p} ({_KIND_WORDS.get(k, k) if (k := (storage.get(p) or {}).get('kind')) else 'kind unknown'})"
+                       for p in tested)
+    same = _same_disk_note(record, tested, storage)
+    return Line(item, UNKNOWN, f"local disk only: {labels} passed{same}; no shared or network storage tested: "
                                "run `gpuvet run --path /your/dataset/mount`", line.findings)
+
+
+def _beyond_workdir(record: RunRecord, details: dict) -> bool:
+    """A network file system, or a different mount than the working directory's."""
+    if details.get("kind") in _SHARED_KINDS:
+        return True
+    workdir = record.machine.host.workdir if record.machine.host else None
+    mount = details.get("mount_point")
+    return bool(workdir and workdir.mount_point and mount and mount != workdir.mount_point)
+
+
+def _same_disk_note(record: RunRecord, tested: list[str], storage: dict[str, dict]) -> str:
+    workdir = record.machine.host.workdir if record.machine.host else None
+    chosen = [p for p in tested if p in (record.options.get("paths") or [])]
+    if not chosen or not workdir or not workdir.mount_point:
+        return ""
+    fs = f" on {workdir.fs_type}" if workdir.fs_type else ""
+    return f" ({', '.join(chosen)} is on the working directory's own disk: mount {workdir.mount_point}{fs})"
 
 
 _KIND_WORDS = {"nvme": "NVMe", "ssd": "SSD", "hdd": "HDD", "unknown": "virtual or unknown disk", "tmpfs": "tmpfs",

@@ -42,17 +42,54 @@ def _relative(pct: float | None) -> str:
 def _hours(hours: float | None) -> str:
     if hours is None:
         return "—"
-    return f"{hours:,.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+    if hours >= 1:
+        return f"{hours:,.1f} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:.0f} min"
+    return f"{hours * 3600:.0f} s" if hours * 3600 >= 1 else "< 1 s"
 
 
 def _price(price: float | None) -> str:
     return f"${price:.2f}/h" if price is not None else "—"
 
 
-def _differing_findings(comparison: Comparison, verbose: bool) -> tuple[list[FindingRow], int]:
-    """The checks whose status differs between runs (all with `verbose`), and how many do not."""
-    differing = [r for r in comparison.findings if r.differs]
-    return (comparison.findings if verbose else differing), len(comparison.findings) - len(differing)
+def _shown_findings(comparison: Comparison, verbose: bool) -> tuple[list[FindingRow], int]:
+    """The checks any run failed or warned on, or whose status differs between runs (all with
+    `verbose`), and how many others there are (passed or skipped everywhere)."""
+    shown = [r for r in comparison.findings if r.shown]
+    return (comparison.findings if verbose else shown), len(comparison.findings) - len(shown)
+
+
+def _status_text(status: str | None) -> str:
+    """A run's status for a check; a skip or a missing check is said plainly: it was not checked
+    there, which is neither a pass nor a disagreement."""
+    if status is None:
+        return "not checked"
+    return "not checked (skip)" if status == SKIP else status.upper()
+
+
+def _problems(comparison: Comparison) -> list[str]:
+    """One line per failure or warning of a run: the check, where, and what it found."""
+    lines = []
+    for row in comparison.findings:
+        for run, status, subject, summary in zip(comparison.runs, row.statuses, row.subjects or [None] * len(row.statuses),
+                                                 row.summaries):
+            if status in (FAIL, WARN):
+                where = f"{subject}: " if subject else ""
+                lines.append(f"{status.upper()} {row.check} on {run.name}: {where}{summary or ''}".rstrip(": "))
+    return lines
+
+
+def _others_line(same: int) -> str:
+    return f"{same} other check{'s' if same != 1 else ''} passed or were skipped on every run"
+
+
+def _row_note(row: Row) -> str:
+    if row.not_comparable:
+        return f"({row.not_comparable})"
+    if row.closer_to_zero:
+        return "(closer to 0 is better)"
+    return "(lower is better)" if row.lower_is_better and row.unit != "USD" else ""
 
 
 # -- terminal ---------------------------------------------------------------------------------
@@ -75,15 +112,18 @@ def render(comparison: Comparison, console: Console, verbose: bool = False) -> N
         table.add_row(f"[bold]Job: {escape(job.description)}[/]", *[""] * len(comparison.runs))
         table.add_row("time", *[_hours(h) for h in job.hours])
         table.add_row("cost", *[_number(c, "USD") for c in job.cost_usd])
-    rows, same = _differing_findings(comparison, verbose)
+    rows, same = _shown_findings(comparison, verbose)
     if rows:
         table.add_section()
-        table.add_row("[bold]Findings that differ[/]" if not verbose else "[bold]Findings[/]", *[""] * len(comparison.runs))
+        table.add_row("[bold]Findings: problems and differences[/]" if not verbose else "[bold]Findings[/]",
+                      *[""] * len(comparison.runs))
         for row in rows:
             table.add_row(escape(row.check), *[_status_cell(s) for s in row.statuses])
     console.print(table)
+    for line in _problems(comparison):
+        console.print(f"  {escape(line)}")
     if same and not verbose:
-        console.print(f"[dim]{same} checks agree on every run that could check them (-v lists them).[/]")
+        console.print(f"[dim]{_others_line(same)} (-v lists them).[/]")
     if comparison.single_run_measurements:
         console.print(f"[dim]{comparison.single_run_measurements} measurements only one run has are not compared.[/]")
     _ranking(comparison, console)
@@ -98,7 +138,8 @@ def _section(table: Table, title: str, rows: list[Row]) -> None:
     table.add_row(f"[bold]{title}[/]", *[""] * len(rows[0].values))
     for row in rows:
         unit = "" if row.unit == "USD" else f" {row.unit}"
-        label = escape(f"{row.label}{unit}") + (" [dim](lower is better)[/]" if row.lower_is_better and row.unit != "USD" else "")
+        note = _row_note(row)
+        label = escape(f"{row.label}{unit}") + (f" [dim]{escape(note)}[/]" if note else "")
         table.add_row(label, *[_cell(row, i) for i in range(len(row.values))])
 
 
@@ -118,7 +159,9 @@ def _is_best(row: Row, i: int) -> bool:
 
 
 def _status_cell(status: str | None) -> str:
-    return f"[{STATUS_STYLE.get(status, '')}]{status.upper()}[/]" if status else "[dim]—[/]"
+    if status in (None, SKIP):
+        return f"[dim]{_status_text(status)}[/]"
+    return f"[{STATUS_STYLE.get(status, '')}]{_status_text(status)}[/]"
 
 
 def _ranking(comparison: Comparison, console: Console) -> None:
@@ -150,13 +193,16 @@ def to_markdown(comparison: Comparison, verbose: bool = False) -> str:
         lines.append(f"| **Job: {_md(job.description)}** |" + " |" * len(names))
         lines.append("| time | " + " | ".join(_hours(h) for h in job.hours) + " |")
         lines.append("| cost | " + " | ".join(_number(c, "USD") for c in job.cost_usd) + " |")
-    rows, same = _differing_findings(comparison, verbose)
+    rows, same = _shown_findings(comparison, verbose)
     if rows:
-        lines.append(f"| **{'Findings' if verbose else 'Findings that differ'}** |" + " |" * len(names))
-        lines += ["| " + _md(r.check) + " | " + " | ".join((s or "—").upper() for s in r.statuses) + " |" for r in rows]
+        lines.append(f"| **{'Findings' if verbose else 'Findings: problems and differences'}** |" + " |" * len(names))
+        lines += ["| " + _md(r.check) + " | " + " | ".join(_status_text(s) for s in r.statuses) + " |" for r in rows]
     out = ["\n".join(lines)]
+    problems = _problems(comparison)
+    if problems:
+        out.append("\n".join(f"- {_md(line)}" for line in problems))
     if same and not verbose:
-        out.append(f"{same} checks agree on every run that could check them.")
+        out.append(f"{_others_line(same)}.")
     if comparison.ranking:
         ranked = [f"{n}. {_md(e.name)}: {_number(e.cost, 'USD')} at {_price(e.price_per_hour)}"
                   for n, e in enumerate(comparison.ranking, 1)]
@@ -181,7 +227,8 @@ def _md_row(row: Row) -> str:
             text = f"{text} ({relative})" if relative else text
         cells.append(text)
     unit = "" if row.unit == "USD" else f" {row.unit}"
-    return f"| {_md(row.label + unit)} | " + " | ".join(cells) + " |"
+    note = _row_note(row)
+    return f"| {_md(row.label + unit + (' ' + note if note else ''))} | " + " | ".join(cells) + " |"
 
 
 def _md(text: str) -> str:
@@ -192,7 +239,10 @@ def _md(text: str) -> str:
 
 def to_dict(comparison: Comparison) -> dict[str, Any]:
     """The comparison as plain data (json.dumps-able), with its own schema name."""
-    return {"schema": SCHEMA, **dataclasses.asdict(comparison)}
+    data = {"schema": SCHEMA, **dataclasses.asdict(comparison)}
+    for row, shown in zip(data["findings"], comparison.findings):
+        row["shown"] = shown.shown  # what the terminal and Markdown list without -v
+    return data
 
 
 # -- history ----------------------------------------------------------------------------------

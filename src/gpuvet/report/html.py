@@ -20,6 +20,7 @@ from typing import Any
 from ..facts import Gpu, Machine, to_dict
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
+from .markdown import general_remedy, same_problems
 from .terminal import VERDICT_TEXT, WATCH_VERDICT_TEXT, header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
 
 GIB = 1024**3
@@ -107,16 +108,25 @@ def _problems(findings: list[Finding]) -> str:
     found = problems(findings)
     if not found:
         return '<section id="problems"><h2>Problems</h2><p>None found.</p></section>'
-    return '<section id="problems"><h2>Problems</h2>\n' + "\n".join(_card(f) for f in found) + "\n</section>"
+    return '<section id="problems"><h2>Problems</h2>\n' + "\n".join(_card(same) for same in same_problems(found)) + "\n</section>"
 
 
-def _card(f: Finding) -> str:
+def _card(same: list[Finding]) -> str:
+    """One card for a problem that reads the same on several subjects (as the Markdown report
+    groups them): six GPUs on x1 risers are one problem to a reader, not six cards."""
+    f = same[0]
     e = f.evidence
+    who = subject_range(list(dict.fromkeys(x.subject for x in same)))
+    remedy_text = f.remedy
+    if len(same) > 1 and len({x.remedy for x in same}) > 1:
+        general = general_remedy(f.remedy) or ""
+        remedy_text = (f"{general} (N: the GPU's index, BUS_ID: its bus ID in the GPUs table)" if "BUS_ID" in general
+                       else f"{general} (N: the GPU's index)")
     rows = "".join(f"<dt>{label}</dt><dd>{rich_text(value)}</dd>"
                    for label, value in (("Measured", e.measured), ("Expected", e.expected), ("Source", e.source)) if value)
-    remedy = f'<p class="remedy"><b>Fix / confirm:</b> {rich_text(f.remedy)}</p>' if f.remedy else ""
+    remedy = f'<p class="remedy"><b>Fix / confirm:</b> {rich_text(remedy_text)}</p>' if remedy_text else ""
     return (f'<article class="finding {f.status}"><h3><span class="badge {f.status}">{f.status.upper()}</span> '
-            f"<code>{_e(f.check)}</code> <span class=\"subject\">{_e(f.subject)}</span></h3>"
+            f"<code>{_e(f.check)}</code> <span class=\"subject\">{_e(who)}</span></h3>"
             f"<p>{rich_text(f.summary)}</p>" + (f"<dl>{rows}</dl>" if rows else "") + remedy + "</article>")
 
 

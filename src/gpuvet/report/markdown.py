@@ -63,8 +63,19 @@ def _title(record: RunRecord) -> str:
 
 
 def _machine(record: RunRecord) -> str:
-    lines = [f"- {text(line.strip())}" for line in machine_lines(record.machine) + [options_line(record)] if line]
+    lines = [f"- {text(line.strip())}" for line in machine_lines(record.machine) + [_host_line(record.machine),
+                                                                                     options_line(record)] if line]
     return "## Machine\n\n" + "\n".join(lines)
+
+
+def _host_line(m: Machine) -> str:
+    """Which host, OS and kernel: a support ticket needs them to find the machine and its image
+    (`--redact` replaces the hostname)."""
+    h = m.host
+    if h is None:
+        return ""
+    parts = [f"{label} {value}" for label, value in (("host", h.hostname), ("OS", h.os), ("kernel", h.kernel)) if value]
+    return "System: " + " · ".join(parts) if parts else ""
 
 
 # The HTML report's GPU columns (report/html.py), with the PCI bus ID and VBIOS a provider's support
@@ -110,7 +121,7 @@ def _problems(findings: list[Finding]) -> str:
     found = problems(findings)
     if not found:
         return "## Problems\n\nNone found."
-    return "## Problems\n\n" + "\n\n".join(_problem(same) for same in _same_problems(found))
+    return "## Problems\n\n" + "\n\n".join(_problem(same) for same in same_problems(found))
 
 
 # What differs between GPUs in an otherwise identical remedy: `nvidia-smi -i 3`, a PCI bus ID.
@@ -118,17 +129,17 @@ _GPU_INDEX = re.compile(r"(-i )\d+\b")
 _BUS_ID = re.compile(r"\b[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\b")
 
 
-def _general_remedy(remedy: str | None) -> str | None:
+def general_remedy(remedy: str | None) -> str | None:
     return _BUS_ID.sub("BUS_ID", _GPU_INDEX.sub(r"\1N", remedy)) if remedy else remedy
 
 
-def _same_problems(found: list[Finding]) -> list[list[Finding]]:
+def same_problems(found: list[Finding]) -> list[list[Finding]]:  # the HTML report groups its cards the same way
     """Problems that read the same on several subjects, together, in first-seen order: six GPUs on
     x1 risers are one problem to a reader, not six."""
     groups: dict[tuple, list[Finding]] = {}
     for f in found:
         e = f.evidence
-        key = (f.status, f.check, f.summary, e.measured, e.expected, e.source, _general_remedy(f.remedy))
+        key = (f.status, f.check, f.summary, e.measured, e.expected, e.source, general_remedy(f.remedy))
         groups.setdefault(key, []).append(f)
     return list(groups.values())
 
@@ -140,8 +151,8 @@ def _problem(same: list[Finding]) -> str:
     e = f.evidence
     remedy = f.remedy
     if len(same) > 1 and len({x.remedy for x in same}) > 1:
-        remedy = (f"{_general_remedy(f.remedy)} (N: the GPU's index, BUS_ID: its bus ID in the GPUs table)"
-                  if "BUS_ID" in _general_remedy(f.remedy) else f"{_general_remedy(f.remedy)} (N: the GPU's index)")
+        remedy = (f"{general_remedy(f.remedy)} (N: the GPU's index, BUS_ID: its bus ID in the GPUs table)"
+                  if "BUS_ID" in general_remedy(f.remedy) else f"{general_remedy(f.remedy)} (N: the GPU's index)")
     facts = [("Measured", e.measured), ("Expected", e.expected), ("Source", e.source), ("Fix / confirm", remedy)]
     listed = [f"- **{label}:** {text(value)}" for label, value in facts if value]
     return "\n".join(lines + ([""] + listed if listed else []))
