@@ -127,7 +127,7 @@ ANSWERS = [
     ("multi-gpu-scaling", lambda: record("h100-8x-throttle"), "Mixed GPUs", RULED_OUT, "8 x NVIDIA H100 80GB HBM3"),
     ("container-no-gpu", lambda: record("cpu-quick"), "not reachable here", CONFIRMED, "no GPU visible (inside docker)"),
     ("container-no-gpu", lambda: record("h100-8x-throttle"), "not reachable here", RULED_OUT, "8 GPU(s) visible"),
-    ("data-lost-after-restart", preemptible_cpu_run, "preemptible", CONFIRMED, "you said this instance is preemptible"),
+    ("data-lost-after-restart", preemptible_cpu_run, "preemptible", CONFIRMED, "this instance is preemptible (as you stated)"),
     ("data-lost-after-restart", lambda: record("cpu-quick"), "ephemeral storage", UNKNOWN, "cannot tell whether"),
     ("data-lost-after-restart", on_a_volume, "ephemeral storage", RULED_OUT, "a network block volume"),
     ("data-lost-after-restart", lambda: record("cpu-quick"), "installed into the container", UNKNOWN, "running in docker"),

@@ -390,3 +390,18 @@ def test_no_metadata_service_answers_within_the_budget_and_says_why():
     finally:
         silent.close()
     assert instance_lifecycle("openstack") is None and instance_lifecycle(None) is None
+
+
+def test_the_metadata_answer_lands_in_the_host_facts(monkeypatch):
+    from gpuvet.facts import Host
+    from gpuvet.probe import host as host_probe
+
+    answers = {"aws": host_probe.Lifecycle(True, "spot", "EC2 instance metadata instance-life-cycle"),
+               "gcp": host_probe.Lifecycle(None, None, "GCE metadata scheduling/provisioning-model", "HTTP 404")}
+    monkeypatch.setattr(host_probe, "instance_lifecycle", lambda cloud: answers.get(cloud))
+    spot, failed, other = Host(cloud="aws"), Host(cloud="gcp"), Host(cloud=None)
+    for h in (spot, failed, other):
+        host_probe._fill_lifecycle(h)
+    assert (spot.preemptible, spot.lifecycle) == (True, "spot")
+    assert failed.preemptible is None and failed.unavailable["lifecycle"].endswith("HTTP 404")
+    assert other.preemptible is None and "lifecycle" not in other.unavailable

@@ -86,6 +86,23 @@ def test_checkpoints_on_storage_of_unknown_persistence_warn_on_a_preemptible_ins
     assert line.state == WARNED and "cannot tell whether" in line.figure and "preemptible" in line.figure
 
 
+def test_a_spot_instance_named_by_the_clouds_metadata_is_flagged_with_its_source():
+    r = record("cpu-quick")  # synthetic change: the facts of an AWS spot instance
+    host = r.machine.host
+    host.cloud, host.preemptible, host.lifecycle = "aws", True, "spot"
+    host.lifecycle_source = "EC2 instance metadata /latest/meta-data/instance-life-cycle"
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    found = lines(r)
+    assert found["preemptible"].state == WARNED
+    assert "spot per the EC2 instance metadata /latest/meta-data/instance-life-cycle" in found["preemptible"].figure
+    assert found["checkpoints"].state == WARNED  # unknown persistence on an instance that can be reclaimed
+    r.options["preemptible"] = False  # what the user says wins
+    assert lines(r)["preemptible"].state == TICKED and "as you stated" in lines(r)["preemptible"].figure
+    host.preemptible, host.unavailable["lifecycle"] = None, "EC2 instance metadata: no answer within 0.5 s"
+    r.options.pop("preemptible")
+    assert "no answer within 0.5 s" in lines(r)["preemptible"].figure
+
+
 def test_checkpoints_ticked_where_the_facts_show_persistent_storage():
     r = record("cpu-quick")  # synthetic change: the working directory on a network block volume
     r.machine.host.workdir.kind, r.machine.host.workdir.model = "nvme", "Amazon Elastic Block Store"

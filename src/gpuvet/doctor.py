@@ -19,7 +19,7 @@ from typing import Callable
 from rich.console import Console
 from rich.markup import escape
 
-from .judge.host import workdir_persistence
+from .judge.host import preemptible_of, workdir_persistence
 from .record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .report.checklist import subject_range
 
@@ -173,12 +173,11 @@ def _driver_here(record: RunRecord) -> FactVerdict | None:
 
 
 def _preemptible(record: RunRecord) -> FactVerdict | None:
-    stated = record.options.get("preemptible")
-    if stated is True:
-        return CONFIRMED, "you said this instance is preemptible"
-    if stated is False:
-        return RULED_OUT, "you said this instance is not preemptible"
-    return None
+    preemptible, said_by = preemptible_of(record.options, record.machine.host)
+    if preemptible is None:
+        return None
+    return (CONFIRMED, f"this instance is preemptible ({said_by})") if preemptible else \
+        (RULED_OUT, f"this instance is not preemptible ({said_by})")
 
 
 def _in_container(record: RunRecord) -> FactVerdict | None:

@@ -251,6 +251,10 @@ class Host:
     cloud: str | None = None
     hypervisor: str | None = None  # kvm, xen, microsoft, vmware, ... None: bare metal or unknown
     container: str | None = None  # docker, podman, kubernetes, ... None: not in a container
+    # Spot / preemptible, as the cloud's instance metadata says (None: not asked or no answer).
+    preemptible: bool | None = None
+    lifecycle: str | None = None  # the platform's own word: "spot", "on-demand", "SPOT", "Regular", ...
+    lifecycle_source: str | None = None  # the metadata path it came from
     steal_pct: float | None = None  # over steal_window_s
     steal_window_s: float | None = None
     steal_since_boot_pct: float | None = None

@@ -118,6 +118,17 @@ def check_somaxconn(ctx: Context) -> list[Finding]:
     return [finding("host.somaxconn", "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 
+def preemptible_of(options: dict, host: Host | None) -> tuple[bool | None, str]:
+    """Whether the instance can be reclaimed, and who says so: the user (--preemptible or
+    --on-demand) first, else the cloud's instance metadata, else unknown ("")."""
+    stated = options.get("preemptible")
+    if isinstance(stated, bool):
+        return stated, "as you stated"
+    if host is not None and host.preemptible is not None:
+        return host.preemptible, f"{host.lifecycle} per the {host.lifecycle_source}"
+    return None, ""
+
+
 def workdir_persistence(host: Host) -> tuple[bool | None, str]:
     """(persistent?, why) for the working directory: True or False where the facts tell, None where
     they cannot. A local disk of a VM or cloud instance may be instance storage, wiped when the
@@ -173,9 +184,10 @@ def check_workdir(ctx: Context) -> list[Finding]:
         # says is preemptible, losing the working directory with the instance is the likely case.
         unknown = f"{w.path} on {w.fs_type}, {free}: {why}"
         confirm = _confirm_persistence(w.path or ".")
-        if issues or ctx.options.get("preemptible") is True:
-            if ctx.options.get("preemptible") is True:
-                unknown += "; on a preemptible instance keep checkpoints on a persistent volume or object storage"
+        preemptible, said_by = preemptible_of(ctx.options, host)
+        if issues or preemptible is True:
+            if preemptible is True:
+                unknown += f"; on a preemptible instance ({said_by}) keep checkpoints on a persistent volume or object storage"
             return [finding("storage.workdir", "storage", WARN, "; ".join(issues + [unknown]), measured=where,
                             expected=expected, remedy=f"{remedy}; {confirm}" if issues else confirm)]
         return [finding("storage.workdir", "storage", SKIP, f"{unknown}: {confirm}", measured=where, remedy=confirm)]

@@ -644,6 +644,18 @@ def _fill_memory(host: Host) -> None:
         host.shm_free_bytes = shm.f_frsize * shm.f_bavail
 
 
+def _fill_lifecycle(host: Host) -> None:
+    """Spot or on-demand from the cloud's metadata (AWS, GCP, Azure only; others have none to ask)."""
+    lifecycle = instance_lifecycle(host.cloud)
+    if lifecycle is None:
+        return
+    host.lifecycle_source = lifecycle.source
+    if lifecycle.error or lifecycle.preemptible is None:
+        host.unavailable["lifecycle"] = f"{lifecycle.source}: {lifecycle.error or 'no answer'}"
+        return
+    host.preemptible, host.lifecycle = lifecycle.preemptible, lifecycle.value
+
+
 def _fill_platform(host: Host) -> None:
     notes = host.unavailable
     with _isolated(notes, "dmi"):
@@ -652,6 +664,8 @@ def _fill_platform(host: Host) -> None:
         host.cloud = cloud_from_dmi(host.dmi)
         if host.cloud is None and not host.dmi:
             notes["cloud"] = "no DMI data to identify a cloud"
+    with _isolated(notes, "lifecycle"):
+        _fill_lifecycle(host)
     with _isolated(notes, "hypervisor"):
         cpuinfo = _read_optional(PROC_CPUINFO) or ""
         clocksources = set((_read_optional(CLOCKSOURCES) or "").split())

@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..facts import Gpu, PcieLink
 from ..judge import reference
-from ..judge.host import workdir_persistence
+from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
 TICKED, CROSSED, WARNED, UNKNOWN = "ticked", "crossed", "warned", "unknown"
@@ -439,13 +439,17 @@ def _nvlink(record: RunRecord, item: Item) -> Line:
 
 def _preemptible(record: RunRecord, item: Item) -> Line:
     stated = _yes_no(record.options.get("preemptible"))
-    if stated is True:
-        return Line(item, WARNED, "preemptible (as you stated): it can be reclaimed at any time; make the job resumable "
+    options = {**record.options, "preemptible": stated}
+    preemptible, said_by = preemptible_of(options, record.machine.host)
+    if preemptible is True:
+        return Line(item, WARNED, f"preemptible ({said_by}): it can be reclaimed at any time; make the job resumable "
                                   "and keep checkpoints on persistent storage")
-    if stated is False:
-        return Line(item, TICKED, "not preemptible (as you stated)")
-    return Line(item, UNKNOWN, "not visible from inside the machine: see the billing page or instance type, "
-                               f"then tell gpuvet ({item.to_check})")
+    if preemptible is False:
+        return Line(item, TICKED, f"not preemptible ({said_by})")
+    host = record.machine.host
+    asked = host.unavailable.get("lifecycle") if host else None
+    where = f"the instance metadata did not say ({asked}): " if asked else "not visible from inside the machine: "
+    return Line(item, UNKNOWN, f"{where}see the billing page or instance type, then tell gpuvet ({item.to_check})")
 
 
 def _yes_no(value: object) -> bool | None:
