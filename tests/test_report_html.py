@@ -231,3 +231,12 @@ def test_a_problem_shared_by_several_gpus_is_one_card_as_in_markdown():
     assert ("warn", "gpu.isolation", "gpu1-5") in cards and ("warn", "gpu.isolation", "gpu0") in cards
     assert len(cards) < 12
     assert "(N: the GPU&#x27;s index" in page or "(N: the GPU's index" in page  # one remedy for all, with N
+
+
+def test_an_input_where_nothing_could_be_checked_does_not_say_nothing_wrong(tmp_path):
+    from gpuvet import runner
+
+    version = Path(__file__).parent / "fixtures" / "proc_sysfs" / "proc-driver-nvidia-version-470.63.01.txt"
+    page = render_html(runner.inspect([str(version)]))
+    (heading,) = re.findall(r"<h1>(.*?)</h1>", page, re.S)
+    assert heading.startswith("SKIP: nothing could be checked") and "<code>nvidia-smi -q -x &gt; gpu.xml</code>" in heading

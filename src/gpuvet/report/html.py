@@ -21,7 +21,7 @@ from ..facts import Gpu, Machine, to_dict
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
 from .markdown import general_remedy, same_problems
-from .terminal import VERDICT_TEXT, WATCH_VERDICT_TEXT, header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
+from .terminal import header_line, is_watch_log, verdict_text, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
 
 GIB = 1024**3
 MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
@@ -83,9 +83,9 @@ def _banner(record: RunRecord) -> str:
     pills = "".join(f'<span class="pill {s}">{counts[s]} {label}</span>'
                     for s, label in ((FAIL, "failed"), (WARN, warnings), (PASS, "passed"), (SKIP, "skipped")))
     lines = "".join(f"<li>{_e(line.strip())}</li>" for line in machine_lines(record.machine) + [options_line(record)] if line)
-    verdict = (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
+    verdict = verdict_text(record)
     return (f'<header class="verdict {record.verdict}" id="verdict">\n'
-            f'<h1>{_e(verdict)}</h1>\n<p class="pills">{pills}</p>\n'
+            f'<h1>{rich_text(verdict)}</h1>\n<p class="pills">{pills}</p>\n'
             f'<ul class="machine">{lines}</ul>\n<p class="meta">{_e(header_line(record))}</p>\n</header>')
 
 
