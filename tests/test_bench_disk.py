@@ -259,8 +259,24 @@ def test_error_in_the_middle_of_random_reads_keeps_earlier_figures_and_cleans_up
     assert leftovers(disk_dir) == []
 
 
+def test_small_files_are_thousands_read_cold_for_long_enough(disk_dir, no_fio):
+    """The audit saw 999 files read in 61 ms: now at least SMALL_FILES_MIN files where the space
+    allows, and the reads repeat (cache dropped each round) until SMALL_READ_MIN_S has passed."""
+    workdir = tempfile.mkdtemp(prefix=disk.TEMP_PREFIX, dir=disk_dir)
+    try:
+        target = disk._target(disk_dir, workdir, disk.GIB)
+        assert target.small_files >= disk.SMALL_FILES_MIN
+        result = disk.small_files(target, 0.5)  # a tiny share: creation still reaches the minimum
+        files, rate = result.extra["files"], result.extra["write_files_s"]
+        assert files >= disk.SMALL_FILES_MIN or files / rate >= disk.SMALL_CREATE_CAP_S  # only a very slow disk stops short
+        assert result.seconds >= disk.SMALL_READ_MIN_S and result.extra["read_rounds"] >= 1
+        assert 0 < result.p50_us <= result.p99_us
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def test_ctrl_c_while_reading_small_files_removes_them(disk_dir, no_fio, monkeypatch):
-    def interrupted(order, seconds):
+    def interrupted(order, seconds, latencies=None):
         assert order and all(os.path.exists(p) for p in order)  # the small files exist now
         raise KeyboardInterrupt
 
@@ -308,13 +324,14 @@ def read_only_dir(tmp_path):
 
 def test_read_only_directory_is_a_clear_skip(read_only_dir):
     directory, why = read_only_dir
-    assert why in only_note(disk.run([directory]))["details"]["reason"]
+    reason = only_note(disk.run([directory]))["details"]["reason"]
+    assert why in reason and reason.endswith(directory)  # the user's path, not gpuvet's temporary directory
 
 
 def test_full_disk_is_a_skip_and_writes_nothing(disk_dir, monkeypatch):
     monkeypatch.setattr(disk, "free_bytes", lambda path: 200 * disk.MIB)
     reason = only_note(disk.run([disk_dir]))["details"]["reason"]
-    assert "only 200 MiB free" in reason and leftovers(disk_dir) == []
+    assert reason.startswith("only 200 MiB free: the disk test needs 320 MiB free") and leftovers(disk_dir) == []
 
 
 @pytest.mark.parametrize("free, expected", [
@@ -326,10 +343,11 @@ def test_test_size_is_a_tenth_of_free_space_at_most_1_gib(free, expected):
     assert disk.allowed_bytes(free) == expected
 
 
-def test_not_writable_reasons():
-    assert "read-only" in disk._not_writable(OSError(errno.EROFS, "Read-only file system", "/data"))
-    assert "no permission" in disk._not_writable(OSError(errno.EACCES, "Permission denied", "/data"))
-    assert "no space left" in disk._not_writable(OSError(errno.ENOSPC, "No space left", "/data"))
+def test_not_writable_reasons_name_the_users_directory_not_the_temporary_one():
+    err = OSError(errno.EROFS, "Read-only file system", "/data/.gpuvet-disk-x1y2")
+    assert disk._not_writable(err, "/data") == "read-only file system: /data"
+    assert "no permission to write in /data" in disk._not_writable(OSError(errno.EACCES, "Permission denied", "/data/.t"), "/data")
+    assert "no space left" in disk._not_writable(OSError(errno.ENOSPC, "No space left", "/data/.t"), "/data")
 
 
 
@@ -343,3 +361,73 @@ def test_fio_json_is_found_after_warnings_and_errors_are_reported():
                       "fio: destination does not support O_DIRECT", 1)
     with pytest.raises(disk.EngineError, match="exit status 1"):
         disk._fio_job("", "", 1)
+
+
+# -- which directories a run tests --------------------------------------------------------------
+
+def test_path_adds_to_the_working_directory_and_the_checkpoint_keeps_the_first_path(tmp_path, monkeypatch):
+    """`--path X` tests X besides the working directory (the help: "Test storage here too"); the
+    same directory named twice is tested once; the workload still checkpoints to the first --path."""
+    from gpuvet import runner
+    from gpuvet.bench import plan as bench_plan
+
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir(), data.mkdir()
+    monkeypatch.chdir(work)
+    tested, workload = [], {}
+
+    def host_run(names, paths, engine, progress):
+        tested.extend(paths)
+        return [disk.note(path, "skipped", "synthetic: not measured in this test") for path in paths]
+
+    def gpu_run(machine, names, **options):
+        workload.update(options["workload"])
+        return bench_plan.Outcome()
+
+    monkeypatch.setattr(runner.host_plan, "run", host_run)
+    monkeypatch.setattr(runner.bench_plan, "run", gpu_run)
+    record = runner.run_live(benchmarks=["disk", "workload"], paths=[str(data), str(data) + "/", str(work)])
+    assert tested == [str(work), str(data)]
+    assert workload["path"] == str(data)
+    assert {f.subject for f in record.findings if f.check.startswith("storage.") and f.check != "storage.workdir"} == \
+        {str(work), str(data)}
+    assert runner.storage_paths(str(work), None) == [str(work)]
+
+
+def fio_processes_on(path: str) -> list[int]:
+    """Processes whose command line names `path` (fio jobs on our test file)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if path.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@needs_fio
+def test_an_interrupted_fio_run_leaves_no_fio_behind(disk_dir):
+    """Ctrl-C (or SIGTERM, which gpuvet turns into one) in the middle of a fio pass: fio and its
+    job are gone when gpuvet's handler runs, not seconds later when fio's runtime ends."""
+    import signal
+
+    workdir = tempfile.mkdtemp(prefix=disk.TEMP_PREFIX, dir=disk_dir)
+    target = disk._target(disk_dir, workdir, SMALL)
+    with open(target.file, "wb") as f:  # the file exists: fio starts its job at once, no layout first
+        f.truncate(SMALL)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)  # fio's job is running by then: the pass lasts 5 s
+        with pytest.raises(KeyboardInterrupt):
+            disk.FioEngine(shutil.which("fio"))._run(target, 5.0, "randread", 4096, 32, SMALL, "--time_based")
+        assert fio_processes_on(target.file) == []
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -129,6 +129,10 @@ def test_serve_and_test_with_gpuvets_own_protocol(no_iperf3):
     check_latency(found["net.tcp_latency"], subject)
     check_throughput(found["net.tcp_throughput"], subject, "builtin")
     assert found["net.tcp_throughput"]["details"]["streams"] == net.NODE_STREAMS
+    for name in ("net.tcp_latency", "net.tcp_throughput"):  # the route, for judging against the right link
+        details = found[name]["details"]
+        assert details["source_address"] == details["peer_address"] == "127.0.0.1"
+        assert details["interface"] == net.interface_with_address("127.0.0.1") is not None
     # The port is free again: a second server can start at once.
     with Serving("builtin"):
         pass
@@ -149,6 +153,17 @@ def test_no_server_is_a_note_that_says_what_to_run():
     assert note["name"] == "bench.net" and note["subject"] == "net:127.0.0.1"
     assert note["details"]["outcome"] == "failed"
     assert "gpuvet net serve" in note["details"]["reason"] and f"{port} and {port + 1}" in note["details"]["reason"]
+
+
+def test_reach_says_where_the_traffic_leaves_or_why_no_server_answered():
+    with Serving("builtin") as server:
+        route = net.reach("127.0.0.1", server.port)
+    assert route["iperf3_port"] is None and route["source_address"] == "127.0.0.1"
+    assert route["interface"] == net.interface_with_address("127.0.0.1")
+    port = free_port_pair()
+    with pytest.raises(net.NetError, match=f"gpuvet net serve --port {port}"):
+        net.reach("127.0.0.1", port)
+    assert net.interface_with_address("192.0.2.77") is None  # TEST-NET-1: on no interface here
 
 
 def test_a_silent_server_times_out_into_a_note(monkeypatch):

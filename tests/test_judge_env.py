@@ -78,15 +78,46 @@ def test_jupyter_with_unknown_protection_warns():
     assert f.status == "warn" and "cannot tell" in f.summary
 
 
-def test_protected_and_unknown_servers_pass_with_the_list():
+def test_protected_servers_and_loopback_ones_pass_with_the_list():
     SYNTHETIC_AUDIT = Audit(listeners=[
         Listener("0.0.0.0", 8888, all_interfaces=True, kind="jupyter", protected=True),
         SYNTHETIC_SSHD_LISTENER,
-        Listener("0.0.0.0", 5432, all_interfaces=True),
+        Listener("0.0.0.0", 10250, pid=700, process="kubelet", all_interfaces=True, protected=True,
+                 note="kubelet authenticates with TLS client certificates"),
+        Listener("10.0.0.5", 5432, pid=800, process="postgres"),  # one address, not every interface
+        Listener("127.0.0.53", 53, pid=900, process="systemd-resolved"),
         Listener("127.0.0.1", 6006, kind="tensorboard", protected=False)])
     f = one(run(SYNTHETIC_AUDIT), "env.exposed_servers")
-    assert f.status == "pass" and "3 listening beyond loopback" in f.summary
+    assert f.status == "pass" and "4 listening beyond loopback" in f.summary
     assert "ssh (sshd, pid 300) on 0.0.0.0:22" in f.evidence.measured and "5432" in f.evidence.measured
+    assert "systemd-resolved" not in f.evidence.measured
+
+
+def test_an_unknown_server_on_every_interface_warns_naming_process_port_and_fix():
+    """The audit's gap: `python3 -m http.server 8000 --bind 0.0.0.0` passed as "no server without a login"."""
+    SYNTHETIC_AUDIT = Audit(listeners=[SYNTHETIC_SSHD_LISTENER,
+                                       Listener("0.0.0.0", 5000, pid=812, process="flask", all_interfaces=True),
+                                       Listener("::", 5000, pid=812, process="flask", all_interfaces=True)])
+    (f,) = [f for f in run(SYNTHETIC_AUDIT) if f.check == "env.exposed_servers"]  # one per server, not per socket
+    assert f.status == "warn"
+    assert "flask (pid 812) on 0.0.0.0:5000 listens on every interface" in f.summary
+    assert "bound to 127.0.0.1" in f.remedy and "ssh -N -L 5000:127.0.0.1:5000" in f.remedy and "ufw" in f.remedy
+
+
+def test_a_containers_published_port_says_how_to_publish_it_on_loopback():
+    SYNTHETIC_AUDIT = Audit(listeners=[Listener("0.0.0.0", 8080, pid=90, process="docker-proxy", all_interfaces=True)])
+    f = one(run(SYNTHETIC_AUDIT), "env.exposed_servers")
+    assert f.status == "warn" and "a container's published port" in f.summary
+    assert "docker run -p 127.0.0.1:8080:8080" in f.remedy
+
+
+def test_a_python_file_server_on_every_interface_warns_with_the_folder_it_serves():
+    SYNTHETIC_AUDIT = Audit(listeners=[Listener("0.0.0.0", 8000, pid=77, process="python3", all_interfaces=True,
+                                                kind="file-server", protected=False, note="serves every file under /root")])
+    f = one(run(SYNTHETIC_AUDIT), "env.exposed_servers")
+    assert f.status == "warn" and "python3, pid 77) on 0.0.0.0:8000 has no login" in f.summary
+    assert "serves every file under /root" in f.summary and "SSH keys" in f.summary
+    assert "python3 -m http.server 8000 --bind 127.0.0.1" in f.remedy
 
 
 def test_unreadable_listeners_skip():
@@ -129,10 +160,18 @@ def test_empty_passwords_fail_and_gateway_ports_are_named():
     assert f.status == "fail" and "without a password can log in" in f.summary and "GatewayPorts" in f.summary
 
 
-def test_a_stopped_sshd_with_passwords_passes_with_the_warning_in_words():
+def test_a_stopped_sshd_with_passwords_warns_since_it_applies_the_moment_sshd_starts():
     SYNTHETIC_AUDIT = Audit(sshd={"PasswordAuthentication": "yes"}, listeners=[])
     f = one(run(SYNTHETIC_AUDIT), "env.ssh_login")
-    assert f.status == "pass" and "applies when sshd starts" in f.summary and f.remedy
+    assert f.status == "warn" and "applies when sshd starts" in f.summary and f.remedy
+
+
+def test_root_login_with_keys_only_warns_with_the_closing_line():
+    SYNTHETIC_AUDIT = Audit(sshd={"PermitRootLogin": "yes", "PasswordAuthentication": "no",
+                                  "KbdInteractiveAuthentication": "no"}, listeners=[SYNTHETIC_SSHD_LISTENER])
+    f = one(run(SYNTHETIC_AUDIT), "env.ssh_login")
+    assert f.status == "warn" and "root can log in (PermitRootLogin yes)" in f.summary
+    assert "PermitRootLogin prohibit-password" in f.summary and "PermitRootLogin prohibit-password" in f.remedy
 
 
 def test_no_sshd_config_skips():

@@ -44,6 +44,14 @@ def test_a_healthy_nvme_passes_with_epoch_time():
     assert "takes 15 s per epoch" in found["storage.read"].summary  # 50 GB at 3,400 MB/s
 
 
+def test_the_summary_names_the_engine_and_the_latency_percentiles():
+    found = storage(synthetic_disk("unknown", write=800, read=900, iops=37_348, files=9000))
+    assert found["storage.random_read"].summary.startswith(
+        "random 4 KiB reads 37,348 IOPS, p50 100 us, p99 400 us (fio; virtual or unknown disk, ext4)")
+    assert found["storage.read"].summary.startswith("sequential read 900 MB/s (fio; virtual or unknown disk, ext4)")
+    assert "(builtin; " in found["storage.small_files"].summary
+
+
 def test_nvme_at_sata_speed_fails_against_its_device_type():
     f = storage(synthetic_disk("nvme", write=250, read=420, iops=8000, files=9000))["storage.read"]
     assert f.status == "fail" and "far below any healthy NVMe" in f.summary
@@ -141,9 +149,11 @@ def synthetic_loopback(latency_us: float, gbit: float) -> list[Measurement]:
             Measurement("net.loopback_throughput", gbit, "Gbit/s", "loopback", {"engine": "iperf3"})]
 
 
-def test_loopback_at_the_seeds_healthy_figure_passes():
+def test_loopback_at_the_seeds_healthy_figure_passes_with_what_was_expected_and_why():
     f = network(synthetic_loopback(28, 25))[("net.loopback", "loopback")]
     assert f.status == "pass" and "28 us" in f.summary
+    assert f.evidence.expected == "round trip under 120 us, one stream over 2 Gbit/s"
+    assert "seed 2, section 5" in f.evidence.source and "0.02 ms" in f.evidence.source and "0.38 ms" in f.evidence.source
 
 
 @pytest.mark.parametrize("latency", [150, 380])  # the seed: security-group filtering, overlay network
@@ -187,22 +197,56 @@ def test_facts_not_read_give_no_finding():
     assert host_io.check_network(Context(Machine(host=None), [], {})) == []  # a capture: no host facts
 
 
-def synthetic_peer(gbit: float, latency_us: float) -> list[Measurement]:
-    return [Measurement("net.tcp_throughput", gbit, "Gbit/s", "net:node2", {"engine": "iperf3", "streams": 4}),
-            Measurement("net.tcp_latency", latency_us, "us", "net:node2", {"engine": "builtin", "p99_us": latency_us * 2})]
+def synthetic_peer(gbit: float, latency_us: float, interface: str | None = None) -> list[Measurement]:
+    route = {"interface": interface, "source_address": "10.0.0.4", "peer_address": "10.0.0.9"} if interface else {}
+    return [Measurement("net.tcp_throughput", gbit, "Gbit/s", "net:node2", {"engine": "iperf3", "streams": 4, **route}),
+            Measurement("net.tcp_latency", latency_us, "us", "net:node2",
+                        {"engine": "builtin", "p99_us": latency_us * 2, **route})]
 
 
 def test_node_to_node_far_below_the_link_warns():
     nics = [Nic("ens1f0", 100000, "up", 9000, "mlx5_core")]
+    f = network(synthetic_peer(9.4, 80, "ens1f0"), nics=nics, rdma=[])[("net.node_to_node", "net:node2")]
+    assert f.status == "warn" and "9% of the 100 Gbit/s link of ens1f0" in f.summary
+    assert "through ens1f0 from 10.0.0.4 (100 Gbit/s link)" in f.summary
+    assert ">= 50% of ens1f0's 100 Gbit/s link (50 Gbit/s)" in f.evidence.expected
+    assert "iperf3 -P 4" in f.evidence.source and "re:Invent" in f.evidence.source
+
+
+def test_node_to_node_is_judged_against_the_link_the_route_takes_not_the_fastest():
+    """A 10 GbE management port carries the route; the idle 100 GbE port is not the yardstick."""
+    nics = [Nic("ens1f0", 100000, "up", 9000, "mlx5_core"), Nic("eno1", 10000, "up", 1500, "ixgbe")]
+    f = network(synthetic_peer(9.4, 80, "eno1"), nics=nics, rdma=[])[("net.node_to_node", "net:node2")]
+    assert f.status == "pass" and "through eno1 from 10.0.0.4 (10 Gbit/s link)" in f.summary
+    assert "eno1's 10 Gbit/s link" in f.evidence.expected
+
+
+def test_node_to_node_through_a_virtual_nic_has_no_link_yardstick_and_says_so():
+    nics = [Nic("eth0", None, "up", 1500, "virtio_net")]
+    f = network(synthetic_peer(4.8, 120, "eth0"), nics=nics, rdma=[])[("net.node_to_node", "net:node2")]
+    assert f.status == "pass" and "no link speed reported: a virtual NIC" in f.summary
+    assert "link" not in f.evidence.expected and "round trip under 500 us" in f.evidence.expected
+
+
+def test_an_older_record_without_the_route_falls_back_to_the_fastest_link():
+    nics = [Nic("ens1f0", 100000, "up", 9000, "mlx5_core")]
     f = network(synthetic_peer(9.4, 80), nics=nics, rdma=[])[("net.node_to_node", "net:node2")]
-    assert f.status == "warn" and "9% of this machine's 100 Gbit/s link" in f.summary
+    assert f.status == "warn" and "route not recorded" in f.summary and "9% of the 100 Gbit/s link of ens1f0" in f.summary
 
 
 def test_node_to_node_near_line_rate_passes_and_high_latency_warns():
     nics = [Nic("ens5", 25000, "up", 9001, "ena")]
-    assert network(synthetic_peer(23.5, 90), nics=nics, rdma=[])[("net.node_to_node", "net:node2")].status == "pass"
-    far = network(synthetic_peer(23.5, 900), nics=nics, rdma=[])[("net.node_to_node", "net:node2")]
+    assert network(synthetic_peer(23.5, 90, "ens5"), nics=nics, rdma=[])[("net.node_to_node", "net:node2")].status == "pass"
+    far = network(synthetic_peer(23.5, 900, "ens5"), nics=nics, rdma=[])[("net.node_to_node", "net:node2")]
     assert far.status == "warn" and "another zone" in far.summary
+
+
+def test_a_throughput_the_engine_skipped_is_named_next_to_the_latency():
+    found = [synthetic_peer(9.4, 80)[1],
+             Measurement(**net.note("net:node2", "skipped", "the server at node2 runs without iperf3 (started with "
+                                                            "--engine builtin, or iperf3 missing there)"))]
+    f = network(found, nics=TEN_GBE, rdma=[])[("net.node_to_node", "net:node2")]
+    assert f.status == "pass" and "throughput not measured: the server at node2 runs without iperf3" in f.summary
 
 
 def test_a_failed_node_test_is_reported_as_a_skip_with_the_reason():

@@ -252,12 +252,28 @@ def test_listeners_kinds_exposure_and_protection():
         ("0.0.0.0", 6006, "tensorboard", True, False),
         ("0.0.0.0", 8888, "jupyter", True, False),
         ("::", 8888, "jupyter", True, False),
-        ("127.0.0.1", 8889, None, False, None),  # a plain web server on a Jupyter port is not guessed to be one
+        ("127.0.0.1", 8889, "file-server", False, False),  # http.server on a Jupyter port is not taken for Jupyter
         ("10.0.0.5", 8890, "jupyter", False, True),
     ]
     jupyter = found[2]
     assert jupyter.pid == 100 and jupyter.process == "jupyter-lab" and "token disabled" in jupyter.note
     assert "JUPYTER_TOKEN" in found[5].note
+
+
+def test_file_servers_name_the_folder_and_credentialed_daemons_count_as_protected():
+    views = {1: ProcessView("python3", ["python3", "-m", "http.server", "8000", "--bind", "0.0.0.0"], cwd="/root"),
+             2: ProcessView("python3", ["python3", "-m", "http.server", "-d", "data"], cwd="/srv"),
+             3: ProcessView("kubelet", ["/usr/bin/kubelet"]),
+             4: ProcessView("node", ["node", "server.js"]),
+             5: ProcessView("dropbear", ["dropbear", "-F"])}
+    found = audit_probe.listeners_from([sconn(3, 2, 1, addr("0.0.0.0", 8000 + pid), (), "LISTEN", pid) for pid in views],
+                                       views.get, {})
+    by_pid = {item.pid: item for item in found}
+    assert (by_pid[1].kind, by_pid[1].protected, by_pid[1].note) == ("file-server", False, "serves every file under /root")
+    assert by_pid[2].note == "serves every file under /srv/data"
+    assert by_pid[3].protected is True and "TLS client certificates" in by_pid[3].note
+    assert (by_pid[4].kind, by_pid[4].protected) == (None, None)  # unknown: the judge warns about it
+    assert (by_pid[5].kind, by_pid[5].protected) == ("ssh", True)
 
 
 def test_listeners_whose_process_cannot_be_read_are_recognised_by_port():

@@ -46,7 +46,8 @@ def run_live(
     needs: dict[str, Any] | None = None,
 ) -> RunRecord:
     """Facts, then (unless quick) benchmarks, judged. `benchmarks` picks some; None: all of them.
-    `paths`: directories to test storage on (default: the working directory)."""
+    `paths`: directories to test storage on besides the working directory (the first one also
+    takes the workload's checkpoint)."""
     started, t0 = _now(), time.monotonic()
     names = [] if quick and benchmarks is None else list(benchmarks or ALL_BENCHMARKS)
     options: dict[str, Any] = {"profile": _profile(quick, benchmarks, soak_minutes), "benchmarks": names}
@@ -63,10 +64,11 @@ def run_live(
     record = RunRecord(machine=machine, started_at=started, options=options)
     host_names = [n for n in names if n in host_plan.HOST]
     gpu_names = [n for n in names if n in bench_plan.ALL]
-    measurements = host_plan.run(host_names, paths or [workdir or os.getcwd()], engine, progress) if host_names else []
+    measurements = host_plan.run(host_names, storage_paths(workdir or os.getcwd(), paths), engine, progress) if host_names else []
     if gpu_names:
         if workload_steps is None and benchmarks is None:
             workload_steps = RUN_WORKLOAD_STEPS  # the default run's short version of the workload
+        # The checkpoint goes where the user pointed (their first --path), else the working directory.
         workload = {k: v for k, v in (("steps", workload_steps), ("path", (paths or [None])[0])) if v is not None}
         outcome = bench_plan.run(machine, gpu_names, device=device, force=force, soak_minutes=soak_minutes,
                                  progress=progress, workload=workload)
@@ -76,6 +78,15 @@ def run_live(
     record.findings = judge.judge(machine, record.measurements, options)
     record.duration_s = time.monotonic() - t0
     return record
+
+
+def storage_paths(workdir: str, paths: list[str] | None) -> list[str]:
+    """Where storage is tested: the working directory, and every --path too (the same directory
+    named twice, in any spelling, is tested once)."""
+    chosen: dict[str, str] = {}
+    for path in [workdir, *(paths or [])]:
+        chosen.setdefault(os.path.realpath(path), path)
+    return list(chosen.values())
 
 
 def _profile(quick: bool, benchmarks: list[str] | None, soak_minutes: float | None) -> str:

@@ -2,8 +2,9 @@
 
 For every path: `disk.seq_write` and `disk.seq_read` (MB/s, 10^6 bytes/s, 1 MiB blocks, 8 in
 flight), `disk.rand_read_iops` (4 KiB random reads, 32 in flight: the depth drive makers quote;
-p50/p99 latency in details) and `disk.small_files` (thousands of 16 KiB files written, then read
-back cold in shuffled order by 4 readers, like a DataLoader over a folder of small images).
+p50/p99 latency in details) and `disk.small_files` (4,000 16 KiB files written, then read back
+cold in shuffled order by 4 readers, like a DataLoader over a folder of small images; p50/p99 of
+one file's open-read-close).
 
 Engines: fio when it is installed ("auto" or "fio": libaio, --direct=1, JSON output), gpuvet's
 own otherwise ("builtin": Linux native AIO through ctypes, the mechanism of fio's libaio engine,
@@ -28,6 +29,7 @@ a `bench.disk` note (skipped, with the reason), never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -38,6 +40,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +65,11 @@ FREE_SHARE = 0.10  # never write more than this share of the free space
 MIN_TEST_BYTES = 32 * MIB
 SMALL_FILE_BYTES = 16 * KIB
 SMALL_FILES_MAX = 4096
+# "Thousands of files": creating them is set-up, not the measurement, so it may run past its share
+# of the budget to reach this many (where the space allows), up to SMALL_CREATE_CAP_S.
+SMALL_FILES_MIN = 4000
+SMALL_CREATE_CAP_S = 5.0
+SMALL_READ_MIN_S = 1.0  # cold reads are timed for at least this long (rounds, the cache dropped before each)
 SMALL_FILE_READERS = 4
 FILES_PER_DIR = 512
 TEMP_PREFIX = ".gpuvet-disk-"
@@ -155,12 +163,13 @@ def _run_path(path: str, chosen: str, fio: str | None, fallback: bool, seconds: 
     free = free_bytes(path)
     size = allowed_bytes(free, max_bytes)
     if size is None:
-        return [note(path, "skipped", f"only {free / MIB:.0f} MiB free: the disk test writes at most "
-                                      f"{FREE_SHARE:.0%} of the free space and needs {MIN_TEST_BYTES // MIB} MiB")]
+        return [note(path, "skipped", f"only {free / MIB:.0f} MiB free: the disk test needs "
+                                      f"{MIN_TEST_BYTES / FREE_SHARE / MIB:.0f} MiB free, since it writes at most "
+                                      f"{FREE_SHARE:.0%} of the free space and no less than {MIN_TEST_BYTES // MIB} MiB")]
     try:
         workdir = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=path)
     except OSError as err:
-        return [note(path, "skipped", _not_writable(err))]
+        return [note(path, "skipped", _not_writable(err, path))]
     results: list[dict] = []
     try:
         target = _target(path, workdir, size)
@@ -185,14 +194,15 @@ def _unusable(path: str) -> str | None:
     return None
 
 
-def _not_writable(err: OSError) -> str:
+def _not_writable(err: OSError, path: str) -> str:
+    """Why `path` (the user's directory, not our temporary one inside it) cannot take test files."""
     if err.errno == errno.EROFS:
-        return f"read-only file system: {err.filename}"
+        return f"read-only file system: {path}"
     if err.errno in (errno.EACCES, errno.EPERM):
-        return f"no permission to write in {err.filename}"
+        return f"no permission to write in {path}"
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left (or quota exceeded) in {err.filename}"
-    return f"cannot write in {err.filename}: {err.strerror}"
+        return f"no space left (or quota exceeded) in {path}"
+    return f"cannot write in {path}: {err.strerror}"
 
 
 def free_bytes(path: str) -> int:
@@ -316,7 +326,15 @@ def _rand_measurement(target: Target, result: Pass, engine: str) -> dict:
 def _small_files_measurement(target: Target, result: Pass) -> dict:
     return measurement("disk.small_files", round(result.ops / result.seconds, 1), "files/s", target.path,
                        **_common_details(target, "builtin", result), read_mb_s=round(result.mb_s, 1),
-                       file_bytes=SMALL_FILE_BYTES, readers=SMALL_FILE_READERS)
+                       file_bytes=SMALL_FILE_BYTES, readers=SMALL_FILE_READERS,
+                       p50_us=_round(result.p50_us), p99_us=_round(result.p99_us), method=SMALL_FILES_METHOD)
+
+
+SMALL_FILES_METHOD = (f"{SMALL_FILE_BYTES // KIB} KiB files created with one write each (no fsync per file), one syncfs, "
+                      "then each dropped from the page cache (posix_fadvise DONTNEED); read back whole in shuffled order "
+                      f"by {SMALL_FILE_READERS} threads (open/read/close, like DataLoader workers), in rounds with the cache "
+                      f"dropped before each, for at least {SMALL_READ_MIN_S:g} s; files read / seconds reading; p50/p99: "
+                      "one file's open-read-close")
 
 
 def _round(value: float | None) -> float | None:
@@ -661,14 +679,14 @@ class FioEngine:
         return result
 
     def _run(self, target: Target, seconds: float, rw: str, block: int, depth: int, size: int, *extra: str) -> dict:
+        # --thread: the job runs inside fio's own process. By default fio forks it into a process
+        # group of its own, which outlives a killed fio (and a killed gpuvet) until its runtime ends.
         command = [self.binary, "--output-format=json", "--name=gpuvet", f"--filename={_fio_path(target.file)}",
                    f"--rw={rw}", f"--bs={block}", f"--size={size}", f"--runtime={max(100, int(seconds * 1000))}ms",
-                   "--ioengine=libaio", f"--iodepth={depth}", f"--direct={int(target.direct)}", "--invalidate=1", *extra]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + FIO_SLACK_S)
-        except subprocess.TimeoutExpired:
-            raise EngineError(f"fio did not finish within {seconds + FIO_SLACK_S:.0f} s") from None
-        return _fio_job(done.stdout, done.stderr, done.returncode)
+                   "--ioengine=libaio", f"--iodepth={depth}", f"--direct={int(target.direct)}", "--invalidate=1",
+                   "--thread", *extra]
+        stdout, stderr, returncode = run_to_the_end(command, seconds + FIO_SLACK_S)
+        return _fio_job(stdout, stderr, returncode)
 
     @staticmethod
     def _pass(job: dict, direction: str) -> Pass:
@@ -677,6 +695,29 @@ class FioEngine:
         if runtime_s <= 0 or not stats.get("io_bytes"):
             raise EngineError(f"fio measured no {direction}s")
         return Pass(bytes=int(stats["io_bytes"]), seconds=runtime_s, ops=int(stats.get("total_ios") or 0))
+
+
+def run_to_the_end(command: list[str], timeout: float) -> tuple[str, str, int]:
+    """Run an external tool in a session of its own (a Ctrl-C at the terminal reaches gpuvet, not
+    it), and kill it on a timeout, Ctrl-C, SIGTERM or any error: it never outlives the benchmark."""
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(process)
+        raise EngineError(f"{os.path.basename(command[0])} did not finish within {timeout:.0f} s") from None
+    except BaseException:
+        _kill_session(process)
+        raise
+    return stdout, stderr, process.returncode
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # the tool and anything it started in its session
+    with contextlib.suppress(Exception):
+        process.communicate(timeout=5)
 
 
 def _fio_path(path: str) -> str:
@@ -711,25 +752,26 @@ def _fio_job(stdout: str, stderr: str, returncode: int) -> dict:
 # -- small files (built-in for every engine) --------------------------------------------------
 
 def small_files(target: Target, seconds: float) -> Pass:
-    """Write `target.small_files` 16 KiB files, flush them to the device, drop them from the page
-    cache, and read them back in shuffled order. SMALL_FILE_READERS threads each way, like
-    DataLoader workers; half of `seconds` each way."""
+    """Create `target.small_files` 16 KiB files (at least SMALL_FILES_MIN where the space allows,
+    even past half of `seconds`), flush them to the device, drop them from the page cache, and read
+    them back in shuffled order, SMALL_FILE_READERS threads like DataLoader workers, in rounds
+    until the reads have taken SMALL_READ_MIN_S or half of `seconds`."""
     paths = _small_file_paths(target)
     for directory in sorted({os.path.dirname(p) for p in paths}):
         os.makedirs(directory, exist_ok=True)
     start = time.perf_counter()
-    written = _write_small_files(paths, seconds / 2)
+    written = _write_small_files(paths, seconds / 2, at_least=min(len(paths), SMALL_FILES_MIN))
     _sync_file_system(target.workdir)
     write_seconds = time.perf_counter() - start
     if not written:
         raise EngineError("could not write a single small file in time")
-    for path in written:
-        _forget(path)
-    random.Random(0).shuffle(written)
-    read_seconds, files = _read_small_files(written, seconds / 2)
+    read_seconds, files, latencies, rounds = _read_rounds(written, max(seconds / 2, SMALL_READ_MIN_S))
+    latencies.sort()
     return Pass(bytes=files * SMALL_FILE_BYTES, seconds=read_seconds, ops=files,
+                p50_us=_percentile(latencies, 50) / 1e3 if latencies else None,
+                p99_us=_percentile(latencies, 99) / 1e3 if latencies else None,
                 extra={"files": len(written), "write_files_s": round(len(written) / write_seconds, 1),
-                       "cache": "fsync+fadvise"})
+                       "read_rounds": rounds, "cache": "fsync+fadvise"})
 
 
 def _small_file_paths(target: Target) -> list[str]:
@@ -737,24 +779,50 @@ def _small_file_paths(target: Target) -> list[str]:
     return [os.path.join(root, f"d{i // FILES_PER_DIR:03d}", f"f{i:05d}.bin") for i in range(target.small_files)]
 
 
-def _write_small_files(paths: list[str], seconds: float) -> list[str]:
-    """Create files until done or out of time; returns those written (each one whole)."""
+def _write_small_files(paths: list[str], seconds: float, at_least: int = 0) -> list[str]:
+    """Create files until done or out of time (`seconds`; up to SMALL_CREATE_CAP_S while fewer
+    than `at_least` exist); returns those written (each one whole). One os.write per file, no
+    fsync: the caller flushes them all at once, as a dataset copied to a disk is."""
     body = os.urandom(SMALL_FILE_BYTES - 8)  # incompressible; each file starts with its own number
     cursor = itertools.count()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
     def writer(_: int, stop: threading.Event) -> list[str]:
         done = []
-        while not stop.is_set() and time.perf_counter() < deadline:
+        while not stop.is_set():
+            now = time.perf_counter()
             index = next(cursor)
-            if index >= len(paths):
+            if index >= len(paths) or now >= hard_deadline or (now >= deadline and index >= at_least):
                 break
-            with open(paths[index], "wb", buffering=0) as f:
-                f.write(index.to_bytes(8, "little") + body)
+            fd = os.open(paths[index], flags, 0o600)
+            try:
+                if os.write(fd, index.to_bytes(8, "little") + body) != SMALL_FILE_BYTES:
+                    raise EngineError(f"short write to {paths[index]}")
+            finally:
+                os.close(fd)
             done.append(paths[index])
         return done
 
-    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    deadline, hard_deadline = start + seconds, start + max(seconds, SMALL_CREATE_CAP_S)
     return list(itertools.chain.from_iterable(_Workers(SMALL_FILE_READERS, writer).run()))
+
+
+def _read_rounds(files: list[str], seconds: float) -> tuple[float, int, list[int], int]:
+    """Cold reads of `files` in shuffled rounds until SMALL_READ_MIN_S of reading (or `seconds`):
+    (seconds reading, files read, per-file latencies in ns, rounds). Each round starts with every
+    file dropped from the page cache (untimed), so no round reads from memory."""
+    total_s, total_files, latencies, rounds = 0.0, 0, [], 0
+    wall_end = time.perf_counter() + 3 * seconds  # the untimed cache drops count here
+    while True:
+        for path in files:
+            _forget(path)
+        order = list(files)
+        random.Random(rounds).shuffle(order)
+        elapsed, done = _read_small_files(order, seconds - total_s, latencies)
+        total_s, total_files, rounds = total_s + elapsed, total_files + done, rounds + 1
+        if done < len(order) or total_s >= SMALL_READ_MIN_S or time.perf_counter() >= wall_end:
+            return total_s, total_files, latencies, rounds
 
 
 def _sync_file_system(directory: str) -> None:
@@ -780,23 +848,30 @@ def _forget(path: str) -> None:
         os.close(fd)
 
 
-def _read_small_files(order: list[str], seconds: float) -> tuple[float, int]:
+def _read_small_files(order: list[str], seconds: float, latencies: list[int] | None = None) -> tuple[float, int]:
+    """Read `order` whole, SMALL_FILE_READERS threads, for at most `seconds`: (seconds, files read).
+    Each file's open-read-close time (ns) goes to `latencies`."""
     cursor = itertools.count()
+    clock = time.perf_counter_ns
 
-    def reader(_: int, stop: threading.Event) -> int:
-        done = 0
-        while not stop.is_set() and time.perf_counter() < deadline:
+    def reader(_: int, stop: threading.Event) -> list[int]:
+        times = []
+        while not stop.is_set() and clock() < deadline:
             index = next(cursor)
             if index >= len(order):
                 break
+            before = clock()
             with open(order[index], "rb", buffering=0) as f:  # open/read/close, like PIL.Image.open
                 while f.read(SMALL_FILE_BYTES):
                     pass
-            done += 1
-        return done
+            times.append(clock() - before)
+        return times
 
-    start = time.perf_counter()
-    deadline = start + seconds
-    files = sum(_Workers(SMALL_FILE_READERS, reader).run())
-    return time.perf_counter() - start, files
-
+    start = clock()
+    deadline = start + int(seconds * 1e9)
+    per_reader = _Workers(SMALL_FILE_READERS, reader).run()
+    elapsed = (clock() - start) / 1e9
+    files = list(itertools.chain.from_iterable(per_reader))
+    if latencies is not None:
+        latencies += files
+    return elapsed, len(files)

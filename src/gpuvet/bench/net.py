@@ -3,7 +3,9 @@
 Loopback (`run_loopback`, subject "loopback"): the seed's `ping 127.0.0.1` done over TCP
 (`net.loopback_latency`, microseconds: small request/response messages over one connection), and
 `net.loopback_throughput` (Gbit/s, one stream). Node to node (`serve` on one machine, `test` on
-the other, subject "net:<host>"): `net.tcp_latency` and `net.tcp_throughput` (4 streams).
+the other, subject "net:<host>"): `net.tcp_latency` and `net.tcp_throughput` (4 streams), each
+with the route in its details (`interface`, `source_address`, `peer_address`: the local interface
+the traffic left through, so the judge compares with that link's speed).
 
 Latency is always measured by gpuvet's own client and server (iperf3 has no latency test); it
 includes Python's few microseconds each way, so it is a TCP round trip as an application sees
@@ -190,10 +192,48 @@ def _connect(host: str, port: int, request: str, nodelay: bool = False) -> tuple
 
 def hello(host: str, port: int) -> int | None:
     """Ask a gpuvet server (on `port`) where its iperf3 server listens; None: it has none."""
+    return _hello(host, port)[0]
+
+
+def _hello(host: str, port: int) -> tuple[int | None, str, str]:
+    """(iperf3 port or None, this end's address, the server's address) of one HELLO."""
     conn, answer = _connect(host, port, "HELLO")
-    conn.close()
+    with conn:
+        local, peer = conn.getsockname()[0], conn.getpeername()[0]
     value = answer.rpartition("iperf3=")[2]
-    return int(value) if value.isdigit() else None
+    return (int(value) if value.isdigit() else None), local, peer
+
+
+def reach(host: str, port: int = DEFAULT_PORT) -> dict[str, Any]:
+    """Whether `gpuvet net serve --port PORT` answers at `host` (gpuvet's server on PORT + 1), and
+    the route there: {"iperf3_port", "source_address", "peer_address", "interface"} (the local
+    interface holding the source address the kernel chose, so the link it measured is known).
+    Raises NetError saying what to run when no server answers."""
+    try:
+        iperf3_port, source, peer = _hello(host, port + 1)
+    except socket.gaierror as err:
+        raise NetError(f"cannot resolve {host!r}: {err.strerror or err}") from None
+    except (OSError, NetError) as err:
+        raise NetError(f"no gpuvet server answered at {host}:{port + 1} ({_why(err)}): run "
+                       f"`gpuvet net serve --port {port}` there and let TCP ports {port} and {port + 1} through") from None
+    return {"iperf3_port": iperf3_port, "source_address": source, "peer_address": peer,
+            "interface": interface_with_address(source)}
+
+
+def interface_with_address(address: str) -> str | None:
+    """The network interface that holds `address` (the source address of a connection: the one
+    its packets leave through); None when no interface lists it."""
+    try:
+        import psutil
+
+        interfaces = psutil.net_if_addrs()
+    except Exception:  # noqa: BLE001 - no psutil support here: the route stays unknown
+        return None
+    wanted = address.split("%")[0]
+    for name, addresses in interfaces.items():
+        if any((a.address or "").split("%")[0] == wanted for a in addresses):
+            return name
+    return None
 
 
 def ping(host: str, port: int, seconds: float) -> list[int]:
@@ -438,20 +478,26 @@ def serve(port: int = DEFAULT_PORT, engine: str = "auto", ready: Callable[[str],
 
 def test(host: str, port: int = DEFAULT_PORT, engine: str = "auto", budget_s: float = 10.0,
          progress: Callable[[str], None] = lambda m: None) -> list[dict]:
-    """TCP latency and throughput to a machine running `gpuvet net serve` (subject net:<host>)."""
+    """TCP latency and throughput to a machine running `gpuvet net serve` (subject net:<host>).
+    Both measurements carry the route (`interface`, `source_address`, `peer_address`)."""
     engine = _engine(engine)
     subject = f"net:{host}"
     try:
-        remote_iperf3 = hello(host, port + 1)
-    except (OSError, NetError) as err:
-        return [note(subject, "failed", f"no gpuvet server answered at {host}:{port + 1} ({_why(err)}): run "
-                                        f"`gpuvet net serve --port {port}` there and let TCP ports {port} and {port + 1} through")]
+        route = reach(host, port)
+    except NetError as err:
+        return [note(subject, "failed", str(err))]
+    path = {k: v for k, v in route.items() if k != "iperf3_port" and v is not None}
     results: list[dict] = []
     try:
         progress(f"net {host}: TCP round trips")
-        results.append(_latency("net.tcp_latency", subject, ping(host, port + 1, min(2.0, 0.2 * budget_s))))
+        latency = _latency("net.tcp_latency", subject, ping(host, port + 1, min(2.0, 0.2 * budget_s)))
+        latency["details"].update(path)
+        results.append(latency)
         progress(f"net {host}: TCP throughput")
-        results.append(_remote_throughput(engine, host, port, remote_iperf3, max(1, int(0.6 * budget_s))))
+        throughput = _remote_throughput(engine, host, port, route["iperf3_port"], max(1, int(0.6 * budget_s)))
+        if throughput["value"] is not None:
+            throughput["details"].update(path)
+        results.append(throughput)
     except (OSError, NetError) as err:
         results.append(note(subject, "failed", _why(err)))
     return results
@@ -463,9 +509,12 @@ test.__test__ = False  # `gpuvet net test`, not a pytest test
 def _remote_throughput(engine: str, host: str, port: int, remote_iperf3: int | None, seconds: int) -> dict:
     subject = f"net:{host}"
     binary = find_iperf3() if engine in ("auto", "iperf3") else None
-    if engine == "iperf3" and (binary is None or remote_iperf3 is None):
-        where = "here" if binary is None else f"on {host}"
-        return note(subject, "skipped", f"iperf3 is not installed {where} (`apt-get install iperf3`); or use --engine builtin")
+    if engine == "iperf3" and binary is None:
+        return note(subject, "skipped", "iperf3 is not installed here (`apt-get install iperf3`); or use --engine builtin")
+    if engine == "iperf3" and remote_iperf3 is None:
+        return note(subject, "skipped", f"the server at {host} runs without iperf3 (started with --engine builtin, or "
+                                        f"iperf3 missing there: `apt-get install iperf3` and restart `gpuvet net serve`); "
+                                        "or use --engine builtin")
     if binary and remote_iperf3:
         result = iperf3_client(binary, host, remote_iperf3, seconds, NODE_STREAMS)
         return _throughput("net.tcp_throughput", subject, "iperf3", result, NODE_STREAMS)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
 import click
 
-from .base import cli
+from .base import UsageProblem, check_out_path, cli, emit, output_options, progress_status, save, store_options
+
+# One --engine flag drives disk and net elsewhere; here "fio" means the external tool, iperf3.
+NET_ENGINES = ["auto", "iperf3", "builtin", "fio"]
+ENGINE_HELP = "iperf3 on both machines when installed, gpuvet's own stream otherwise (fio: same as iperf3)."
 
 
 @cli.group()
@@ -13,33 +21,74 @@ def net() -> None:
 
 
 @net.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=5201, show_default=True)
-@click.option("--engine", type=click.Choice(["auto", "iperf3", "builtin"]), default="auto", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65534), default=5201, show_default=True,
+              help="iperf3's port; gpuvet's own server listens on PORT + 1.")
+@click.option("--engine", type=click.Choice(NET_ENGINES), default="auto", show_default=True, help=ENGINE_HELP)
 def serve(port: int, engine: str) -> None:
     """Wait for `gpuvet net test` from another machine (Ctrl-C to stop)."""
     from ..bench import net as net_bench
 
-    net_bench.serve(port=port, engine=engine, ready=lambda message: click.echo(message, err=True))
+    try:
+        net_bench.serve(port=port, engine=engine, ready=lambda message: click.echo(message, err=True))
+    except (net_bench.NetError, OSError) as err:
+        raise UsageProblem(f"net serve: {net_bench._why(err)}") from None
 
 
 @net.command("test")
 @click.argument("host")
-@click.option("--port", type=click.IntRange(1, 65535), default=5201, show_default=True)
-@click.option("--engine", type=click.Choice(["auto", "iperf3", "builtin"]), default="auto", show_default=True)
-@click.option("--seconds", type=click.FloatRange(min=1), default=10.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
-def test_cmd(host: str, port: int, engine: str, seconds: float, as_json: bool) -> None:
-    """Measure TCP throughput and latency to HOST, where `gpuvet net serve` runs."""
-    import json
-
+@click.option("--port", type=click.IntRange(1, 65534), default=5201, show_default=True,
+              help="The port given to `gpuvet net serve` on HOST.")
+@click.option("--engine", type=click.Choice(NET_ENGINES), default="auto", show_default=True, help=ENGINE_HELP)
+@click.option("--seconds", type=click.FloatRange(min=1), default=10.0, show_default=True,
+              help="About how long the test takes (most of it the throughput stream).")
+@click.option("--multi-node", is_flag=True, help="The two machines are for multi-node training: judge the link for it.")
+@output_options
+@store_options
+def test_cmd(host: str, port: int, engine: str, seconds: float, multi_node: bool, expect: str | None, as_json: bool,
+             out: str | None, verbose: bool, report_format: str, redact: bool, db: str | None, no_save: bool,
+             label: str | None, price: float | None) -> None:
+    """Measure TCP throughput and latency to HOST, where `gpuvet net serve` runs; judged against
+    the link the traffic leaves through, saved like `gpuvet run`."""
     from ..bench import net as net_bench
 
-    measurements = net_bench.test(host, port=port, engine=engine, budget_s=seconds)
-    if as_json:
-        click.echo(json.dumps(measurements, indent=2))
-        return
-    for m in measurements:
-        if m["value"] is None:
-            click.echo(f"{m['name']}: {m['details'].get('outcome', 'not measured')}: {m['details'].get('reason', '')}")
-        else:
-            click.echo(f"{m['name']:<22} {m['value']:.4g} {m['unit']}  ({m['details'].get('engine', '')})")
+    check_out_path(out)
+    try:  # before minutes of work: no server there is a usage problem, said in one line
+        net_bench.reach(host, port)
+    except net_bench.NetError as err:
+        raise UsageProblem(str(err)) from None
+    with progress_status(as_json) as progress:
+        record = net_test_record(host, port, engine, seconds, progress, expect=expect, multi_node=multi_node)
+    save(record, db, no_save, label, price)
+    emit(record, as_json, out, verbose, report_format, redact)
+
+
+test_cmd.__test__ = False  # a command, not a pytest test
+
+
+def net_test_record(host: str, port: int, engine: str, seconds: float,
+                    progress: Callable[[str], None] = lambda message: None, expect: str | None = None,
+                    multi_node: bool = False):
+    """This machine's facts (its NICs: the link the test is judged against) and the measurements
+    to HOST, judged into one run record (profile "net-test")."""
+    from .. import judge
+    from ..bench import net as net_bench
+    from ..facts import from_dict
+    from ..probe import live
+    from ..record import Measurement, RunRecord
+
+    started, t0 = _now(), time.monotonic()
+    options: dict[str, Any] = {"profile": "net-test", "benchmarks": [], "peer": host, "port": port, "engine": engine}
+    options.update({k: v for k, v in (("expect", expect), ("multi_node", multi_node or None)) if v is not None})
+    progress("reading the machine's facts")
+    machine = live.collect()
+    judge.annotate_references(machine)
+    measurements = net_bench.test(host, port=port, engine=engine, budget_s=seconds, progress=progress)
+    record = RunRecord(machine=machine, started_at=started, options=options,
+                       measurements=[from_dict(Measurement, m) for m in measurements])
+    record.findings = judge.judge(machine, record.measurements, options)
+    record.duration_s = time.monotonic() - t0
+    return record
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

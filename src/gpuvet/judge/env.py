@@ -42,6 +42,9 @@ _EXPOSURE = {
     "code-server": ("gets a terminal on this machine",
                     "in ~/.config/code-server/config.yaml: `bind-addr: 127.0.0.1:{port}` and `auth: password`; "
                     "reach it with `ssh -N -L {port}:127.0.0.1:{port} user@this-machine`"),
+    "file-server": ("downloads every file it serves (in a home directory: SSH keys, cloud credentials, datasets)",
+                    "stop it, or serve on loopback only: `python3 -m http.server {port} --bind 127.0.0.1`, and reach it "
+                    "with `ssh -N -L {port}:127.0.0.1:{port} user@this-machine`"),
     "tensorboard": ("reads your training logs, metrics and model graphs",
                     "start TensorBoard without `--bind_all` / `--host 0.0.0.0` (it binds localhost by default) and use "
                     "`ssh -N -L {port}:127.0.0.1:{port} user@this-machine`"),
@@ -54,15 +57,52 @@ def check_exposed_servers(audit: Audit) -> list[Finding]:
         return [finding("env.exposed_servers", "host", SKIP, f"listening sockets not readable: {audit.unavailable['listeners']}",
                         remedy="`sudo ss -ltnp` lists them")]
     exposed = [item for item in audit.listeners if reachable_from_network(item)]
-    findings = [_exposed(item) for item in exposed if item.kind in _EXPOSURE and item.protected is not True]
+    findings = []
+    for item in _one_per_server(exposed):
+        if item.protected is True or item.kind == "test-server":
+            continue  # sshd; Jupyter or code-server with a token or password; a daemon with its own credentials;
+            # a bandwidth test server (it runs no code and serves no files)
+        if item.kind in _EXPOSURE:
+            findings.append(_exposed(item))
+        elif item.all_interfaces:
+            findings.append(_open_unknown(item))
     if findings:
         return findings
     listing = ", ".join(_describe(item) for item in exposed) or "none"
     return [finding("env.exposed_servers", "host", PASS,
                     f"no server without a login listens on the network ({len(exposed)} listening beyond loopback)",
-                    measured=f"listening beyond loopback: {listing}",
-                    expected="Jupyter, TensorBoard, Ray and code-server bound to 127.0.0.1 or protected by a token/password",
-                    source=SEED_SECURITY)]
+                    measured=f"listening beyond loopback: {listing}", expected=EXPOSED_EXPECTED, source=SEED_SECURITY)]
+
+
+EXPOSED_EXPECTED = ("every server on all interfaces has a login (sshd; Jupyter or code-server with a token or password); "
+                    "anything else bound to 127.0.0.1 and reached through `ssh -L`")
+
+
+def _one_per_server(listeners: list[Listener]) -> list[Listener]:
+    """A server on 0.0.0.0 and :: at once is one server: the first socket of each (process, port)."""
+    seen: dict[tuple, Listener] = {}
+    for item in listeners:
+        seen.setdefault((item.pid, item.port, item.kind), item)
+    return list(seen.values())
+
+
+def _open_unknown(listener: Listener) -> Finding:
+    """A server gpuvet does not know on every interface: it may need no login at all."""
+    where = _describe(listener)
+    port = listener.port
+    container = (listener.process or "") in ("docker-proxy", "rootlesskit", "conmon")
+    what = "a container's published port" if container else "a server gpuvet does not know"
+    named = "" if listener.process else " (process not readable: `sudo ss -ltnp` names it)"
+    bind = (f"publish the container's port on loopback only: `docker run -p 127.0.0.1:{port}:{port} ...`" if container else
+            "if it is not meant for the network, restart it bound to 127.0.0.1 (its --bind / --host / --listen option)")
+    return finding(
+        "env.exposed_servers", "host", WARN,
+        f"{where} listens on every interface{named}: {what}, with no login gpuvet can see; anyone who can reach port {port} "
+        "can use whatever it serves",
+        measured=f"{where}: {listener.note or 'kind unknown'}", expected=EXPOSED_EXPECTED, source=SEED_SECURITY,
+        remedy=(f"{bind} and reach it with `ssh -N -L {port}:127.0.0.1:{port} user@this-machine`; or let only your "
+                f"address in: `sudo ufw allow from YOUR_IP to any port {port} proto tcp && sudo ufw deny {port}/tcp` "
+                "(or the cloud security group); if it has a login of its own, this warning is advice only"))
 
 
 def reachable_from_network(listener: Listener) -> bool:
@@ -83,6 +123,8 @@ def _exposed(listener: Listener) -> Finding:
     if listener.protected is False:
         status = FAIL if listener.kind in _RUNS_CODE else WARN
         summary = f"{where} has no login: {reach} {who_can}"
+        if listener.kind == "file-server" and listener.note:
+            summary += f"; it {listener.note}"
         expected = "bound to 127.0.0.1, or protected by a token or password"
     else:
         status = WARN
@@ -90,13 +132,15 @@ def _exposed(listener: Listener) -> Finding:
         expected = "a token or password known to be set, or bound to 127.0.0.1"
     return finding("env.exposed_servers", "host", status, summary,
                    measured=f"{where}: {listener.note or 'no details'}", expected=expected,
-                   source=SEED_SECURITY + "; Jupyter docs: a server without token or password runs code for anyone who connects",
+                   source=SEED_SECURITY + ("; Jupyter docs: a server without token or password runs code for anyone who "
+                                           "connects" if listener.kind == "jupyter" else ""),
                    remedy=closing.format(port=listener.port))
 
 
 def _describe(listener: Listener) -> str:
     what = listener.kind or listener.process or "a server"
-    process = f" ({listener.process}, pid {listener.pid})" if listener.process and listener.pid else (
+    named = listener.process if listener.kind and listener.process else None  # the process, when the kind is the name
+    process = f" ({named}, pid {listener.pid})" if named and listener.pid else (
         f" (pid {listener.pid})" if listener.pid else "")
     return f"{what}{process} on {listener.address or '*'}:{listener.port}"
 
@@ -139,8 +183,10 @@ def check_ssh_login(audit: Audit) -> list[Finding]:
     if values["PermitEmptyPasswords"][0] == "yes" and passwords:
         problems.append("accounts without a password can log in (PermitEmptyPasswords yes)")
         status = FAIL
-    if values["PermitRootLogin"][0] == "yes" and passwords:
-        problems.append("root can log in with a password")
+    if values["PermitRootLogin"][0] == "yes":
+        problems.append("root can log in with a password" if passwords else
+                        "root can log in (PermitRootLogin yes): key-only today, with a password the day password logins "
+                        "are turned on; `PermitRootLogin prohibit-password` (or `no`) closes it")
     if passwords:
         which = [opt for opt in ("PasswordAuthentication", "KbdInteractiveAuthentication") if values[opt][0] == "yes"]
         problems.append(f"password logins are allowed ({', '.join(which)}): a guessed or leaked password is enough")
@@ -151,8 +197,8 @@ def check_ssh_login(audit: Audit) -> list[Finding]:
     state = {True: "sshd is listening", False: "sshd is not listening now", None: "sshd listening state unknown"}[listening]
     if not problems:
         return [finding("env.ssh_login", "host", PASS, f"SSH logins need a key ({state})", measured=measured)]
-    if listening is False:  # an installed but stopped sshd: the risk starts when it does
-        status = WARN if status == FAIL else PASS
+    if listening is False:  # an installed but stopped sshd: the risk starts the moment it does
+        status = WARN
     suffix = "" if listening is not False else " (applies when sshd starts)"
     return [finding("env.ssh_login", "host", status, "; ".join(problems) + suffix, measured=f"{measured}; {state}",
                     expected="; ".join(SSHD_HARDENED) + "; GatewayPorts no",

@@ -87,7 +87,8 @@ def _not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding
 def _storage_finding(ctx: Context, check: str, m: Measurement) -> Finding:
     details = m.details
     kind = details.get("kind") or "unknown"
-    where = f"({_describe_kind(kind, details.get('model'))}, {details.get('fs_type') or '?'})"  # the subject is the path
+    # The subject is the path; the summary says which engine measured, on what.
+    where = f"({details.get('engine') or '?'}; {_describe_kind(kind, details.get('model'))}, {details.get('fs_type') or '?'})"
     measured_text = _measured_text(m)
     if kind == "tmpfs":
         return finding(check, m.subject, PASS, f"{_figure(m)} {where}: RAM, not a disk (data here is lost at reboot)",
@@ -114,7 +115,10 @@ def _describe_kind(kind: str, model: str | None) -> str:
 def _figure(m: Measurement) -> str:
     label = {"disk.seq_write": "sequential write", "disk.seq_read": "sequential read",
              "disk.rand_read_iops": "random 4 KiB reads", "disk.small_files": "small-file reads"}[m.name]
-    return f"{label} {_number(m.value)} {m.unit}"
+    latency = ""
+    if m.details.get("p50_us") is not None and m.details.get("p99_us") is not None:
+        latency = f", p50 {_number(m.details['p50_us'])} us, p99 {_number(m.details['p99_us'])} us"
+    return f"{label} {_number(m.value)} {m.unit}{latency}"
 
 
 def _number(value: float | None) -> str:
@@ -128,7 +132,8 @@ def _measured_text(m: Measurement) -> str:
         parts.append(f"depth {d.get('queue_depth')}, p50 {d.get('p50_us')} us, p99 {d.get('p99_us')} us")
     elif m.name == "disk.small_files":
         parts.append(f"{d.get('files')} files of {(d.get('file_bytes') or 0) // 1024} KiB, {d.get('readers')} readers, "
-                     f"{_number(d.get('read_mb_s'))} MB/s; created at {_number(d.get('write_files_s'))} files/s")
+                     f"{_number(d.get('read_mb_s'))} MB/s" + (f" over {d['read_rounds']} cold rounds" if d.get("read_rounds") else "")
+                     + f"; created at {_number(d.get('write_files_s'))} files/s")
     else:
         parts.append(f"{(d.get('block_size') or 0) // 2**20} MiB blocks x {d.get('queue_depth')} in flight, "
                      f"{(d.get('bytes') or 0) / 1e9:.2f} GB in {d.get('runtime_s')} s")
@@ -224,15 +229,21 @@ def _worse(*statuses: str | None) -> str:
 # filtering, 0.38 ms through a container overlay network. gpuvet's round trip adds Python at both
 # ends (~10 us on a 2-core VM, measured: 25-30 us median), so the first bad band starts at 120 us.
 LOOPBACK_WARN_US = 120.0
-LOOPBACK_SOURCE = "seed: ping 127.0.0.1 averages 0.02 ms when healthy, 0.15 ms with filtering, 0.38 ms through overlay networking"
+LOOPBACK_SOURCE = ("seed 2, section 5 table (`ping -c 100 localhost`): 0.02 ms when healthy, 0.03 ms on bare metal, "
+                   "0.15 ms behind security-group filtering, 0.38 ms through a container overlay network; gpuvet's TCP round "
+                   "trip adds Python at both ends (25-30 us median on a healthy 2-core VM), hence the 120 us line; one TCP "
+                   "stream over loopback does 5-50 Gbit/s (iperf3 on healthy machines)")
 LOOPBACK_MIN_GBIT = 2.0  # one TCP stream over lo does 5-50 Gbit/s; less means starved CPUs or heavy filtering
 MULTI_NODE_MIN_GBIT = 100.0  # per node, for data-parallel training without RDMA
 NODE_LATENCY_WARN_US = 500.0  # same-zone TCP round trips are 50-200 us as an application sees them
+NODE_LATENCY_SOURCE = ("zones of one cloud region are under 1-2 ms apart, usually under 1 ms (AWS re:Invent 2014 SPOT301; "
+                       "Google Cloud: under 1 ms round trip at p95 between zones); inside one zone or placement group an "
+                       "application's TCP round trip is 50-200 us, so 500 us or more means another zone, a VPN or an overlay")
 NODE_LINK_SHARE_WARN = 0.5
 MULTI_NODE_SOURCE = ("seed: multi-node training wants RDMA/RoCE; on plain TCP the speed-up of 8 GPUs fell below 5x. "
                      "NCCL's ring all-reduce moves 2(n-1)/n of the gradients per step over each node's link")
-
-
+NODE_LINK_SOURCE = ("gpuvet rule of thumb: 4 parallel TCP streams (iperf3 -P 4) fill most of a healthy 10-100 GbE link; under "
+                    "half means traffic shaping, a slower link at the other end, or a congested path between")
 def check_network(ctx: Context) -> list[Finding]:
     """net.loopback (when the net benchmark was planned), net.nics and net.rdma (when the facts
     were read), net.node_to_node (for each `gpuvet net test` peer)."""
@@ -259,13 +270,13 @@ def _loopback(ctx: Context) -> Finding:
         if throughput.value < LOOPBACK_MIN_GBIT:
             status = WARN
     text = "; ".join(parts)
+    expected = f"round trip under {LOOPBACK_WARN_US:.0f} us, one stream over {LOOPBACK_MIN_GBIT:.0f} Gbit/s"
     if status == PASS:
-        return finding("net.loopback", "loopback", PASS, text, measured=text)
+        return finding("net.loopback", "loopback", PASS, text, measured=text, expected=expected, source=LOOPBACK_SOURCE)
     return finding("net.loopback", "loopback", WARN,
                    f"slow TCP stack on loopback: {text}: packet filtering, an overlay network or starved CPUs add this to every "
                    "connection (Jupyter, data loading, monitoring)",
-                   measured=text, expected=f"round trip under {LOOPBACK_WARN_US:.0f} us, one stream over {LOOPBACK_MIN_GBIT:.0f} Gbit/s",
-                   source=LOOPBACK_SOURCE,
+                   measured=text, expected=expected, source=LOOPBACK_SOURCE,
                    remedy="`sudo iptables -S | wc -l` and `sudo nft list ruleset | wc -l` (filter rules), `cat /proc/loadavg` "
                           "(CPU starvation); inside a container, compare with `--network host`")
 
@@ -348,32 +359,64 @@ def _one_peer(ctx: Context, subject: str) -> Finding:
     if throughput is None and latency is None:
         return _not_measured(ctx, "net", "net.node_to_node", subject)
     peer = subject.removeprefix("net:")
-    parts, problems, expected = [], [], []
+    parts, problems, expected, sources = [], [], [], []
     if latency:
         parts.append(f"round trip {latency.value:.0f} us median (p99 {latency.details.get('p99_us')} us)")
         expected.append(f"round trip under {NODE_LATENCY_WARN_US:.0f} us in one zone")
+        sources.append(NODE_LATENCY_SOURCE)
         if latency.value >= NODE_LATENCY_WARN_US:
             problems.append("high latency: another zone, a VPN or an overlay network between the nodes")
     if throughput:
         streams = throughput.details.get("streams") or 1
-        parts.append(f"{throughput.value:.1f} Gbit/s, {streams} stream{'s' if streams > 1 else ''} ({throughput.details.get('engine')})")
-        link = _fastest_link_gbit(ctx.machine.host)
+        route, link = _route_link(ctx.machine.host, throughput.details)
+        parts.append(f"{throughput.value:.1f} Gbit/s, {streams} stream{'s' if streams > 1 else ''} "
+                     f"({throughput.details.get('engine')}) {route}")
         if link:
-            expected.append(f">= {NODE_LINK_SHARE_WARN:.0%} of the {link:g} Gbit/s link")
-            if throughput.value < NODE_LINK_SHARE_WARN * link:
-                problems.append(f"{throughput.value / link:.0%} of this machine's {link:g} Gbit/s link")
+            name, gbit = link
+            expected.append(f">= {NODE_LINK_SHARE_WARN:.0%} of {name}'s {gbit:g} Gbit/s link ({NODE_LINK_SHARE_WARN * gbit:g} Gbit/s)")
+            sources.append(NODE_LINK_SOURCE)
+            if throughput.value < NODE_LINK_SHARE_WARN * gbit:
+                problems.append(f"{throughput.value / gbit:.0%} of the {gbit:g} Gbit/s link of {name}")
         if ctx.options.get("multi_node") and throughput.value < MULTI_NODE_MIN_GBIT and not _active_rdma(ctx.machine.host or Host()):
             problems.append("too slow for multi-node training without RDMA")
             expected.append(f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s or RDMA for multi-node training")
+            sources.append(MULTI_NODE_SOURCE)
+    else:
+        parts.append(f"throughput not measured: {_note_reason(ctx, subject)}")
     text = "; ".join(parts)
+    common = {"measured": text, "expected": "; ".join(expected) or None, "source": "; ".join(sources) or None}
     if problems:
-        return finding("net.node_to_node", subject, WARN, f"to {peer}: {text}: {'; '.join(problems)}", measured=text,
-                       expected="; ".join(expected), source=MULTI_NODE_SOURCE,
-                       remedy=f"iperf3 -c {peer} -P 8 (several streams); check MTU (`ip link`) and that both nodes sit in one "
+        return finding("net.node_to_node", subject, WARN, f"to {peer}: {text}: {'; '.join(problems)}", **common,
+                       remedy=f"iperf3 -c {peer} -P 8 (several streams); run `gpuvet net test` from the other machine too "
+                              "(its link may be the slower one); check MTU (`ip link`) and that both nodes sit in one "
                               "zone / placement group")
-    return finding("net.node_to_node", subject, PASS, f"to {peer}: {text}", measured=text)
+    return finding("net.node_to_node", subject, PASS, f"to {peer}: {text}", **common)
 
 
-def _fastest_link_gbit(host: Host | None) -> float | None:
-    speeds = [n.speed_mbps for n in (host.nics or []) if not n.virtual and n.speed_mbps and n.operstate == "up"] if host else []
-    return max(speeds) / 1000 if speeds else None
+def _note_reason(ctx: Context, subject: str) -> str:
+    note = next(iter(measured(ctx, "bench.net", subject)), None)
+    return note.details.get("reason", "no reason given") if note else "no figure"
+
+
+def _route_link(host: Host | None, details: dict) -> tuple[str, tuple[str, float] | None]:
+    """Words on the interface the test's traffic left through, and (name, Gbit/s) of its link when
+    known. Records without the route (older ones) fall back to this machine's fastest link."""
+    interface = details.get("interface")
+    nics = {n.name: n for n in (host.nics or [])} if host else {}
+    if interface is None:
+        fastest = max((n for n in nics.values() if not n.virtual and n.speed_mbps and n.operstate == "up"),
+                      key=lambda n: n.speed_mbps, default=None)
+        if fastest is None:
+            return "(route not recorded; no NIC reports a link speed)", None
+        return (f"(route not recorded; compared with the fastest link, {fastest.name})",
+                (fastest.name, fastest.speed_mbps / 1000))
+    via = f"through {interface}" + (f" from {details['source_address']}" if details.get("source_address") else "")
+    nic = nics.get(interface)
+    if interface == "lo" or (nic is not None and nic.name == "lo"):
+        return f"{via}: both ends on this machine, no network link measured", None
+    if nic is None:
+        return f"{via} (not among the interfaces read: no link speed)", None
+    if nic.speed_mbps and nic.operstate != "down":
+        return f"{via} ({nic.speed_mbps / 1000:g} Gbit/s link)", (nic.name, nic.speed_mbps / 1000)
+    why = "a virtual NIC: the provider's shaping sets its rate" if nic.virtual or not nic.speed_mbps else f"link {nic.operstate}"
+    return f"{via} (no link speed reported: {why})", None

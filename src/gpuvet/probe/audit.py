@@ -415,6 +415,14 @@ def server_kind(port: int, view: ProcessView | None) -> tuple[str | None, str | 
     return kind, "recognised by its port only (process not readable)" if kind else None
 
 
+# Python's built-in file servers: everything under their folder to whoever connects.
+_FILE_SERVER_COMMAND = re.compile(r"-m\s+(http\.server|SimpleHTTPServer)\b")
+# Daemons that let no one in without credentials of their own (not a password gpuvet could check):
+# name -> how they authenticate. Keeps them out of the "open server" warnings.
+AUTHENTICATED_DAEMONS = {"kubelet": "TLS client certificates", "tailscaled": "WireGuard keys of the tailnet",
+                         "xrdp": "a desktop login", "xrdp-sesman": "a desktop login"}
+
+
 def _kind_from_command(view: ProcessView) -> str | None:
     command = " ".join(view.cmdline).lower() or (view.name or "").lower()
     name = (view.name or "").lower()
@@ -422,8 +430,13 @@ def _kind_from_command(view: ProcessView) -> str | None:
         return "jupyter"
     if "tensorboard" in command:
         return "tensorboard"
-    if name == "sshd" or name.startswith("sshd:") or command.startswith("sshd:"):
+    if name in ("sshd", "dropbear") or name.startswith("sshd:") or command.startswith("sshd:"):
         return "ssh"
+    if _FILE_SERVER_COMMAND.search(" ".join(view.cmdline)):
+        return "file-server"
+    iperf3_server = name == "iperf3" and ("-s" in view.cmdline or "--server" in view.cmdline)
+    if iperf3_server or re.search(r"gpuvet\S*\s+net\s+serve\b", command):
+        return "test-server"
     if "code-server" in command:
         return "code-server"
     if "ray" in command and "dashboard" in command:
@@ -480,8 +493,29 @@ def _listener(address: str, port: int, pid: int | None, view: ProcessView | None
     elif kind == "ssh":
         listener.protected = True
         notes.append("login rules: see sshd settings")
+    elif kind == "test-server":
+        notes.append("a network test server (gpuvet net serve, iperf3 -s): runs no code, serves no files")
+    elif kind == "file-server":
+        listener.protected = False
+        notes.append(f"serves every file under {served_folder(view.cmdline, view.cwd)}")
+    elif view is not None and (view.name or "") in AUTHENTICATED_DAEMONS:
+        listener.protected = True
+        notes.append(f"{view.name} authenticates with {AUTHENTICATED_DAEMONS[view.name]}")
     listener.note = "; ".join(notes) or None
     return listener
+
+
+def served_folder(cmdline: list[str], cwd: str | None) -> str:
+    """The folder `python3 -m http.server` serves: --directory/-d DIR, else its working directory."""
+    for i, arg in enumerate(cmdline):
+        if arg.startswith("--directory="):
+            folder = arg.split("=", 1)[1]
+        elif arg in ("-d", "--directory") and i + 1 < len(cmdline):
+            folder = cmdline[i + 1]
+        else:
+            continue
+        return folder if os.path.isabs(folder) or not cwd else os.path.join(cwd, folder)
+    return cwd or "its working directory"
 
 
 def _code_server_auth(cmdline: list[str], config_auth: str | None) -> str:
