@@ -45,6 +45,36 @@ def test_gemm_against_the_best_measured_for_h100(bf16, status):
     assert "mamf_bf16_tflops" in f.evidence.source
 
 
+def test_every_dtype_with_a_best_figure_is_judged_and_the_worst_decides():
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    figures = gemm("gpu0", 780.0) + [Measurement("gemm.fp8", 700.0, "TFLOPS", "gpu0", {"shape": [8192, 8192, 8192]})]
+    f = results(m, figures, "gpu.gemm", ["gemm"])["gpu0"]
+    assert f.status == "fail"  # bf16 is healthy, fp8 is at half its best
+    assert "bf16 780.0 TFLOPS = 98% of the best measured for NVIDIA H100 80GB HBM3 (794.5)" in f.summary
+    assert "fp8 700.0 TFLOPS = 50% of the best measured for NVIDIA H100 80GB HBM3 (1402.6)" in f.summary
+    assert "fp8 700.0 (35% of the 1979 dense peak, 50% of best 1403)" in f.evidence.measured
+    assert "mamf_fp8_tflops" in f.evidence.source and "mamf_bf16_tflops" in f.evidence.source
+    healthy = gemm("gpu0", 780.0) + [Measurement("gemm.fp8", 1380.0, "TFLOPS", "gpu0", {"shape": [8192, 8192, 8192]})]
+    assert results(m, healthy, "gpu.gemm", ["gemm"])["gpu0"].status == "pass"
+
+
+def synthetic_h100_pcie():
+    """Synthetic: the real H100 SXM VM capture renamed to an H100 PCIe (no real PCIe capture here);
+    the reference has no measured best for that model."""
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    m.gpus[0].name = "NVIDIA H100 PCIe"
+    return m
+
+
+@pytest.mark.parametrize("bf16, status", [(600.0, "pass"), (530.0, "warn"), (450.0, "fail")])
+def test_synthetic_model_without_a_best_is_judged_against_one_estimated_from_its_chip(bf16, status):
+    f = results(synthetic_h100_pcie(), gemm("gpu0", bf16), "gpu.gemm", ["gemm"])["gpu0"]
+    assert f.status == status  # 450 is 60% of the 756 dense peak: a pass under the old loose rule
+    assert "estimated from H100-SXM5-80GB's measured best/peak ratio (794.5/989 = 0.80, same GH100 chip)" in f.summary
+    assert f.evidence.expected == "bf16 >= 90% of 607.3 TFLOPS"
+    assert f.evidence.source.startswith("estimated: ") and "bf16_tensor_tflops_dense" in f.evidence.source
+
+
 def test_gemm_without_a_measured_best_is_judged_loosely_against_the_peak():
     m = machine("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")
     figures = [x for i in range(8) for x in gemm(f"gpu{i}", 150.0)]  # ~91% of 165.2: healthy
@@ -126,7 +156,7 @@ def test_context_init_like_the_seed(ms, status):
 
 
 def telemetry(reasons=None, sm=1980, power_pct=97.0, temp=70.0):
-    return {"reasons": reasons or {"sw_power_cap": 0.8}, "sm_mhz": {"mean": sm, "min": sm, "max": sm},
+    return {"reasons": {"sw_power_cap": 0.8} if reasons is None else reasons, "sm_mhz": {"mean": sm, "min": sm, "max": sm},
             "power": {"mean_w": 680.0, "max_w": 700.0, "mean_pct_of_limit": power_pct}, "temp_c": {"max": temp}}
 
 
@@ -150,6 +180,9 @@ def test_sustained_load_held_passes():
         (sustained("gpu0", tele=telemetry({"hw_thermal_slowdown": 0.3, "sw_power_cap": 0.2})), "fail", "HW thermal slowdown during 30%"),
         (sustained("gpu0", tele=telemetry(sm=1200, power_pct=60.0, reasons={})), "warn", "something else holds it back"),
         (sustained("gpu0", tele=telemetry(temp=88.0)), "warn", "from slowdown"),
+        (sustained("gpu0", tele=telemetry(sm=1200, power_pct=60.0, reasons={"applications_clocks_setting": 1.0})), "warn",
+         "with NVML reporting applications_clocks_setting during 100% of the load (application clocks are set below max: "
+         "`sudo nvidia-smi -i 0 -rac` resets them)"),
     ],
 )
 def test_sustained_problems_are_named(figures, status, words):
@@ -174,3 +207,23 @@ def test_allreduce_busbw_against_nvlink_and_wrong_sums():
     assert f.status == "pass" and "12 NVLinks per GPU" in f.summary
     bad = [Measurement("allreduce.busbw", 230.0, "GB/s", "machine", {"world_size": 8, "backend": "nccl", "check_ok": False})]
     assert results(m, bad, "gpu.allreduce", ["allreduce"])["machine"].status == "fail"
+
+
+@pytest.mark.parametrize("hottest, status, words", [
+    (88.0, "fail", "reached 88 C, 1 C from slowdown (about 89 C: 41 C when the facts were read + the 48 C margin"),
+    (83.0, "warn", "reached 83 C, only 6 C from slowdown (about 89 C"),
+    (75.0, "pass", "held 700.0 TFLOPS"),
+])
+def test_slowdown_temperature_from_the_t_limit_margin_when_the_driver_gives_no_threshold(hottest, status, words):
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")  # 590 driver: T.Limit values only
+    assert m.gpus[0].thermal.slowdown_c is None and m.gpus[0].thermal.slowdown_margin_c == 48.0
+    f = results(m, sustained("gpu0", tele=telemetry(temp=hottest)), "gpu.sustained", ["sustained"])["gpu0"]
+    assert f.status == status and words in f.summary
+
+
+def test_the_sustained_finding_states_the_rate_the_telemetry_was_really_sampled_at():
+    from gpuvet.runner import load_record, rejudge
+
+    record = rejudge(load_record(str(FIXTURES / "records/h100-8x-synthetic-sustained.json")))  # telemetry at 2 Hz
+    f = next(f for f in record.findings if f.check == "gpu.sustained" and f.subject == "gpu2")
+    assert f.status == "fail" and f.evidence.source == "NVML telemetry sampled every 0.5 s (2 Hz) during the load"

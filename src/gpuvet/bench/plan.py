@@ -27,6 +27,11 @@ CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0,
 # parent process does not import torch to read them): asking for more steps scales it up.
 WORKLOAD_DEFAULT_STEPS = {"cuda": 150, "cpu": 30}
 SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline must not mistake that for a hang
+# The sustained load runs for exactly its duration (BUDGET_S's figure, or --soak); its budget adds
+# this for allocating the matrices and timing the first calls.
+SUSTAINED_SETUP_S = 2.0
+TELEMETRY_INTERVAL_S = 0.1
+WORKER_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @dataclass
@@ -59,19 +64,21 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
         return outcome
     progress("starting the benchmark worker (imports PyTorch)")
     try:
-        worker = Worker(env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        worker = Worker(env=WORKER_ENV)  # on Ctrl-C while it starts, it ends itself
     except WorkerError as err:
         for name in names:
             outcome.note(name, "gpu" if device != "cpu" else "cpu", "failed", str(err))
         return outcome
     runner = None
+    interrupted = True  # until the benchmarks finish: Ctrl-C, SIGTERM, or a crash stops the worker at once
     try:
         targets = _targets(machine, worker, device, force, outcome, names)
         runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {})
         for name in names:
             runner.run(name)
-    finally:  # also on Ctrl-C: nothing may keep running on the GPUs
-        (runner.worker if runner else worker).close()
+        interrupted = False
+    finally:  # nothing may keep running on the GPUs
+        (runner.worker if runner else worker).close(interrupted=interrupted)
     return outcome
 
 
@@ -126,16 +133,27 @@ class _Runner:
         self.outcome, self.progress, self.soak_minutes = outcome, progress, soak_minutes
         self.workload = workload
         self.cpu = bool(targets) and targets[0].device == "cpu"
+        self.stopped: str | None = None  # why nothing more can run (the worker could not be restarted)
+
+    def sustained_duration(self) -> float:
+        if self.soak_minutes:
+            return self.soak_minutes * 60.0
+        return (CPU_BUDGET_S if self.cpu else BUDGET_S)["sustained"]
 
     def budget(self, name: str) -> float:
-        if name == "sustained" and self.soak_minutes:
-            return self.soak_minutes * 60.0 + 5.0
+        if name == "sustained":
+            return self.sustained_duration() + SUSTAINED_SETUP_S
         budget = (CPU_BUDGET_S if self.cpu else BUDGET_S)[name]
         if name == "workload" and self.workload.get("steps"):
             budget *= max(1.0, self.workload["steps"] / WORKLOAD_DEFAULT_STEPS["cpu" if self.cpu else "cuda"])
         return budget
 
     def run(self, name: str) -> None:
+        if self.stopped:
+            machine_wide = name in ("p2p", "allreduce") and not self.cpu
+            for subject in ["machine"] if machine_wide else [t.subject for t in self.targets]:
+                self.outcome.note(name, subject, "skipped", self.stopped)
+            return
         if not self.targets:
             return
         if self.cpu and name not in CPU_CAPABLE:
@@ -156,38 +174,56 @@ class _Runner:
             self._multi_gpu(name)
 
     def _job(self, name: str, target: Target, **params: Any) -> dict[str, Any]:
-        if name == "sustained" and self.soak_minutes:
-            params.setdefault("duration_s", self.soak_minutes * 60.0)
+        if name == "sustained":
+            params.setdefault("duration_s", self.sustained_duration())
         return {"module": name, "device": target.device, "subject": target.subject,
                 "budget_s": self.budget(name), "params": params}
 
+    def _show(self, message: dict[str, Any]) -> None:
+        """A benchmark's progress line, naming its GPU when several run side by side."""
+        several = len(self.targets) > 1 and message.get("subject")
+        self.progress(f"{message['subject']}: {message['progress']}" if several else message["progress"])
+
     def _jobs(self, jobs: list[dict[str, Any]], name: str) -> list[dict]:
-        """Run jobs side by side in the worker; a hang or crash ends them all as failed."""
+        """Run jobs side by side in the worker. A hang or crash fails the jobs that had not
+        finished (named in the reason); those that finished keep their figures."""
         if not jobs:
+            return []
+        if self.stopped:  # the worker was lost earlier in this benchmark (host copies go GPU by GPU)
+            for job in jobs:
+                self.outcome.note(name, job["subject"], "skipped", self.stopped)
             return []
         timeout = self.budget(name) * 2 + SLACK_S
         try:
-            results = self.worker.run({"parallel": jobs}, timeout_s=timeout, on_progress=lambda m: self.progress(m["progress"]))
+            results = self.worker.run({"parallel": jobs}, timeout_s=timeout, on_progress=self._show)
         except WorkerError as err:
-            for job in jobs:
-                self.outcome.note(name, job["subject"], "failed", str(err))
-            self._restart()
+            finished = err.results + [None] * (len(jobs) - len(err.results))
+            for job, result in zip(jobs, finished):
+                if result is None:
+                    self.outcome.note(name, job["subject"], "failed", str(err))
+                else:
+                    self._keep(name, job, result)
+            lost = [job["subject"] for job, result in zip(jobs, finished) if result is None]
+            self._restart(f"{name} {'hung' if err.hung else 'failed'} on {', '.join(lost) or 'the worker'}")
             return []
         for job, result in zip(jobs, results):
-            if result.get("ok"):
-                self.outcome.measurements += result.get("measurements") or []
-                self.outcome.series += result.get("series") or []
-            else:
-                kind = "skipped" if "skip" in result else "failed"
-                self.outcome.note(name, job["subject"], kind, result.get("skip") or result.get("error") or "unknown")
+            self._keep(name, job, result)
         return results
 
-    def _restart(self) -> None:
+    def _keep(self, name: str, job: dict[str, Any], result: dict[str, Any]) -> None:
+        if result.get("ok"):
+            self.outcome.measurements += result.get("measurements") or []
+            self.outcome.series += result.get("series") or []
+        else:
+            kind = "skipped" if "skip" in result else "failed"
+            self.outcome.note(name, job["subject"], kind, result.get("skip") or result.get("error") or "unknown")
+
+    def _restart(self, after: str) -> None:
         self.worker.close()
         try:
-            self.worker = Worker(env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
-        except WorkerError:
-            self.targets = []  # nothing more can run; later benchmarks note nothing
+            self.worker = Worker(env=WORKER_ENV)
+        except WorkerError as err:  # nothing more can run: later benchmarks say why
+            self.stopped = f"not run: the benchmark worker could not be restarted after {after}: {err}"
 
     def _side_by_side(self, name: str) -> None:
         sampler = self._sampler() if name == "sustained" else None
@@ -224,7 +260,7 @@ class _Runner:
         indices = [t.gpu.index for t in (targets or self.targets) if t.gpu is not None]
         if not indices:
             return None
-        sampler = telemetry.Sampler(indices, interval_s=0.1)
+        sampler = telemetry.Sampler(indices, interval_s=TELEMETRY_INTERVAL_S)
         sampler.start()
         return sampler
 
@@ -234,9 +270,10 @@ class _Runner:
             samples = by_gpu.get(target.gpu.index, []) if target.gpu else []
             if not samples:
                 continue
-            self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, 0.1))
+            self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, TELEMETRY_INTERVAL_S))
+            details = {**telemetry.summarize(samples), "interval_s": TELEMETRY_INTERVAL_S}
             self.outcome.measurements.append({"name": f"{name}.telemetry", "value": None, "unit": "",
-                                              "subject": target.subject, "details": telemetry.summarize(samples)})
+                                              "subject": target.subject, "details": details})
 
 
 def _peak(gpu: Gpu | None) -> dict[str, Any]:

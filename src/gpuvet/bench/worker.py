@@ -8,9 +8,14 @@ comes out. The protocol is one JSON object per line:
                         "budget_s": 20, "params": {...}}
                        {"id": 2, "parallel": [job, job, ...]}   (one thread per job, e.g. per GPU)
     worker -> parent   {"ready": true, "torch": "2.7.0", "cuda": true, "devices": [...]}
-                       {"id": 1, "progress": "pcie.h2d_pinned"}
-                       {"id": 1, "results": [{"ok": true, "measurements": [...], "series": [...]},
-                                             {"ok": false, "skip": "why"}, {"ok": false, "error": "why"}]}
+                       {"id": 2, "part": 1, "subject": "gpu1", "progress": "pcie.h2d_pinned"}
+                       {"id": 2, "part": 1, "result": {"ok": true, "measurements": [...], "series": [...]}}
+                       {"id": 2, "part": 0, "result": {"ok": false, "skip": "why"}}   (or "error")
+                       {"id": 2, "done": true}
+
+`part` is the job's place in its group (0 for a job sent alone). Each job's result is sent as soon
+as it finishes, so when one GPU hangs the parent knows which jobs did not finish and keeps the
+figures of those that did; `done` closes the group.
 """
 
 from __future__ import annotations
@@ -43,17 +48,19 @@ def _devices(torch: Any) -> list[dict[str, Any]]:
     return devices
 
 
-def run_job(job: dict[str, Any], emit) -> dict[str, Any]:
-    """One benchmark: its measurements, or why it skipped or failed. Never raises."""
+def run_job(job: dict[str, Any], emit, group_id: Any = None, part: int = 0) -> dict[str, Any]:
+    """One benchmark: its measurements, or why it skipped or failed. Never raises. Its progress
+    lines carry the group's id and the job's part, so the parent can show and attribute them."""
     name = job.get("module")
     if name not in MODULES:
         return {"ok": False, "error": f"unknown benchmark {name!r}"}
+    tag = {"id": job.get("id") if group_id is None else group_id, "part": part, "subject": job.get("subject")}
     ctx = BenchContext(
         device=job.get("device", "cpu"),
         subject=job.get("subject", "cpu"),
         budget=Budget(float(job.get("budget_s", 10))),
         params=dict(job.get("params") or {}),
-        progress=lambda message: emit({"id": job.get("id"), "progress": message, "subject": job.get("subject")}),
+        progress=lambda message: emit({**tag, "progress": message}),
     )
     try:
         module = importlib.import_module(f"gpuvet.bench.{name}")
@@ -68,12 +75,14 @@ def run_job(job: dict[str, Any], emit) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(err).__name__}: {err}"}
 
 
-def run_parallel(jobs: list[dict[str, Any]], emit) -> list[dict[str, Any]]:
-    """Jobs side by side, one thread each (one per GPU): CUDA work on different GPUs overlaps."""
+def run_parallel(jobs: list[dict[str, Any]], emit, group_id: Any = None) -> list[dict[str, Any]]:
+    """Jobs side by side, one thread each (one per GPU): CUDA work on different GPUs overlaps.
+    Each job's result is sent as it finishes."""
     results: list[dict[str, Any]] = [{} for _ in jobs]
 
     def one(i: int) -> None:
-        results[i] = run_job(jobs[i], emit)
+        results[i] = run_job(jobs[i], emit, group_id, i)
+        emit({"id": group_id, "part": i, "result": results[i]})
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(jobs))]
     for t in threads:
@@ -101,11 +110,8 @@ def serve(requests: TextIO, replies: TextIO) -> None:
         if not line.strip():
             continue
         job = json.loads(line)
-        if "parallel" in job:
-            results = run_parallel(job["parallel"], emit)
-        else:
-            results = [run_job(job, emit)]
-        emit({"id": job.get("id"), "results": results})
+        run_parallel(job["parallel"] if "parallel" in job else [job], emit, job.get("id"))
+        emit({"id": job.get("id"), "done": True})
 
 
 def _jsonable(value: Any) -> Any:

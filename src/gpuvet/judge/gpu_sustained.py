@@ -22,6 +22,18 @@ _FAULTS = {
     "sw_thermal_slowdown": "SW thermal slowdown",
     "hw_power_brake_slowdown": "HW power brake",
 }
+# Reasons NVML gives for clocks below max that are settings or limits rather than faults: what
+# each means, and the command that shows or clears it ({i}: the GPU's index).
+_HOLDS = {
+    "applications_clocks_setting": ("application clocks are set below max",
+                                    "`sudo nvidia-smi -i {i} -rac` resets them"),
+    "sw_power_cap": ("the driver capped power (SW power cap)",
+                     "compare the enforced and default power limits: `nvidia-smi -i {i} -q -d POWER`"),
+    "sync_boost": ("sync boost holds it to the slowest GPU of its sync group",
+                   "`nvidia-smi -i {i} -q -d PERFORMANCE` shows the group"),
+    "display_clock_setting": ("a display clock setting", "`nvidia-smi -i {i} -q -d CLOCK`"),
+    "gpu_idle": ("the GPU reported itself idle: the load did not keep it busy", "rerun `gpuvet bench sustained`"),
+}
 
 
 def check_sustained(ctx: Context) -> list[Finding]:
@@ -55,7 +67,7 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     status = worst(*(st for st, _ in problems))
     return finding("gpu.sustained", s, status, "; ".join(text for _, text in problems), measured=measured,
                    expected="steady throughput, clocks near max, no thermal or power-brake slowdown",
-                   source="NVML telemetry sampled at 10 Hz during the load",
+                   source=f"NVML telemetry sampled {_sampling(telemetry)} during the load",
                    remedy=f"run longer to confirm: `gpuvet run --soak 10`; watch `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE`; "
                           "check cooling and airflow, or ask for another node")
 
@@ -73,28 +85,68 @@ def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     power_pct = (telemetry.get("power") or {}).get("mean_pct_of_limit")
     if not sm or not top or sm >= CLOCK_HELD_RATIO * top:
         return []
-    shares = telemetry.get("reasons") or {}
-    if any((shares.get(r) or 0) > FAULT_SHARE for r in _FAULTS):
+    shares = telemetry.get("reasons")
+    if any(((shares or {}).get(r) or 0) > FAULT_SHARE for r in _FAULTS):
         return []  # already explained by the slowdown reason
-    if power_pct is not None and power_pct >= 90:
+    held = {name: share for name, share in (shares or {}).items() if share and share > FAULT_SHARE}
+    if power_pct is not None and power_pct >= 90 and set(held) <= {"sw_power_cap"}:
         return []  # at the power limit: the limit itself is judged by gpu.power_limit
-    if power_pct is not None:
-        return [(WARN, f"SM clock {sm:.0f} of {top} MHz while drawing only {power_pct:.0f}% of the power limit, "
-                       "with no slowdown reason: something else holds it back (application clocks, PSU, firmware)")]
-    return []
+    clock = f"SM clock {sm:.0f} of {top} MHz under load"
+    if held:
+        return [(WARN, f"{clock}, with NVML reporting " + "; ".join(_hold_words(name, share, gpu.index) for name, share in held.items()))]
+    if power_pct is None:
+        return []
+    if shares is None:
+        return [(WARN, f"{clock} while drawing only {power_pct:.0f}% of the power limit; NVML's clock-event reasons "
+                       f"were not read: see `nvidia-smi -i {gpu.index} -q -d PERFORMANCE` while it runs")]
+    return [(WARN, f"{clock} while drawing only {power_pct:.0f}% of the power limit, with no clock-event reason: "
+                   "something else holds it back (PSU, firmware): watch `nvidia-smi -i "
+                   f"{gpu.index} -q -d PERFORMANCE,CLOCK` while it runs")]
+
+
+def _hold_words(name: str, share: float, index: int) -> str:
+    what, how = _HOLDS.get(name, (f"clock-event reason {name}", f"`nvidia-smi -i {{i}} -q -d PERFORMANCE`"))
+    return f"{name} during {100 * share:.0f}% of the load ({what}: {how.format(i=index)})"
+
+
+def _sampling(telemetry: dict) -> str:
+    """How often telemetry was read, from the samples themselves (the sampler can fall behind)."""
+    count, duration = telemetry.get("count"), telemetry.get("duration_s")
+    interval = duration / (count - 1) if count and count > 1 and duration else telemetry.get("interval_s")
+    if not interval:
+        return "(interval not recorded)"
+    return f"every {interval:.2g} s ({1 / interval:.2g} Hz)"
 
 
 def _heat(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     hottest = (telemetry.get("temp_c") or {}).get("max")
-    slowdown = gpu.thermal.slowdown_c
+    slowdown, how = _slowdown_c(gpu)
     if hottest is None or slowdown is None:
         return []
     margin = slowdown - hottest
     if margin <= HOT_MARGIN_C:
-        return [(FAIL, f"reached {hottest:.0f} C, {margin:.0f} C from slowdown ({slowdown:.0f} C)")]
+        return [(FAIL, f"reached {hottest:.0f} C, {_degrees_from(margin)} slowdown ({how})")]
     if margin < HOT_WARN_MARGIN_C:
-        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown")]
+        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown ({how})")]
     return []
+
+
+def _slowdown_c(gpu: Gpu) -> tuple[float | None, str]:
+    """The slowdown temperature and how it is known. Recent drivers on H100/H200 report only
+    T.Limit-relative values: then it is the temperature when the facts were read plus the margin
+    the driver gave at that moment."""
+    t = gpu.thermal
+    if t.slowdown_c is not None:
+        return t.slowdown_c, f"{t.slowdown_c:.0f} C"
+    if t.gpu_c is not None and t.slowdown_margin_c is not None:
+        estimate = t.gpu_c + t.slowdown_margin_c
+        return estimate, (f"about {estimate:.0f} C: {t.gpu_c:.0f} C when the facts were read "
+                          f"+ the {t.slowdown_margin_c:.0f} C margin to slowdown the driver reported (T.Limit)")
+    return None, ""
+
+
+def _degrees_from(margin: float) -> str:
+    return f"{-margin:.0f} C past" if margin < 0 else f"{margin:.0f} C from"
 
 
 def _power_words(telemetry: dict) -> str:

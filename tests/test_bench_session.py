@@ -1,0 +1,144 @@
+"""The benchmark worker's lifecycle as a user sees it: Ctrl-C stops at once and leaves nothing
+running, a hang names the GPU that hung and keeps the others' figures, progress reaches the screen.
+Runs for real on the CPU build of torch (a CPU job stands in for each GPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpuvet.bench import plan
+from gpuvet.bench.session import Worker, WorkerError
+from gpuvet.facts import Machine
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+def cpu_load(subject: str, seconds: float) -> dict:
+    return {"module": "sustained", "device": "cpu", "subject": subject, "budget_s": seconds + 30,
+            "params": {"duration_s": seconds, "size": 128}}
+
+
+def alive(processes: list[psutil.Process]) -> list[int]:
+    left = []
+    for p in processes:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def wait_for(condition, what: str, limit_s: float = 120.0):
+    """Poll until `condition()` is truthy (a state, not a timing); fail after `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"gave up waiting for {what}")
+
+
+def test_ctrl_c_stops_gpuvet_bench_at_once_and_leaves_no_worker(tmp_path):
+    env = {**os.environ, "PYTHONPATH": SRC, "GPUVET_DB": str(tmp_path / "db.sqlite")}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuvet", "bench", "sustained", "--device", "cpu", "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        gpuvet = psutil.Process(proc.pid)
+        children = wait_for(lambda: gpuvet.children(recursive=True), "the benchmark worker to start")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130
+    assert took < 3.0, f"gpuvet took {took:.1f} s to stop after Ctrl-C"
+    assert alive(children) == [], "the benchmark worker outlived gpuvet"
+
+
+def test_interrupting_a_running_job_ends_the_worker_within_a_second_or_two():
+    worker = Worker()
+    started = threading.Event()
+
+    def run():
+        try:
+            worker.run(cpu_load("cpu", 60.0), timeout_s=120, on_progress=lambda m: started.set())
+        except WorkerError:
+            pass  # the worker is killed under it
+
+    threading.Thread(target=run, daemon=True).start()
+    wait_for(started.is_set, "the job to report progress")
+    t0 = time.monotonic()
+    worker.close(interrupted=True)
+    assert time.monotonic() - t0 < 2.5
+    assert worker.proc.poll() is not None
+
+
+def test_progress_of_side_by_side_jobs_reaches_the_parent_tagged_with_the_gpu():
+    worker = Worker()
+    try:
+        seen = []
+        results = worker.run({"parallel": [cpu_load("gpu0", 1.0), cpu_load("gpu1", 1.0)]}, timeout_s=60,
+                             on_progress=seen.append)
+    finally:
+        worker.close()
+    assert [r["ok"] for r in results] == [True, True]
+    assert {(m["subject"], m["progress"]) for m in seen} == {("gpu0", "sustained load for 1 s"), ("gpu1", "sustained load for 1 s")}
+
+
+def test_a_hang_names_the_job_that_did_not_finish_and_keeps_the_others():
+    worker = Worker()
+    try:
+        with pytest.raises(WorkerError) as hung:
+            worker.run({"parallel": [cpu_load("gpu0", 1.0), cpu_load("gpu1", 100.0)]}, timeout_s=8)
+    finally:
+        worker.close()
+    message = str(hung.value)
+    assert "no answer after 8 s while running sustained on gpu1 (last progress: sustained load for 100 s)" in message
+    assert "gpu0" not in message
+    assert hung.value.hung
+    done, lost = hung.value.results
+    assert done["ok"] and {m["name"] for m in done["measurements"]} == {"sustained.tflops", "sustained.decay_pct"}
+    assert lost is None
+
+
+def test_after_a_hang_the_plan_keeps_finished_figures_and_explains_what_was_not_run(monkeypatch):
+    monkeypatch.setattr(plan, "SLACK_S", 6.0)  # the deadline: budget x 2 + this
+    outcome = plan.Outcome()
+    targets = [plan.Target(None, "cpu", "gpu0"), plan.Target(None, "cpu", "gpu3")]
+    runner = plan._Runner(Machine(), Worker(), targets, outcome, lambda m: None, None, {})
+    runner.cpu = False
+    monkeypatch.setitem(plan.BUDGET_S, "sustained", 0.5)
+
+    class CannotStart:  # synthetic: the GPU stays hung, so a fresh worker never answers
+        def __init__(self, env=None):
+            raise WorkerError("no answer after 120 s while starting the benchmark worker: the GPU or driver may be hung")
+
+    monkeypatch.setattr(plan, "Worker", CannotStart)
+    try:
+        runner._jobs([cpu_load("gpu0", 0.5), cpu_load("gpu3", 100.0)], "sustained")
+        runner.run("membw")
+    finally:
+        runner.worker.close()
+    by = {(m["name"], m["subject"]): m for m in outcome.measurements}
+    assert by[("sustained.tflops", "gpu0")]["value"] > 0
+    assert ("bench.sustained", "gpu0") not in by
+    failed = by[("bench.sustained", "gpu3")]["details"]
+    assert failed["outcome"] == "failed" and "sustained on gpu3" in failed["reason"]
+    later = by[("bench.membw", "gpu0")]["details"]
+    assert later["outcome"] == "skipped"
+    assert later["reason"].startswith("not run: the benchmark worker could not be restarted after sustained hung on gpu3: "
+                                      "no answer after 120 s while starting")
+    assert by[("bench.membw", "gpu3")]["details"]["reason"] == later["reason"]
