@@ -26,8 +26,8 @@ def host_bench_options(fn):
                       help="Checkpoint size to judge storage against (default 10).")(fn)
     fn = click.option("--dataset-gb", type=click.FloatRange(min=0.1), metavar="GB",
                       help="Dataset size read per epoch, to judge storage against (default 50).")(fn)
-    fn = click.option("--engine", type=click.Choice(["auto", "fio", "builtin"]), default="auto", show_default=True,
-                      help="Storage/network engine: fio and iperf3 when installed, gpuvet's own otherwise.")(fn)
+    fn = click.option("--engine", type=click.Choice(["auto", "fio", "iperf3", "builtin"]), default="auto", show_default=True,
+                      help="Storage/network engine: fio and iperf3 when installed, gpuvet's own otherwise (--engine fio or iperf3: the external tools for both).")(fn)
     fn = click.option("--path", "paths", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
                       help="Test storage here too (repeatable): the shared or network path your data lives on.")(fn)
     return fn

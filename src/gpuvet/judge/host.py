@@ -114,7 +114,8 @@ def check_somaxconn(ctx: Context) -> list[Finding]:
         return [finding("host.somaxconn", "host", WARN,
                         f"TCP accept queue of {value}: a server (inference API, Jupyter, rendezvous) drops connections under bursts",
                         measured=measured, expected=expected, source=source,
-                        remedy="sudo sysctl -w net.core.somaxconn=4096")]
+                        remedy="sudo sysctl -w net.core.somaxconn=4096 (now), and to keep it after a reboot: "
+                               "echo 'net.core.somaxconn = 4096' | sudo tee /etc/sysctl.d/60-somaxconn.conf")]
     return [finding("host.somaxconn", "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 

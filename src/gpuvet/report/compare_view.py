@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..compare import KEY_FIGURES, Comparison, FindingRow, Row, Trend
+from .numbers import number
 from ..record import FAIL, PASS, SKIP, WARN
 from ..store import RunSummary
 
@@ -28,7 +29,7 @@ def _number(value: float | None, unit: str) -> str:
         return "—"
     if unit == "USD":
         return f"${value:,.2f}" if abs(value) >= 0.1 else f"${value:.4f}"
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return number(value)
 
 
 def _relative(pct: float | None) -> str:

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from ..facts import Machine
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, checklist, grouped
 from .checklist import subject_range as subject_range  # re-exported: other reports use it from here
 
@@ -216,7 +217,7 @@ def measurement_lines(record: RunRecord) -> list[str]:
     for m in record.measurements:
         if m.value is None or not m.unit:
             continue  # notes of skipped benchmarks and telemetry summaries: the findings tell those
-        rows.setdefault((m.name, m.unit), []).append(f"{m.subject} {m.value:.4g}")
+        rows.setdefault((m.name, m.unit), []).append(f"{m.subject} {number(m.value)}")
     return [f"{name:<22} {', '.join(values)} {unit}" for (name, unit), values in rows.items()]
 
 
