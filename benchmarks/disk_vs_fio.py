@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from gpuvet.bench import disk, host_plan  # noqa: E402
+from paired import by_order  # noqa: E402
 
 TARGET = 0.10
 SUITE_TARGET_S = 30.0
@@ -92,15 +93,6 @@ def compare(path: str, rounds: int, seconds: float) -> None:
         verdict = "within target" if abs(median - 1) <= TARGET else "OUTSIDE target"
         print(f"  {phase:10s} {median:5.2f}  (rounds: {', '.join(f'{v:.2f}' for v in values)}; {by_order(values, firsts)})"
               f"  {verdict}")
-
-
-def by_order(values: list[float], firsts: list[str]) -> str:
-    """Median of the rounds each engine ran first in: a large gap means an order effect."""
-    parts = []
-    for engine in dict.fromkeys(firsts):
-        mine = [v for v, first in zip(values, firsts) if first == engine]
-        parts.append(f"{engine} first {statistics.median(mine):.2f}")
-    return ", ".join(parts)
 
 
 def host_suite(path: str) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from gpuvet.bench import net  # noqa: E402
+from paired import by_order  # noqa: E402
 
 TARGET = 0.10
 
@@ -32,15 +33,6 @@ def loopback(engine: str, budget: float) -> dict[str, dict]:
     if "bench.net" in results:
         sys.exit(f"{engine}: {results['bench.net']['details']['reason']}")
     return results
-
-
-def by_order(values: list[float], firsts: list[str]) -> str:
-    """Median of the rounds each engine ran first in: a large gap means an order effect."""
-    parts = []
-    for engine in dict.fromkeys(firsts):
-        mine = [v for v, first in zip(values, firsts) if first == engine]
-        parts.append(f"{engine} first {statistics.median(mine):.2f}")
-    return ", ".join(parts)
 
 
 def main() -> None:

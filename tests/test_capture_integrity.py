@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvet.cli import main
+from cli_runner import gpuvet
 from gpuvet.probe import capture
 from gpuvet.probe.errors import CaptureError
 
@@ -27,16 +27,6 @@ GT1030_XML = FIXTURES / "smi_xml/gt-1030-x4-470.74-v11.xml"
 TOPO_4X = FIXTURES / "topo/asus-esc8000a-4x-rtx6000ada-node-sys-nics-spaces.txt"
 LSPCI_TREE = FIXTURES / "lspci/lspci-tv-asus-esc8000a-4x-rtx6000ada.txt"
 LSPCI_NO_GPU = FIXTURES / "lspci/lspci-vvv-nonGPU-nvme-carrier-width-x1-downgraded-spaces.txt"
-
-
-def gpuvet(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def synthetic(tmp_path: Path, name: str, text: str) -> Path:

@@ -10,20 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuvet.cli import main
+from cli_runner import gpuvet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
-
-
-def gpuvet(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_run_quick_on_a_machine_without_gpu_judges_the_host_and_skips_gpu_checks(capsys):

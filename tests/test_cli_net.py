@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpuvet.bench import net
-from gpuvet.cli import main
+from cli_runner import gpuvet
 from gpuvet.store import Store
 from test_bench_net import Serving, free_port_pair
 
@@ -21,16 +21,6 @@ def no_iperf3(monkeypatch, tmp_path):
     empty = tmp_path / "empty-path"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-
-
-def gpuvet(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_net_test_prints_a_judged_report_with_the_verdict_last_and_saves_it(capsys, no_iperf3, tmp_path):
