@@ -338,4 +338,4 @@ def test_a_watch_log_becomes_an_html_report(capsys, tmp_path):
     assert code == 0 and "<title>gpuvet" in page.read_text()
     code, out, _ = gpuvet(capsys, "report", str(log))  # the terminal: what the job went through, no checklist
     assert code in (0, 1) and "Acceptance checklist" not in out
-    assert "watched" in out.splitlines()[-1]
+    assert "SKIP: no GPU was watched" in out.splitlines()[-1]  # this machine has no GPU: nothing to pass

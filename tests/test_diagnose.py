@@ -95,10 +95,23 @@ def test_recorded_h100_seen_from_another_container_is_a_neighbour(h100_load):
     assert d.evidence["unseen_mib"] == 19818 and d.evidence["your_processes"] == 0
 
 
-def test_recorded_h100_in_a_container_without_the_host_pids_says_so(h100_load):
+def test_recorded_h100_in_a_container_without_the_host_pids_is_not_called_a_neighbour(h100_load):
+    # NVML gives host pids; a container with its own PID namespace cannot map them, so the processes
+    # may be the user's own job: diagnosed on its numbers, with the reason the processes are unseen.
     samples, facts = h100_load
-    d = diagnose_gpu(samples, facts, _seen(facts, visible=False), in_container=True)
-    assert d.state == "neighbour" and "follow it with --pid" in d.text
+    for following in (False, True):
+        d = diagnose_gpu(samples, facts, _seen(facts, visible=False), in_container=True, following_job=following)
+        assert d.state == "ok" and "neighbour" not in d.also
+        assert d.text.endswith("; processes NVML lists are not visible in this container (PID namespace): they may be yours")
+        assert "--pid" not in d.text and d.evidence["unmapped_processes"] == 3
+
+
+def test_recorded_h100_in_a_container_with_one_process_seen_keeps_the_neighbour_rule(h100_load):
+    # One of the three processes is this container's own: the other two are somebody else's.
+    samples, facts = h100_load
+    procs = [GpuProcessSeen(p.pid, p.used_memory_mib, p.pid == 11345, None, p.name) for p in facts.processes]
+    d = diagnose_gpu(samples, facts, procs, in_container=True)
+    assert d.state == "neighbour" and "not visible in this container" not in d.text
 
 
 def test_recorded_h100_with_one_process_outside_the_followed_job(h100_load):
@@ -304,7 +317,7 @@ def test_unknown_processes_do_not_make_a_neighbour():
 def test_states_are_stable_label_values():
     assert set(diagnose.GPU_STATES) <= set(diagnose.STATES)
     assert all(state.isidentifier() and state.islower() for state in diagnose.STATES)
-    assert {name for name, _ in diagnose.RULE_ORDER} | {"ok", "no_data"} == set(diagnose.GPU_STATES)
+    assert {name for name, _ in diagnose.RULE_ORDER} | {"ok", "no_data", "lost"} == set(diagnose.GPU_STATES)
 
 
 # -- the followed job --------------------------------------------------------------------------------
@@ -320,6 +333,28 @@ def test_job_gone_or_without_gpu():
     assert diagnose_job(False, {}).state == "job_gone"
     assert diagnose_job(True, {}).text == "no GPU: none of its processes holds a GPU"
     assert "NVML does not list GPU processes" in diagnose_job(True, {}, processes_listed=False).text
+
+
+def test_job_in_a_container_takes_the_gpus_it_cannot_see_into_not_no_gpu(h100_load):
+    # `watch --pid` in a container: the job's own processes are on GPU 0 under host pids.
+    samples, facts = h100_load
+    gpu0 = diagnose_gpu(samples, facts, _seen(facts, visible=False), following_job=True, in_container=True)
+    d = diagnose_job(True, {}, True, {0: gpu0})
+    assert d.state == "ok" and d.text.startswith("ok: maybe GPU 0: 100% busy")
+    assert d.text.endswith("processes NVML lists are not visible in this container (PID namespace): they may be yours")
+    assert "none of its processes" not in d.text and "--pid" not in d.text
+    two = diagnose_job(True, {}, True, {0: gpu0, 1: Diagnosis("thermal", "HW thermal slowdown active")})
+    assert two.text.startswith("thermal: maybe GPUs 0, 1 (the worst: GPU 1): HW thermal slowdown active; processes NVML")
+
+
+def test_a_lost_gpu_is_lost_whatever_its_last_readings_said(h100_load):
+    samples, facts = h100_load
+    d = diagnose_gpu(samples, facts, _seen(facts), lost="NVML: GPU is lost")
+    assert d.state == "lost" and d.text == ("lost: GPU fell off the bus (NVML: GPU is lost): check `nvidia-smi`, "
+                                            "`dmesg | grep -i xid`; the job on it has failed or will")
+    assert diagnose_job(True, {0: Diagnosis("thermal", "hot"), 1: d}).state == "lost"
+    reset = diagnose_gpu(samples, facts, lost="NVML: GPU requires a reset")
+    assert reset.text.startswith("lost: NVML can no longer read the GPU (NVML: GPU requires a reset): check `nvidia-smi`")
 
 
 def test_synthetic_sixty_seconds_at_84_percent_clock_is_held():
@@ -341,6 +376,15 @@ def test_synthetic_watch_log_changes_become_findings_by_share_of_the_watched_tim
     assert "nvidia-smi -pl" in capped.remedy
     (calm,) = diagnose.watch_findings("gpu0", [([(0.0, "ok", "ok"), (5.0, "idle", "idle")], 20.0)])
     assert (calm.status, calm.summary) == ("pass", "ok or idle for all 20 s watched")
+
+
+def test_synthetic_a_gpu_lost_fails_the_watch_even_as_the_log_ends():
+    lost = "lost: GPU fell off the bus (NVML: GPU is lost): check `nvidia-smi`"
+    late = [(0.0, "ok", "ok"), (100.0, "lost", lost)]
+    (found,) = [f for f in diagnose.watch_findings("gpu1", [(late, 100.0)]) if f.check == "watch.lost"]
+    assert found.status == "fail" and found.summary == "the GPU was lost at +100 s (NVML could no longer read it)"
+    assert "dmesg | grep -i xid" in found.remedy
+    assert [f.status for f in diagnose.watch_findings("gpu1", [([(0.0, "lost", lost)], 0.0)])] == ["fail"]
 
 
 def test_synthetic_a_thermal_blip_warns_and_a_long_one_fails():

@@ -162,7 +162,7 @@ def test_a_watch_log_shows_the_watched_job_utilization_host_cpu_and_diagnosis_ch
     changes = page[page.index('id="diagnosis-changes"'):]
     assert "<td>gpu0</td><td>thermal</td><td>thermal: util 99%, SM clock at 100% of max, HW thermal slowdown active" in changes
     assert "<td>gpu1</td><td>neighbour</td>" in changes
-    assert "FAIL: the platform slowed the watched job" in page
+    assert "FAIL: the platform failed the watched job" in page
     assert 'class="finding fail"' in page and "thermal 100% of the watched time" in page
 
 

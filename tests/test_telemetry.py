@@ -123,6 +123,29 @@ def test_a_passing_failure_is_asked_again_next_tick(monkeypatch):
     sampler.stop()
 
 
+def test_a_gpu_that_falls_off_the_bus_is_lost_and_not_asked_again(monkeypatch):
+    # Xid 79: from some moment on, every call on the GPU answers NVML_ERROR_GPU_IS_LOST.
+    gone = {"now": False}
+
+    def clock(_h, kind):
+        if gone["now"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return 1980
+
+    nvml = _NvmlStandIn(monkeypatch, _healthy_gpu_answers(nvmlDeviceGetClockInfo=clock))
+    sampler = Sampler([0])
+    sampler.open()
+    assert sampler.sample_once()[0].sm_mhz == 1980 and sampler.lost == {}
+    gone["now"] = True
+    lost = sampler.sample_once()[0]
+    assert sampler.lost == {0: "NVML: GPU is lost"}
+    assert all(getattr(lost, c) is None for c in COLUMNS if c != "t")  # no half reading of a GPU that is gone
+    calls = dict(nvml.calls)
+    sampler.sample_once()
+    assert nvml.calls == calls  # not asked again
+    sampler.stop()
+
+
 def test_old_driver_falls_back_to_the_old_calls(monkeypatch):
     answers = _healthy_gpu_answers(nvmlDeviceGetCurrentClocksThrottleReasons=0x4,
                                    nvmlDeviceGetTemperature=lambda h, sensor: 66)

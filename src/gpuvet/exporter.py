@@ -173,9 +173,13 @@ def _gpu_families(snap: "Snapshot") -> Iterator[Metric]:
 
 
 def _host_families(snap: "Snapshot") -> Iterator[Metric]:
-    up = GaugeMetricFamily("gpuvet_gpu_telemetry_up", "1 when GPUs are sampled; 0 with the reason when not.",
+    up = GaugeMetricFamily("gpuvet_gpu_telemetry_up", "1 when every GPU is sampled; 0 with the reason when none is, "
+                           "or when one was lost (fell off the bus: its gpuvet_diagnosis state is \"lost\").",
                            labels=("Hostname", "reason"))
-    up.add_metric([snap.hostname, snap.gpu_error or ""], 1.0 if snap.gpus else 0.0)
+    lost = [f"GPU {v.index} lost ({v.diagnosis.evidence.get('nvml_error') or 'NVML cannot read it'})"
+            for v in snap.gpus if v.diagnosis.state == "lost"]
+    reason = "; ".join(lost + ([snap.gpu_error] if snap.gpu_error else []))
+    up.add_metric([snap.hostname, reason], 1.0 if snap.gpus and not lost else 0.0)
     yield up
     ticks = CounterMetricFamily("gpuvet_watch_ticks", "Ticks of the watch loop.", labels=("Hostname",))
     ticks.add_metric([snap.hostname], snap.tick)

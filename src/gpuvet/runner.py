@@ -141,10 +141,13 @@ def _is_record(path: str) -> bool:
 def load_watch_log(path: str) -> RunRecord | None:
     """A `gpuvet watch --log` file as a record (None: not a watch log): its time series, the GPUs
     its header names (with the facts the plots' reference lines need, where the log has them),
-    the watched time, and the time each GPU spent in each diagnosis as findings. The record says
-    it is a watch log by options["profile"] == "watch" (options["log"]: the file)."""
+    the watched time, and the time each GPU spent in each diagnosis as findings, with a line for
+    the followed job's CPU and IO, a SKIP saying why when no GPU was watched, and one saying so
+    when the log's last line was cut off (a watch stopped mid-write, or still writing: skipped).
+    The record says it is a watch log by options["profile"] == "watch" (options["log"]: the file)."""
     from . import watch
-    from .judge.diagnose import watch_findings
+    from .judge.diagnose import watch_findings, watch_job_finding, watch_without_gpus
+    from .judge.common import SKIP, finding
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -154,8 +157,9 @@ def load_watch_log(path: str) -> RunRecord | None:
     if not isinstance(header, dict) or header.get("schema") != watch.LOG_SCHEMA:
         return None
     started = datetime.fromtimestamp(header.get("t0") or 0, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    notes: list[str] = []
     try:
-        series = watch.read_log(path)
+        series = watch.read_log(path, notes)
         machine = _watched_machine(header, series)
         sessions = _watch_sessions(series)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
@@ -165,6 +169,15 @@ def load_watch_log(path: str) -> RunRecord | None:
                           key=_gpu_order):
         changes = [(s["rows"], sessions[s["t0"]]) for s in series if s["name"] == "watch.diagnosis" and s["subject"] == subject]
         findings += watch_findings(subject, [([tuple(r) for r in rows], end) for rows, end in changes])
+    if not machine.gpus:
+        findings.append(watch_without_gpus(machine.gpu_error))
+    jobs = [s for s in series if s["name"] == "watch.job"]
+    for pid in dict.fromkeys(s.get("pid") for s in jobs):
+        job = watch_job_finding(pid if pid is not None else "?",
+                                [(s["columns"], s["rows"]) for s in jobs if s.get("pid") == pid])
+        findings += [job] if job is not None else []
+    findings += [finding("watch.log", "log", SKIP, note, measured=note, source=path,
+                         expected="whole JSON lines, as `gpuvet watch --log` writes them") for note in notes]
     return RunRecord(machine=machine, started_at=started, series=series, findings=findings,
                      duration_s=sum(sessions.values()), options={"profile": "watch", "log": path})
 

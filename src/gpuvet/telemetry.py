@@ -93,6 +93,23 @@ def _readings() -> tuple[_Reading, ...]:
     )
 
 
+def gpu_gone_reason(err: BaseException) -> str | None:
+    """Why the whole GPU can no longer be read, for an NVML error that says so and stays (the GPU
+    fell off the bus, needs a reset, the driver went away or was replaced under us); None for any
+    other error. The watch shows it as the GPU's state instead of dashes."""
+    code = getattr(err, "value", None)
+    if pynvml is None or code is None:
+        return None
+    return {
+        pynvml.NVML_ERROR_GPU_IS_LOST: "NVML: GPU is lost",
+        pynvml.NVML_ERROR_RESET_REQUIRED: "NVML: GPU requires a reset",
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "NVML: the NVIDIA kernel driver is not loaded any more",
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML: the driver was replaced under the running library "
+                                                   "(library/kernel version mismatch)",
+        pynvml.NVML_ERROR_GPU_NOT_FOUND: "NVML: GPU not found",
+    }.get(code)
+
+
 def _is_permanent(err: BaseException) -> bool:
     """A failure that would repeat on every tick: the GPU, driver or nvidia-ml-py lacks the call."""
     if isinstance(err, AttributeError):  # function missing from this nvidia-ml-py
@@ -107,20 +124,26 @@ def _is_permanent(err: BaseException) -> bool:
 
 class _GpuReader:
     """Reads one GPU. A call the GPU or driver lacks is dropped for good (asking for NotSupported
-    ten times a second only costs time) and its reason kept in `unavailable`; any other failure
-    leaves the field None for this tick only."""
+    ten times a second only costs time) and its reason kept in `unavailable`; an error that says
+    the whole GPU is gone (gpu_gone_reason) is kept in `lost`, and the GPU is not asked again (its
+    samples carry the time alone); any other failure leaves the field None for this tick only."""
 
     def __init__(self, index: int, handle: Any):
         self.index = index
         self.handle = handle
         self.unavailable: dict[str, str] = {}
+        self.lost: str | None = None
         self._calls = {r.field: list(r.calls) for r in _readings()}
         self._last: dict[str, tuple[float, Any]] = {}  # field -> (monotonic read time, value)
 
     def read(self) -> Sample:
         sample = Sample(t=time.time())
         for reading in _readings():
+            if self.lost is not None:
+                break
             setattr(sample, reading.field, self._value(reading))
+        if self.lost is not None:  # what was read before the GPU went is not a reading of it either
+            return Sample(t=sample.t)
         return sample
 
     def _value(self, reading: _Reading) -> Any:
@@ -141,6 +164,10 @@ class _GpuReader:
             try:
                 return reading.convert(getattr(pynvml, name)(self.handle, *args))
             except Exception as err:  # NVMLError, a missing function, an odd struct
+                gone = gpu_gone_reason(err)
+                if gone is not None:
+                    self.lost = gone
+                    return None
                 if not _is_permanent(err):
                     return None
                 calls.pop(0)  # try the next call from now on
@@ -182,7 +209,7 @@ class Sampler:
     Single use: start() once, stop() when done (stop() again is harmless). `error` says why there
     are no samples (no driver, NVML failed, no GPU could be opened) or why sampling ended early;
     `gpu_errors` says why a given GPU was skipped; `unavailable` says, per GPU, which readings it
-    does not give and why.
+    does not give and why; `lost` names the GPUs that went away while sampled (fell off the bus...).
     """
 
     def __init__(self, gpu_indices: list[int] | None, interval_s: float = 0.1, max_samples: int | None = None):
@@ -203,6 +230,11 @@ class Sampler:
     @property
     def unavailable(self) -> dict[int, dict[str, str]]:
         return {r.index: dict(r.unavailable) for r in self._readers if r.unavailable}
+
+    @property
+    def lost(self) -> dict[int, str]:
+        """GPU index -> why it can no longer be read (gpu_gone_reason), for the GPUs that went away."""
+        return {r.index: r.lost for r in self._readers if r.lost is not None}
 
     def open(self) -> bool:
         """Start NVML and open the GPUs, without a thread. start() calls it; tests and snapshot()

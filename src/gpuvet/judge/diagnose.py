@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..facts import Gpu
 from ..record import Finding
 from ..telemetry import Sample, summarize
-from .common import FAIL, PASS, WARN, finding
+from .common import FAIL, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
 from .gpu_sustained import _FAULTS as FAULT_LABELS  # short names of the slowdown reasons
 from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C
@@ -49,6 +49,7 @@ _HW_CUT = ("hw_slowdown", "hw_power_brake_slowdown")
 
 # state -> the words a person reads first. States are stable: they are Prometheus label values.
 LABELS = {
+    "lost": "lost",  # NVML can no longer read the GPU: fell off the bus, needs a reset, driver gone
     "ok": "ok",
     "idle": "idle",
     "no_data": "no data",
@@ -62,7 +63,7 @@ LABELS = {
     "io_bound": "IO-bound",
     "slowing": "slower and slower",
     "underused": "underused",
-    "no_gpu": "no GPU",  # a followed job that holds none
+    "no_gpu": "no GPU",  # a followed job that holds none (or none this container can tell)
     "job_gone": "job ended",
 }
 STATES: tuple[str, ...] = tuple(LABELS)
@@ -155,6 +156,13 @@ class _Ctx:
         if span_s < SNAPSHOT_S:
             return f"a {span_s:.1f} s snapshot"
         return "the last minute" if span_s >= 50 else f"the last {span_s:.0f} s"
+
+    @property
+    def unmapped_in_container(self) -> bool:
+        """NVML lists processes on the GPU and none of them is in this container's process table:
+        NVML gives host pids, which a container with its own PID namespace cannot map. They may be
+        the user's own, so they are not a neighbour."""
+        return self.in_container and bool(self.processes) and not any(p.visible for p in self.processes or [])
 
     @property
     def yours(self) -> list[GpuProcessSeen]:
@@ -262,7 +270,7 @@ def _hw_slowdown(ctx: _Ctx) -> Diagnosis | None:
 
 
 def _neighbour(ctx: _Ctx) -> Diagnosis | None:
-    if ctx.processes is None:  # NVML does not list processes here: cannot tell
+    if ctx.processes is None or ctx.unmapped_in_container:  # cannot tell whose they are
         return None
     yours, used = ctx.yours, ctx.last("mem_used_mib")
     others = [p for p in ctx.processes if p.visible and p not in yours]  # other jobs you can see (with --pid)
@@ -286,8 +294,6 @@ def _neighbour(ctx: _Ctx) -> Diagnosis | None:
         listed = ", ".join(f"{p.pid} {p.name or '?'}" for p in others[:3])
         outside = f"{others_mib / 1024:.1f} GiB held by {len(others)} process(es) outside your job ({listed})"
         words += ("; " if words else "") + outside
-    if ctx.in_container and not any(p.visible for p in ctx.processes):
-        words += " (in a container without the host's process table your own job looks like this too: follow it with --pid)"
     evidence = {**_base_evidence(ctx), "unseen_mib": unseen_mib, "other_jobs_mib": others_mib,
                 "your_processes": len(yours), "other_processes": len(others)}
     return Diagnosis("neighbour", words, evidence)
@@ -463,7 +469,18 @@ RULE_ORDER: tuple[tuple[str, Rule], ...] = (
     ("idle", _idle),
 )
 # Most to least important, for picking one line out of several GPUs' (a job on many GPUs).
-SEVERITY: tuple[str, ...] = ("job_gone",) + tuple(name for name, _ in RULE_ORDER) + ("no_gpu", "no_data", "ok")
+SEVERITY: tuple[str, ...] = ("lost", "job_gone",) + tuple(name for name, _ in RULE_ORDER) + ("no_gpu", "no_data", "ok")
+
+
+UNMAPPED_WORDS = "processes NVML lists are not visible in this container (PID namespace): they may be yours"
+LOST_CHECK = "check `nvidia-smi`, `dmesg | grep -i xid`; the job on it has failed or will"
+
+
+def lost_words(reason: str) -> str:
+    """A GPU NVML can no longer read, in words: what happened and what to look at."""
+    if "GPU is lost" in reason:
+        return f"GPU fell off the bus ({reason}): {LOST_CHECK}"
+    return f"NVML can no longer read the GPU ({reason}): {LOST_CHECK}"
 
 
 def diagnose_gpu(
@@ -475,10 +492,15 @@ def diagnose_gpu(
     in_container: bool = False,
     window_s: float = WINDOW_S,
     trend: list[Sample] | None = None,
+    lost: str | None = None,
 ) -> Diagnosis:
     """One GPU's diagnosis from its samples (oldest first), the processes NVML lists on it now (None:
     NVML cannot list them), and the host's samples. `trend`: samples for the 10-minute trend when the
-    caller keeps them apart (thinned to one a second); by default the last TREND_WINDOW_S of `samples`."""
+    caller keeps them apart (thinned to one a second); by default the last TREND_WINDOW_S of `samples`.
+    `lost`: why NVML can no longer read the GPU (telemetry.gpu_gone_reason); it overrides the rest,
+    whose samples predate it."""
+    if lost:
+        return Diagnosis("lost", lost_words(lost), {"nvml_error": lost})
     window = recent(samples, window_s)
     summary = summarize(window)
     if not window or (summary["util_pct"]["mean"] is None and summary["power"]["mean_w"] is None
@@ -492,30 +514,55 @@ def diagnose_gpu(
     found = [d for _, rule in RULE_ORDER if (d := rule(ctx)) is not None]
     if any(d.state in _HOST_CAUSES for d in found):  # "underused" means: no host cause found
         found = [d for d in found if d.state != "underused"]
-    if not found:
-        return _ok(ctx)
-    main = found[0]
-    return Diagnosis(main.state, main.detail, main.evidence, tuple(d.state for d in found[1:]))
+    main = found[0] if found else _ok(ctx)
+    detail, evidence = main.detail, main.evidence
+    if ctx.unmapped_in_container:
+        detail += f"; {UNMAPPED_WORDS}"
+        evidence = {**evidence, "unmapped_processes": len(ctx.processes or [])}
+    return Diagnosis(main.state, detail, evidence, tuple(d.state for d in found[1:]))
 
 
-def diagnose_job(alive: bool, gpu_diagnoses: dict[int, Diagnosis], processes_listed: bool = True) -> Diagnosis:
-    """The followed job's line: the most important diagnosis among the GPUs it holds."""
+def diagnose_job(alive: bool, gpu_diagnoses: dict[int, Diagnosis], processes_listed: bool = True,
+                 maybe_diagnoses: dict[int, Diagnosis] | None = None) -> Diagnosis:
+    """The followed job's line: the most important diagnosis among the GPUs it holds.
+
+    `maybe_diagnoses`: in a container, the GPUs whose processes NVML lists but this container cannot
+    map to its own (PID namespace); when none of the job's processes is seen on a GPU, they may be
+    the job's, and its line is theirs, saying so (not "holds no GPU")."""
     if not alive:
         return Diagnosis("job_gone", "the process has exited")
+    if not gpu_diagnoses and maybe_diagnoses:
+        index, worst = _worst(maybe_diagnoses)
+        which = (f"GPU {index}" if len(maybe_diagnoses) == 1
+                 else f"GPUs {', '.join(map(str, sorted(maybe_diagnoses)))} (the worst: GPU {index})")
+        detail = worst.detail if UNMAPPED_WORDS in worst.detail else f"{worst.detail}; {UNMAPPED_WORDS}"
+        return Diagnosis(worst.state, f"maybe {which}: {detail}",
+                         {"gpu": index, "maybe_gpus": sorted(maybe_diagnoses), **worst.evidence},
+                         _other_states(maybe_diagnoses, index, worst))
     if not gpu_diagnoses:
         why = ("none of its processes holds a GPU" if processes_listed
                else "NVML does not list GPU processes here, so which GPU it uses is unknown")
         return Diagnosis("no_gpu", why)
-    index, worst = min(gpu_diagnoses.items(), key=lambda item: (SEVERITY.index(item[1].state), item[0]))
-    others = tuple(sorted({d.state for i, d in gpu_diagnoses.items()
-                           if i != index and d.state not in (worst.state, "ok", "no_data")}, key=SEVERITY.index))
-    return Diagnosis(worst.state, f"GPU {index}: {worst.detail}", {"gpu": index, **worst.evidence}, others)
+    index, worst = _worst(gpu_diagnoses)
+    return Diagnosis(worst.state, f"GPU {index}: {worst.detail}", {"gpu": index, **worst.evidence},
+                     _other_states(gpu_diagnoses, index, worst))
+
+
+def _worst(diagnoses: dict[int, Diagnosis]) -> tuple[int, Diagnosis]:
+    return min(diagnoses.items(), key=lambda item: (SEVERITY.index(item[1].state), item[0]))
+
+
+def _other_states(diagnoses: dict[int, Diagnosis], index: int, worst: Diagnosis) -> tuple[str, ...]:
+    return tuple(sorted({d.state for i, d in diagnoses.items()
+                         if i != index and d.state not in (worst.state, "ok", "no_data")}, key=SEVERITY.index))
 
 
 # -- a watch log's diagnosis changes as findings ---------------------------------------------------
 
 # What to run when a GPU spent time in a state: the command that confirms the cause (or fixes it).
 WATCH_REMEDIES = {
+    "lost": "`nvidia-smi` (the GPU missing or \"Unknown Error\"), `dmesg | grep -i xid` (Xid 79: fallen off the bus); "
+            "a GPU that falls off the bus needs a reset or a reboot, and a repeat is the provider's to fix",
     "thermal": "watch clocks and temperature under load: `nvidia-smi -q -d PERFORMANCE,TEMPERATURE`; check airflow and fans "
                "with the provider",
     "hw_slowdown": "`nvidia-smi -q -d PERFORMANCE` names the reason; a power brake or HW slowdown is the host's power "
@@ -555,22 +602,24 @@ def state_durations(sessions: list[tuple[list[tuple[float, str, str]], float]]) 
 
 def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str]], float]]) -> list[Finding]:
     """A watched GPU's time in each state as findings: a WARN per troubled state ("power-capped 35% of
-    the watched time"), FAIL for heat or a hardware slowdown over FAULT_SHARE of it; PASS when it
-    never left ok / idle. Time before the first diagnosis (no_data) is not counted."""
+    the watched time"), FAIL for heat or a hardware slowdown over FAULT_SHARE of it and for a GPU
+    lost at any time; PASS when it never left ok / idle. Time before the first diagnosis (no_data) is not counted."""
     durations = state_durations(sessions)
     watched = sum(seconds for state, (seconds, _, _) in durations.items() if state != "no_data")
-    if watched <= 0:
+    if watched <= 0 and "lost" not in durations:
         return []
     out = []
     for state in SEVERITY:
-        if state in _NOT_A_PROBLEM or state not in durations or durations[state][0] <= 0:
+        # A GPU lost as the log ends has no time in that state yet, and is the worst news of all.
+        if state in _NOT_A_PROBLEM or state not in durations or (durations[state][0] <= 0 and state != "lost"):
             continue
         seconds, first_t, text = durations[state]
-        share = seconds / watched
-        status = FAIL if state in ("thermal", "hw_slowdown") and share > FAULT_SHARE else WARN
+        share = seconds / watched if watched > 0 else 1.0
+        status = FAIL if state == "lost" or (state in ("thermal", "hw_slowdown") and share > FAULT_SHARE) else WARN
+        summary = (f"the GPU was lost at +{first_t:.0f} s (NVML could no longer read it)" if state == "lost" else
+                   f"{LABELS[state]} {100 * share:.0f}% of the watched time ({_minutes(seconds)} of {_minutes(watched)})")
         out.append(finding(
-            f"watch.{state}", subject, status,
-            f"{LABELS[state]} {100 * share:.0f}% of the watched time ({_minutes(seconds)} of {_minutes(watched)})",
+            f"watch.{state}", subject, status, summary,
             measured=f"{_minutes(seconds)} of {_minutes(watched)} watched; first at +{first_t:.0f} s: {text}",
             expected="ok (or idle) for the whole watch", source=WATCH_SOURCE, remedy=WATCH_REMEDIES.get(state)))
     if not out:
@@ -580,3 +629,54 @@ def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str
                            measured=f"{_minutes(watched)} watched", expected="ok (or idle) for the whole watch",
                            source=WATCH_SOURCE))
     return out
+
+
+# -- a watch log's followed job and what was not watched --------------------------------------------
+
+JOB_SOURCE = "gpuvet watch --pid: the job's process tree in /proc (CPU ticks, IO counters), once a second"
+
+
+def _rate_words(bps: float) -> str:
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= size:
+            return f"{bps / size:.1f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def watch_job_finding(pid: Any, sessions: list[tuple[list[str], list[list[Any]]]]) -> Finding | None:
+    """The followed job's CPU and storage IO over a watch log, as one line beside its GPUs' findings:
+    `sessions` are (columns, rows) of its "watch.job" series (log.JOB_COLUMNS). None without rows.
+    PASS: nothing is judged here (the GPUs' diagnoses say whether the job was held back)."""
+    values = [dict(zip(columns, row)) for columns, rows in sessions for row in rows]
+    if not values:
+        return None
+
+    def numbers(name: str) -> list[float]:
+        return [float(v[name]) for v in values if isinstance(v.get(name), (int, float)) and not isinstance(v.get(name), bool)]
+
+    cpu, read, write = numbers("cpu_pct"), numbers("read_bps"), numbers("write_bps")
+    gpus = sorted({g for v in values for g in str(v.get("gpus") or "").split(",") if g.strip()}, key=lambda g: (len(g), g))
+    parts = [f"CPU {sum(cpu) / len(cpu):.0f}% of one core on average (peak {max(cpu):.0f}%)" if cpu else "CPU not read"]
+    if read or write:
+        parts.append(f"storage read {_rate_words(sum(read) / len(read)) if read else '?'} and write "
+                     f"{_rate_words(sum(write) / len(write)) if write else '?'} on average")
+    else:
+        parts.append("storage IO not readable (no permission for /proc/<pid>/io)")
+    parts.append(f"on GPU {', '.join(gpus)}" if gpus else "on no GPU its processes were seen on")
+    gone = next((v for v in values if v.get("alive") is False), None)
+    if gone is not None:
+        parts.append(f"exited at +{float(gone.get('t') or 0):.0f} s")
+    processes = [int(n) for n in numbers("processes")]
+    measured = (f"{len(values)} readings" + (f"; up to {max(processes)} processes in its tree" if processes else "")
+                + (f"; CPU {min(cpu):.0f}..{max(cpu):.0f}% of one core" if cpu else ""))
+    return finding("watch.job", f"job {pid}", PASS, "; ".join(parts), measured=measured,
+                   expected="a record of the job's CPU and IO beside its GPUs' diagnoses (no threshold)", source=JOB_SOURCE)
+
+
+def watch_without_gpus(reason: str | None) -> Finding:
+    """A watch log that holds no GPU: a SKIP that says why, not a pass."""
+    why = reason or "the log names no GPU"
+    return finding("watch.gpus", "host", SKIP, f"no GPU was watched: {why}", measured=f"0 GPUs in the log; {why}",
+                   expected="the GPUs of the watched machine", source="the log's header (gpu_error: why NVML gave no GPU)",
+                   remedy="`nvidia-smi` on the machine says whether the driver sees a GPU; `gpuvet run --quick` reads "
+                          "the facts and says why NVML cannot start")

@@ -312,8 +312,12 @@ def render_plots(record: RunRecord) -> list[Plot] | None:
     ]
     if is_watch_log(record):
         host = [_Series.of(s) for s in record.series if s.get("name") == "watch.host"]
+        job = [_Series.of(s) for s in record.series if s.get("name") == "watch.job"]
         charts = [("utilization", "GPU utilization", "utilization (%)", _lines(telemetry, "util_pct"), [])] + charts[:3] + [
-            ("host_cpu", "Host CPU: busy, steal and IO wait", "% of all CPUs", _host_lines(host), [])]
+            ("host_cpu", "Host CPU: busy, steal and IO wait", "% of all CPUs", _host_lines(host), []),
+            ("job_cpu", "Followed job: CPU", "% of one core", _job_lines(job, (("cpu_pct", "CPU", 1.0),)), []),
+            ("job_io", "Followed job: storage IO", "MB/s", _job_lines(job, (("read_bps", "read", 1e-6), ("write_bps", "write", 1e-6))), []),
+        ]
     return [plot for plot in (_chart(*chart) for chart in charts) if plot]
 
 
@@ -323,6 +327,15 @@ def _host_lines(host: list[_Series]) -> list[_Line]:
     for column, label in (("cpu_pct", "CPU busy"), ("steal_pct", "steal"), ("iowait_pct", "iowait")):
         for line in _lines(host, column):
             lines.append(_Line(label, line.t, line.y))
+    return lines
+
+
+def _job_lines(job: list[_Series], columns: tuple[tuple[str, str, float], ...]) -> list[_Line]:
+    """The followed job's (watch --pid) columns, one line each, scaled (bytes/s to MB/s)."""
+    lines = []
+    for column, label, scale in columns:
+        for line in _lines(job, column):
+            lines.append(_Line(label, line.t, line.y * scale))
     return lines
 
 
@@ -461,6 +474,10 @@ CAPTIONS = {
     "throughput": "Work done per window of the sustained matmul load; a falling line is heat or power soaking in.",
     "utilization": "Share of time a kernel ran on each GPU (NVML). Dips while the job runs are time the GPU waited: "
                    "for input, the CPU, storage or other GPUs.",
+    "job_cpu": "The followed job's process tree (gpuvet watch --pid): CPU in % of one core (400% = four cores busy). "
+               "Busy CPUs while its GPUs idle: the input pipeline; both low: the job waits on something else (IO, network, a lock).",
+    "job_io": "The followed job's storage reads and writes (/proc/<pid>/io of its process tree). Reads rising as GPU "
+              "utilization dips: the job waits on data; write bursts: checkpoints.",
     "host_cpu": "The host's CPUs: busy, taken by the hypervisor (steal) and waiting on storage (iowait). Steal or iowait "
                 "rising when utilization dips names the bottleneck.",
 }

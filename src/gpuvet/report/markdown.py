@@ -13,18 +13,20 @@ import re
 from ..facts import Gpu, Machine
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped, subject_range
-from .terminal import header_line, machine_lines, options_line, problems, quiet_rows, verdict_line
+from .terminal import header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, verdict_line
 
 MARK = {TICKED: "✅", CROSSED: "❌", WARNED: "⚠️", UNKNOWN: "❔"}
 STATUS_MARK = {FAIL: "❌ FAIL", WARN: "⚠️ WARN", PASS: "✅ PASS", SKIP: "➖ SKIP"}
 
 
 def render_markdown(record: RunRecord) -> str:
+    watched = is_watch_log(record)  # readings of a running job: no acceptance checklist to tick
     parts = [
         _title(record),
         _machine(record),
-        _checklist(record),
+        "" if watched else _checklist(record),
         _problems(record.findings),
+        _watched(record) if watched else "",
         _gpu_table(record.machine),
         _quiet(record.findings),
         _measurements(record),
@@ -176,3 +178,40 @@ def _measurements(record: RunRecord) -> str:
         return ""
     body = "\n".join(f"| `{name}` | {cell(', '.join(values))} | {cell(unit)} |" for (name, unit), values in rows.items())
     return "## Measurements\n\n| Measurement | Values | Unit |\n|---|---|---|\n" + body
+
+
+# -- a watch log (`gpuvet watch --log`) -------------------------------------------------------------
+
+def _watched(record: RunRecord) -> str:
+    """What the watch found, subject by subject, and each diagnosis change (as the HTML report's
+    "Watched job" section, without its plots)."""
+    log = record.options.get("log")
+    note = f"Recorded by `gpuvet watch --log {log}`; times count from the start of each watch session." if log else ""
+    found = [f"- {STATUS_MARK[f.status]} **{text(f.subject)}**: {text(f.summary)}"
+             for f in record.findings if f.check.startswith("watch.")]
+    body = "\n".join(found) if found else "Nothing was diagnosed."
+    return "## Watched job\n\n" + (f"_{text(note)}_\n\n" if note else "") + body + "\n\n" + _diagnosis_changes(record)
+
+
+def _diagnosis_changes(record: RunRecord) -> str:
+    from ..judge.diagnose import LABELS
+
+    rows = []
+    for s in record.series:
+        if s.get("name") != "watch.diagnosis":
+            continue
+        before = None
+        for row in s.get("rows") or []:
+            if len(row) != 3 or row[1] == "no_data":
+                continue
+            t, state, what = row
+            seconds = t if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+            rows.append((s.get("t0") or 0, seconds, str(s.get("subject")), before, state, str(what)))
+            before = state
+    if not rows:
+        return "### Diagnosis changes\n\nThe log records no diagnosis."
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    body = "\n".join(f"| +{t:.0f} s | {cell(subject)} | {cell(LABELS.get(before, before) if before else 'start')} → "
+                     f"{cell(LABELS.get(state, state))} | {cell(what)} |" for _, t, subject, before, state, what in rows)
+    return ("### Diagnosis changes\n\n_Each line: the moment a subject's diagnosis changed; it holds until that subject's "
+            "next line._\n\n| Time | Subject | From → to | What was seen |\n|---|---|---|---|\n" + body)

@@ -35,7 +35,7 @@ def is_watch_log(record: RunRecord) -> bool:
 
 
 # A watch log judges what the watched GPUs went through, not the machine as a whole.
-WATCH_VERDICT_TEXT = {FAIL: "FAIL: the platform slowed the watched job (heat or a hardware slowdown)",
+WATCH_VERDICT_TEXT = {FAIL: "FAIL: the platform failed the watched job (heat, a hardware slowdown or a GPU lost)",
                       WARN: "WARN: the watched job was held back part of the time",
                       PASS: "PASS: the watched GPUs stayed ok"}
 
@@ -317,6 +317,8 @@ def verdict_text(record: RunRecord) -> str:
     """The verdict in words; the record's verdict field stays the worst status (pass when all skip)."""
     if nothing_checked(record) and not is_watch_log(record):
         return NOTHING_CHECKED_TEXT
+    if no_gpu_watched(record):
+        return f"SKIP: no GPU was watched ({record.machine.gpu_error or 'no NVIDIA GPU found'})"
     return (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
 
 
@@ -326,7 +328,13 @@ def verdict_line(record: RunRecord) -> str:
             f"{counts[PASS]} passed, {counts[SKIP]} skipped)")
 
 
+def no_gpu_watched(record: RunRecord) -> bool:
+    """A watch log of a host without GPUs (a job watched with --pid still has its own line)."""
+    return is_watch_log(record) and not record.machine.gpus and record.verdict == PASS
+
+
 def _verdict(record: RunRecord, console: Console) -> None:
-    style = STYLE[SKIP] if nothing_checked(record) and not is_watch_log(record) else STYLE[record.verdict]
+    skipped = (nothing_checked(record) and not is_watch_log(record)) or no_gpu_watched(record)
+    style = STYLE[SKIP] if skipped else STYLE[record.verdict]
     text, _, rest = verdict_line(record).partition("  ")
     console.print(f"\n[{style}]{escape(text)}[/]  {escape(rest)}")

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..facts import Gpu, GpuProcess
 from ..probe import nvml
-from ..telemetry import _is_permanent, _next_tick
+from ..telemetry import _is_permanent, _next_tick, gpu_gone_reason
 from .host import _rate
 from .snapshot import GpuExtras
 
@@ -17,7 +17,8 @@ from .snapshot import GpuExtras
 class GpuExtrasReader:
     """PCIe and NVLink throughput and the process list of each GPU (NVML must be started).
 
-    A call the GPU or driver lacks is dropped for good with its reason, like telemetry._GpuReader."""
+    A call the GPU or driver lacks is dropped for good with its reason, like telemetry._GpuReader;
+    a GPU that is gone (fell off the bus...) is not asked again."""
 
     def __init__(self, gpus: dict[int, Gpu], clock: Callable[[], float] = time.monotonic):
         self.gpus = gpus
@@ -46,11 +47,18 @@ class GpuExtrasReader:
         try:
             return fn()
         except Exception as err:
-            if _is_permanent(err):
+            gone = gpu_gone_reason(err)
+            if gone is not None:
+                self.unavailable[index]["gone"] = gone
+            elif _is_permanent(err):
                 self.unavailable[index][what] = nvml._reason(err)
             return None
 
     def _read(self, index: int, handle: Any) -> tuple[GpuExtras, list[GpuProcess] | None]:
+        gone = self.unavailable[index].get("gone")
+        if gone is not None:
+            return GpuExtras(unavailable={"gone": gone, "processes": gone, "pcie_tx": gone},
+                             minor_number=self._minor.get(index)), None
         p = nvml.pynvml
         extras = GpuExtras()
         extras.pcie_tx_kbs = self._call(index, "pcie_tx", lambda: p.nvmlDeviceGetPcieThroughput(handle, p.NVML_PCIE_UTIL_TX_BYTES))

@@ -101,7 +101,10 @@ class WatchLog:
                  host: Host | None = None):
         self.path = path
         self.t0 = time.time()
+        cut_off = _ends_mid_line(path)  # a watch killed mid-write: the new session's header starts a line of its own
         self._file = open(path, "a", encoding="utf-8")
+        if cut_off:
+            self._file.write("\n")
         self._last_t: dict[int, float] = {}
         self._states: dict[str, str] = {}
         series: dict[str, Any] = {
@@ -177,37 +180,82 @@ class WatchLog:
         self._file.close()
 
 
-def read_log(path: str) -> list[dict[str, Any]]:
+def _ends_mid_line(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def _lines(path: str, notes: list[str] | None) -> list[dict[str, Any]]:
+    """The log's JSON lines. A line cut off where a session ends (the last line of the file, or the
+    one before a new session's header: a watch killed mid-write, or one still writing) is skipped,
+    with a note; a broken line anywhere else raises ValueError."""
+    with open(path, "rb") as f:  # bytes: a line cut inside a character is still counted right
+        lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+    objects: list[dict[str, Any]] = []
+    for i, (number, line) in enumerate(lines):
+        try:
+            obj = json.loads(line.decode("utf-8", errors="replace"))
+        except ValueError as err:
+            following = lines[i + 1][1] if i + 1 < len(lines) else None
+            if following is not None and not _is_header(following):
+                raise ValueError(f"line {number}: {err}") from None
+            where = "the last line" if following is None else f"line {number} (the end of a session)"
+            if notes is not None:
+                cut = len(line.rstrip(b"\r\n"))
+                notes.append(f"{where} was cut off: {cut} bytes skipped "
+                             "(a watch stopped mid-write, or one still writing)")
+            continue
+        if not isinstance(obj, dict):
+            raise ValueError(f"line {number}: not a JSON object")
+        objects.append(obj)
+    return objects
+
+
+def _is_header(line: bytes) -> bool:
+    try:
+        obj = json.loads(line.decode("utf-8", errors="replace"))
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and obj.get("kind") == "header"
+
+
+def read_log(path: str, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """A watch log -> series like telemetry.to_series makes ({"name", "subject", "interval_s", "t0",
     "columns", "rows"}), one per subject and session, plus a "watch.diagnosis" series (t, state, text).
     A GPU's series also holds the facts its header gave ("facts": gpu_facts(), or its name and uuid
-    in logs written before the facts were)."""
+    in logs written before the facts were). A line cut off at the end of a session is skipped and
+    `notes` (when given) says so; a broken line elsewhere raises ValueError."""
     series: list[dict[str, Any]] = []
     session: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            if obj.get("kind") == "header":
-                session = {}
-                for subject, spec in obj["series"].items():
-                    session[subject] = {"name": spec["name"], "subject": subject, "interval_s": obj["interval_s"],
-                                        "t0": obj["t0"], "columns": spec["columns"], "rows": []}
-                    if spec.get("facts") or spec.get("gpu"):  # older logs: the name alone
-                        session[subject]["facts"] = spec.get("facts") or {"name": spec.get("gpu"), "uuid": spec.get("uuid")}
-                    series.append(session[subject])
-                continue
-            subject = obj.get("subject")
-            if "row" in obj and subject in session:
-                session[subject]["rows"].append(obj["row"])
-            elif "diagnosis" in obj:
-                key = f"{subject}.diagnosis"
-                if key not in session:
-                    any_series = next(iter(session.values()), {"t0": None, "interval_s": None})
-                    session[key] = {"name": "watch.diagnosis", "subject": subject, "interval_s": any_series["interval_s"],
-                                    "t0": any_series["t0"], "columns": ["t", "state", "text"], "rows": []}
-                    series.append(session[key])
-                d = obj["diagnosis"]
-                session[key]["rows"].append([obj["t"], d["state"], d["text"]])
+    for obj in _lines(path, notes):
+        if obj.get("kind") == "header":
+            session = {}
+            for subject, spec in obj["series"].items():
+                session[subject] = {"name": spec["name"], "subject": subject, "interval_s": obj["interval_s"],
+                                    "t0": obj["t0"], "columns": spec["columns"], "rows": []}
+                if spec.get("facts") or spec.get("gpu"):  # older logs: the name alone
+                    session[subject]["facts"] = spec.get("facts") or {"name": spec.get("gpu"), "uuid": spec.get("uuid")}
+                if spec.get("pid") is not None:  # the followed job's
+                    session[subject]["pid"] = spec["pid"]
+                series.append(session[subject])
+            continue
+        subject = obj.get("subject")
+        if "row" in obj and subject in session:
+            session[subject]["rows"].append(obj["row"])
+        elif "diagnosis" in obj:
+            key = f"{subject}.diagnosis"
+            if key not in session:
+                any_series = next(iter(session.values()), {"t0": None, "interval_s": None})
+                session[key] = {"name": "watch.diagnosis", "subject": subject, "interval_s": any_series["interval_s"],
+                                "t0": any_series["t0"], "columns": ["t", "state", "text"], "rows": []}
+                series.append(session[key])
+            d = obj["diagnosis"]
+            session[key]["rows"].append([obj["t"], d["state"], d["text"]])
     return series

@@ -103,9 +103,16 @@ def _once(monitor: Monitor, as_json: bool, console: Console, outputs: _Outputs) 
         console.file.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
         console.file.flush()
     else:
-        console.print(render(snap, interactive=False))
-        console.print(f"A {ONCE_GAP_S:g} s snapshot: two readings, so the diagnoses above are a first look; "
-                      "`gpuvet watch` diagnoses over a sliding minute.", style="dim")
+        frame = render(snap, interactive=False)
+        width = console.width
+        if not console.is_terminal:  # a pipe or a file: no screen edge to cut lines at ("NVLin…")
+            console.width = max(width, frame.widest())
+        try:
+            console.print(frame)
+            console.print(f"A {ONCE_GAP_S:g} s snapshot: two readings, so the diagnoses above are a first look; "
+                          "`gpuvet watch` diagnoses over a sliding minute.", style="dim")
+        finally:
+            console.width = width
 
 
 def _error(message: str) -> int:

@@ -44,7 +44,7 @@ class Monitor:
         self.clock = clock
         self.slow_every_s = slow_every_s
         self.hostname = (machine.host.hostname if machine.host else None) or socket.gethostname()
-        self.in_container = bool(machine.host and machine.host.container)
+        self.in_container = _in_container(machine)
         self.sampler = Sampler(None, interval_s, max_samples=2)  # the watch keeps its own windows
         self.host_reader = HostReader(pid)
         self.tick_count = 0
@@ -151,17 +151,34 @@ class Monitor:
         if procs is None:
             return extras
         views = []
+        mapped: dict[int, int] | None = None
         for p in procs:
+            local = p.pid
             names = self.host_reader.local_names(p.pid)
             visible = names is not None and same_process(p.name, names)
+            if not visible and self.in_container:  # NVML's pid may be a host pid: map it, where /proc says how
+                mapped = self._host_pid_map() if mapped is None else mapped
+                if p.pid in mapped:
+                    local = mapped[p.pid]
+                    names = self.host_reader.local_names(local)
+                    visible = names is not None
             views.append(ProcessView(
-                pid=p.pid, name=os.path.basename(p.name) if p.name else (names[0] if visible else None),
-                user=self.host_reader.user_of(p.pid) if visible else None, used_mib=p.used_memory_mib,
-                visible=visible, in_job=(p.pid in self._job_tree) if self.pid is not None else None))
+                pid=local, name=os.path.basename(p.name) if p.name else (names[0] if visible and names else None),
+                user=self.host_reader.user_of(local) if visible else None, used_mib=p.used_memory_mib,
+                visible=visible, in_job=(local in self._job_tree) if self.pid is not None else None,
+                host_pid=p.pid if local != p.pid else None))
         return dataclasses.replace(extras, processes=views)
+
+    def _host_pid_map(self) -> dict[int, int]:
+        """NVML pid -> local pid for the followed job's processes, from the pids each has in the other
+        PID namespaces it is in (/proc/<pid>/status NSpid). Where this /proc only knows the
+        container's own namespace (the usual container) there is nothing to map: {}."""
+        table = self.host_reader.processes
+        return {other: pid for pid in self._job_tree for other in table.ns_pids(pid) if other != pid}
 
     def _diagnose(self) -> None:
         following = self.pid is not None
+        lost = self.sampler.lost
         for index, facts in self._facts.items():
             extras = self._views_extras.get(index)
             seen = None
@@ -169,9 +186,28 @@ class Monitor:
                 seen = [GpuProcessSeen(p.pid, p.used_mib, p.visible, p.in_job, p.name) for p in extras.processes]
             self._diagnoses[index] = diagnose.diagnose_gpu(
                 list(self._recent[index]), facts, seen, list(self._host), following_job=following,
-                in_container=self.in_container, trend=list(self._trend[index]))
+                in_container=self.in_container, trend=list(self._trend[index]), lost=lost.get(index))
         if self._job is not None:
             job_gpus = sorted(i for i, e in self._views_extras.items() if any(p.in_job for p in e.processes or []))
-            self._job.gpus = job_gpus
+            # In a container, a GPU whose processes none of this container's are may run the job itself.
+            maybe = sorted(i for i, e in self._views_extras.items()
+                           if self.in_container and e.processes and not any(p.visible for p in e.processes))
+            self._job.gpus, self._job.maybe_gpus = job_gpus, ([] if job_gpus else maybe)
             listed = any(e.processes is not None for e in self._views_extras.values())
-            self._job_diagnosis = diagnose.diagnose_job(self._job.alive, {i: self._diagnoses[i] for i in job_gpus}, listed)
+            self._job_diagnosis = diagnose.diagnose_job(self._job.alive, {i: self._diagnoses[i] for i in job_gpus}, listed,
+                                                        {i: self._diagnoses[i] for i in self._job.maybe_gpus})
+
+
+def _in_container(machine: Machine) -> bool:
+    """Whether this process runs in a container (where NVML's pids are the host's): the facts probe's
+    answer, or, without host facts, the same markers read now (/.dockerenv, /proc/1/cgroup...)."""
+    if machine.host is not None:
+        return bool(machine.host.container)
+    from ..probe.host import container_from
+
+    try:
+        with open("/proc/1/cgroup", encoding="utf-8", errors="replace") as f:
+            cgroup = f.read()
+    except OSError:
+        cgroup = None
+    return container_from(os.path.exists("/.dockerenv"), os.path.exists("/run/.containerenv"), os.environ, cgroup) is not None

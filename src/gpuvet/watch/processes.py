@@ -33,6 +33,16 @@ def same_process(nvml_name: str | None, local_names: tuple[str, ...]) -> bool:
     return False
 
 
+def parse_nspid(status: str) -> tuple[int, ...] | None:
+    """The NSpid line of /proc/<pid>/status: the process's pid in each PID namespace it is in, from
+    the namespace of that /proc's mount inwards (one number outside containers). None: no such line
+    (kernels before 4.1)."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return tuple(int(part) for part in line.split()[1:])
+    return None
+
+
 @dataclass(frozen=True)
 class ProcStat:
     """What /proc/<pid>/stat says about a process, as the watch needs it."""
@@ -71,6 +81,7 @@ class ProcessTable:
         self._full_at: float | None = None
         self._has_proc = os.path.isdir(proc_root)
         self._tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if self._has_proc else 0.01
+        self._ns_pids: dict[tuple[int, int | None], tuple[int, ...]] = {}
 
     def scan(self, focus: set[int] | None = None) -> None:
         """Read the table again: all of it when due (or `focus` is None), else `focus` and its children."""
@@ -129,6 +140,21 @@ class ProcessTable:
             ticks = int(100 * (times.user + times.system)) if times else 0  # in the 0.01 s ticks _tick_s assumes
             stats[proc.pid] = ProcStat(info["ppid"] or 0, info["name"] or "", ticks, int(100 * (info["create_time"] or 0)))
         return stats
+
+    def ns_pids(self, pid: int) -> tuple[int, ...]:
+        """The pid's numbers in every PID namespace it is in (parse_nspid), read once per process
+        (they never change); () when unknown."""
+        stat = self.stats.get(pid)
+        key = (pid, stat.start if stat else None)
+        if key not in self._ns_pids:
+            try:
+                with open(f"{self.proc_root}/{pid}/status", encoding="utf-8", errors="replace") as f:
+                    self._ns_pids[key] = parse_nspid(f.read()) or ()
+            except OSError:
+                self._ns_pids[key] = ()
+            if len(self._ns_pids) > 4096:  # processes come and go over a long watch
+                self._ns_pids = {key: self._ns_pids[key]}
+        return self._ns_pids[key]
 
     def name(self, pid: int) -> str:
         stat = self.stats.get(pid)

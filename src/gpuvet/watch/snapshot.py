@@ -22,6 +22,7 @@ class ProcessView:
     used_mib: int | None = None
     visible: bool = True  # False: NVML lists it but this machine (container) has no such process
     in_job: bool | None = None
+    host_pid: int | None = None  # NVML's pid, where it differs from `pid` (mapped through NSpid in a container)
 
 
 @dataclass
@@ -70,6 +71,9 @@ class JobReading:
     read_bps: float | None = None
     write_bps: float | None = None
     gpus: list[int] = field(default_factory=list)
+    # In a container: GPUs whose processes NVML lists but this container cannot map (PID namespace),
+    # which may be the job's when `gpus` is empty.
+    maybe_gpus: list[int] = field(default_factory=list)
 
 
 @dataclass

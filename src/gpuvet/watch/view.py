@@ -13,7 +13,8 @@ tests/test_watch.py checks that every line looks exactly as rich draws the Text 
 
 On a full screen (rich Live) the frame fits the console's height: when the full blocks need more
 rows than it has, a compact layout takes their place (one row per GPU under column names, its
-diagnosis on the next row or after the numbers; the job and host blocks whole), and GPUs that
+diagnosis on the next row or after the numbers, or alone where the screen is too narrow for both;
+the job and host blocks whole), and GPUs that
 still do not fit are counted on a "+N more GPUs (enlarge the window)" row, never dropped unseen.
 """
 
@@ -37,7 +38,7 @@ _FAULT_REASONS = {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "
 _STATE_STYLE = {"ok": "green", "idle": "dim", "no_data": "dim", "underused": "yellow", "input_bound": "yellow",
                 "io_bound": "yellow", "cpu_steal": "yellow", "slowing": "yellow", "clocks_held": "yellow",
                 "power_capped": "red", "neighbour": "red", "thermal": "red", "hw_slowdown": "red",
-                "no_gpu": "yellow", "job_gone": "dim"}
+                "no_gpu": "yellow", "job_gone": "dim", "lost": "bold red"}
 
 _RULE = "─"
 _RULE_CELLS = 300  # a block's title line: dashes to the screen's edge, at most this many
@@ -120,13 +121,18 @@ _SLOW_KEEP = 512
 class _Frame:
     """The whole view: its lines, turned into Segments when rich asks (see the module's note).
 
-    `fit(height)`: the lines of a layout for a screen of `height` rows, used when `lines` would
-    take more rows than the console has (options.size: rich hands a Group's items no height);
-    without `fit` (a plain print) every line is printed."""
+    `fit(height, width)`: the lines of a layout for a screen of `height` rows and `width` cells,
+    used when `lines` would take more rows than the console has (options.size: rich hands a Group's
+    items no height); without `fit` (a plain print) every line is printed."""
 
-    def __init__(self, lines: list[_Line], fit: Callable[[int], list[_Line]] | None = None):
+    def __init__(self, lines: list[_Line], fit: Callable[[int, int], list[_Line]] | None = None):
         self.lines = lines
         self.fit = fit
+
+    def widest(self) -> int:
+        """Cells the longest line needs (a title's rule not counted): a print to a pipe or file
+        is made this wide, so nothing is cut at a terminal's width that is not there."""
+        return max((cell_len("".join(piece for piece, _ in line.pieces)) for line in self.lines), default=0)
 
     def __rich_console__(self, console: Any, options: Any) -> Iterator[Segment | Text]:
         width = options.max_width
@@ -141,7 +147,7 @@ class _Frame:
             if sum(segment.text.count("\n") for segment in drawn) <= height:
                 yield from drawn
                 return
-        yield from self._segments(self.fit(height), console, options, True)
+        yield from self._segments(self.fit(height, width), console, options, True)
 
     def _segments(self, lines: list[_Line], console: Any, options: Any, plain_options: bool) -> Iterator[Segment | Text]:
         width = options.max_width
@@ -220,7 +226,9 @@ def _diagnosis_line(d: Diagnosis) -> _Line:
 def _gpu_lines(view: GpuView, out: list[_Line]) -> None:
     s, f, e = view.sample, view.facts, view.extras
     out.append(_title(f"GPU {view.index}  {view.name or 'unknown model'}" + (f"  {view.bus_id}" if view.bus_id else ""), "cyan"))
-    if s is None:
+    if view.diagnosis.state == "lost":
+        out.append(_row("", ("no readings: NVML can no longer reach this GPU", "red")))
+    elif s is None:
         out.append(_row("", ("waiting for the first reading", "")))
     else:
         sm_ratio = view.sm_ratio
@@ -282,7 +290,8 @@ def _processes_pieces(e: GpuExtras) -> tuple[Piece, ...]:
         return (("none", "dim"),)
     pieces = []
     for i, p in enumerate(sorted(e.processes, key=lambda p: -(p.used_mib or 0))[:6]):
-        who = f"{p.pid} {p.user or '?'} {p.name or '?'} {_gib(p.used_mib)}" + ("" if p.visible else " (not visible here)")
+        who = (f"{p.pid} {p.user or '?'} {p.name or '?'} {_gib(p.used_mib)}" + ("" if p.visible else " (not visible here)")
+               + (f" (host pid {p.host_pid})" if p.host_pid is not None else ""))
         pieces.append((("  ·  " if i else "") + who, "" if p.visible else "red"))
     if len(e.processes) > 6:
         pieces.append((f"  · +{len(e.processes) - 6} more", "dim"))
@@ -319,9 +328,17 @@ def _job_lines(job: JobReading, d: Diagnosis | None, out: list[_Line]) -> None:
     else:
         out.append(_row("command", (_printable(job.cmdline or job.name or ""), "")))
         out.append(_row("tree", (f"{job.processes} process(es)   CPU {_num(job.cpu_pct, unit='%')}   read {_bps(job.read_bps)} "
-                                 f"write {_bps(job.write_bps)}   GPUs {', '.join(map(str, job.gpus)) or 'none'}", "")))
+                                 f"write {_bps(job.write_bps)}   GPUs {_job_gpus(job)}", "")))
     if d is not None:
         out.append(_diagnosis_line(d))
+
+
+def _job_gpus(job: JobReading) -> str:
+    if job.gpus:
+        return ", ".join(map(str, job.gpus))
+    if job.maybe_gpus:
+        return f"maybe {', '.join(map(str, job.maybe_gpus))} (this container cannot see whose processes are on them)"
+    return "none"
 
 
 def _header(snap: Snapshot, interactive: bool) -> _Line:
@@ -349,7 +366,7 @@ def render(snap: Snapshot, interactive: bool = True, screen: bool = False) -> _F
         _gpu_lines(g, lines)
     _gpu_error_lines(snap, lines)
     _host_lines(snap.host, snap.hostname, lines)
-    return _Frame(lines, fit=(lambda height: _compact(snap, interactive, height)) if screen else None)
+    return _Frame(lines, fit=(lambda height, width: _compact(snap, interactive, height, width)) if screen else None)
 
 
 # -- the compact layout: a screen too short for the full blocks ------------------------------------
@@ -362,12 +379,17 @@ def _one_row(line: _Line) -> _Line:
 _COMPACT_COLUMNS = f"{'':6}{'util':>5}{'SM/max':>10}{'power/limit':>13}{'temp':>6}{'margin':>8}  {'memory':<12}  "
 
 
-def _compact_gpu(view: GpuView, inline: bool) -> list[_Line]:
+def _compact_gpu(view: GpuView, inline: bool, numbers: bool = True) -> list[_Line]:
     """One row per GPU under _COMPACT_COLUMNS: utilization, SM clock % of max, power % of the limit,
     temperature and its margin to slowdown, memory, reasons; the diagnosis on the next row, or in
-    place of the reasons when `inline` (it names the reasons that matter)."""
+    place of the reasons when `inline` (it names the reasons that matter). Without `numbers` (a
+    screen too narrow for numbers and diagnosis on one row) the row is the diagnosis alone."""
     s, f = view.sample, view.facts
     pieces: list[Piece] = [(f"GPU {view.index:<2}", "bold cyan")]
+    if not numbers:
+        d = view.diagnosis
+        return [_Line(tuple(pieces) + ((" → ", "bold"), (d.text, "bold " + _STATE_STYLE.get(d.state, ""))),
+                      no_wrap=True, overflow="ellipsis")]
     if s is None:
         pieces.append(("  waiting for the first reading", "dim"))
     else:
@@ -387,8 +409,15 @@ def _compact_gpu(view: GpuView, inline: bool) -> list[_Line]:
     return [_Line(tuple(pieces), no_wrap=True, overflow="ellipsis"), _one_row(_diagnosis_line(d))]
 
 
-def _columns(inline: bool) -> _Line:
+def _columns(inline: bool, numbers: bool = True) -> _Line:
+    if not numbers:
+        return _Line((("GPU   diagnosis (widen the window for the numbers)", "dim"),), no_wrap=True, overflow="ellipsis")
     return _Line(((_COMPACT_COLUMNS + ("diagnosis" if inline else "reasons"), "dim"),), no_wrap=True, overflow="ellipsis")
+
+
+# An inline row's numbers take this many cells; narrower than this plus a readable diagnosis, the
+# rows of a crowded screen hold the diagnosis alone (the numbers that matter are in its words).
+_INLINE_MIN_WIDTH = len(_COMPACT_COLUMNS) + 30
 
 
 def _more_gpus(hidden: list[GpuView]) -> _Line:
@@ -399,10 +428,11 @@ def _more_gpus(hidden: list[GpuView]) -> _Line:
     return _Line(((f"  +{len(hidden)} more GPUs (enlarge the window): {states}", "yellow"),), no_wrap=True, overflow="ellipsis")
 
 
-def _compact(snap: Snapshot, interactive: bool, height: int) -> list[_Line]:
-    """The view in `height` rows: the header, the job and host blocks and the GPUs' diagnoses
-    always; the GPUs one or two rows each; those that still do not fit (the least troubled first)
-    counted on a "+N more GPUs" row."""
+def _compact(snap: Snapshot, interactive: bool, height: int, width: int = 200) -> list[_Line]:
+    """The view in `height` rows of `width` cells: the header, the job and host blocks and the
+    GPUs' diagnoses always; the GPUs one or two rows each (one: numbers and diagnosis, or on a
+    narrow screen the diagnosis alone); those that still do not fit (the least troubled first)
+    counted, by diagnosis, on a "+N more GPUs" row."""
     head = [_one_row(_header(snap, interactive))]
     if snap.job is not None:
         _job_lines(snap.job, snap.job_diagnosis, head)
@@ -414,11 +444,13 @@ def _compact(snap: Snapshot, interactive: bool, height: int) -> list[_Line]:
         return head + tail
     head.append(_title("GPUs · compact: enlarge the window for the full view", "cyan"))
     room = height - len(head) - len(tail) - 1  # - the columns' row
+    numbers = width >= _INLINE_MIN_WIDTH
     for inline in (False, True):
-        rows = [line for view in snap.gpus for line in _compact_gpu(view, inline)]
+        rows = [line for view in snap.gpus for line in _compact_gpu(view, inline, numbers or not inline)]
         if len(rows) <= room:
-            return head + [_columns(inline)] + rows + tail
+            return head + [_columns(inline, numbers or not inline)] + rows + tail
     shown = sorted(snap.gpus, key=lambda v: (diagnose.SEVERITY.index(v.diagnosis.state), v.index))[:max(0, room - 1)]
     hidden = [v for v in snap.gpus if v not in shown]
-    rows = [_columns(True)] + [line for view in sorted(shown, key=lambda v: v.index) for line in _compact_gpu(view, True)]
+    rows = [_columns(True, numbers)] + [line for view in sorted(shown, key=lambda v: v.index)
+                                        for line in _compact_gpu(view, True, numbers)]
     return head + rows + [_more_gpus(hidden)] + tail
