@@ -574,7 +574,7 @@ WATCH_REMEDIES = {
     "cpu_steal": "`vmstat 1` (the st column) confirms it; a dedicated-CPU instance or another host avoids it",
     "input_bound": "more DataLoader workers (num_workers), pinned memory, or preprocessing off the training path",
     "io_bound": "`iostat -x 1` shows the busy device; stage the data on local NVMe or in memory",
-    "slowing": "`gpuvet run --soak-minutes 10` measures the same decay under a known load",
+    "slowing": "`gpuvet run --soak 10` measures the same decay under a known load",
     "underused": "profile a step (torch.profiler) to see what the GPU waits on: synchronisation, small batches, network",
 }
 WATCH_SOURCE = "gpuvet watch's diagnosis rules (gpuvet/judge/diagnose.py), one diagnosis per GPU each second"

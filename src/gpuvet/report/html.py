@@ -19,6 +19,7 @@ from typing import Any
 
 from ..facts import Gpu, Machine, to_dict
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .numbers import number
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
 from .markdown import general_remedy, same_problems
 from .terminal import header_line, is_watch_log, verdict_text, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
@@ -141,7 +142,7 @@ def _quiet(findings: list[Finding]) -> str:
 
 
 def _measurements(record: RunRecord) -> str:
-    rows = [f"<tr><td><code>{_e(m.name)}</code></td><td>{_e(m.subject)}</td><td class=\"num\">{m.value:.4g}</td><td>{_e(m.unit)}</td>"
+    rows = [f"<tr><td><code>{_e(m.name)}</code></td><td>{_e(m.subject)}</td><td class=\"num\">{number(m.value)}</td><td>{_e(m.unit)}</td>"
             f"<td>{_e(_details_text(m.details))}</td></tr>"
             for m in record.measurements if m.value is not None and m.unit]
     if not rows:

@@ -12,6 +12,7 @@ import re
 
 from ..facts import Gpu, Machine
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped, subject_range
 from .terminal import header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, verdict_line
 
@@ -173,7 +174,7 @@ def _measurements(record: RunRecord) -> str:
     rows: dict[tuple[str, str], list[str]] = {}
     for m in record.measurements:
         if m.value is not None and m.unit:
-            rows.setdefault((m.name, m.unit), []).append(f"{m.subject} {m.value:.4g}")
+            rows.setdefault((m.name, m.unit), []).append(f"{m.subject} {number(m.value)}")
     if not rows:
         return ""
     body = "\n".join(f"| `{name}` | {cell(', '.join(values))} | {cell(unit)} |" for (name, unit), values in rows.items())
