@@ -102,7 +102,7 @@ def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
     or judge a stored run record again with the current rules."""
     started, t0 = _now(), time.monotonic()
     options: dict[str, Any] = {"expect": expect} if expect else {}
-    records = [p for p in paths if _is_record(p)]
+    records = [p for p in paths if saved_json_kind(p) == "record"]
     if records:
         if len(paths) > 1:
             raise CaptureError(f"{records[0]}: a gpuvet run record is judged on its own; give it without other captures")
@@ -129,13 +129,17 @@ def rejudge(record: RunRecord, expect: str | None = None) -> RunRecord:
     return record
 
 
-def _is_record(path: str) -> bool:
+def saved_json_kind(path: str) -> str | None:
+    """"record" for a gpuvet run record, "export" for a `gpuvet export` file (a list of them),
+    None for anything else, judged from the file's first bytes."""
     try:
         with open(path, "rb") as f:
-            head = f.read(512)
+            head = f.read(512).lstrip()
     except OSError:
-        return False
-    return head.lstrip().startswith(b"{") and SCHEMA.encode() in head
+        return None
+    if SCHEMA.encode() not in head:
+        return None
+    return {b"{": "record", b"[": "export"}.get(head[:1])
 
 
 def load_watch_log(path: str) -> RunRecord | None:

@@ -145,16 +145,6 @@ def load_run_file(path: str) -> RunRecord:
         raise CaptureError(f"{path}: not a readable gpuvet run record ({err})") from None
 
 
-def is_export_file(path: str) -> bool:
-    """A `gpuvet export` file: a JSON list of run records."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512)
-    except OSError:
-        return False
-    return head.lstrip().startswith(b"[") and SCHEMA.encode() in head
-
-
 def rendered(record: RunRecord, fmt: str) -> str:
     """A record as a file's content: JSON, Markdown or HTML."""
     if fmt == "md":

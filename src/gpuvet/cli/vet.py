@@ -10,7 +10,7 @@ from .. import runner
 from ..runner import ALL_BENCHMARKS as BENCHMARKS
 from ..probe.capture import STDIN
 from ..probe.errors import CaptureError
-from .base import (UsageProblem, check_out_path, cli, emit, is_export_file, load_run_file, output_options,
+from .base import (UsageProblem, check_out_path, cli, emit, load_run_file, output_options,
                    progress_status, save, store_options)
 
 
@@ -92,7 +92,7 @@ def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str 
     check_out_path(out)
     _check_stdin(files)
     try:
-        if len(files) == 1 and is_export_file(files[0]):  # `gpuvet export` output: judged again like a run record
+        if len(files) == 1 and runner.saved_json_kind(files[0]) == "export":  # `gpuvet export` output: judged again like a run record
             record = runner.rejudge(load_run_file(files[0]), expect=expect)
         else:
             record = runner.inspect(list(files), expect=expect)
