@@ -96,22 +96,51 @@ def test_print_launch_inside_and_outside_slurm():
     # Elastic: the run starts with the nodes that came instead of a rendezvous traceback.
     assert outside.startswith("torchrun --nnodes 1:<NUMBER_OF_NODES> --nproc-per-node 1 --rdzv-backend c10d "
                               "--rdzv-endpoint <FIRST_NODE_HOST>:29400 ")
-    assert "--rdzv-conf join_timeout=360,last_call_timeout=300 " in outside
-    assert outside.endswith("-m gpuvet.cluster --quick --out gpuvet-cluster.json")
+    assert "--rdzv-conf join_timeout=660,last_call_timeout=300 --max-restarts 0 " in outside
+    # gpuvet is told how many nodes to expect, so that one that never comes is counted.
+    assert outside.endswith("-m gpuvet.cluster --quick --expect-nodes <NUMBER_OF_NODES> --out gpuvet-cluster.json")
+
+
+def test_print_launch_gives_the_same_line_on_every_node():
+    """Each node may print its own line: the lines must meet at one rendezvous id."""
+    nodes = ["n1", "n2", "n3"]
+    line = print_launch({}, nodes=nodes)
+    assert line == print_launch({}, nodes=nodes) and "--rdzv-id gpuvet-" in line
+    assert line != print_launch({}, nodes=["m1", "m2", "m3"])  # another cluster, another rendezvous
+    assert print_launch({}, expect_nodes=3) == print_launch({}, expect_nodes=3)
+    assert "--rdzv-id myrun " in print_launch({}, nodes=nodes, run_id="myrun")
+    counted = print_launch({}, expect_nodes=3)
+    assert "--nnodes 1:3 " in counted and counted.endswith("--expect-nodes 3 --out gpuvet-cluster.json")
 
 
 def test_print_launch_passes_on_the_options_given_with_the_node_count_and_first_host():
     from click.testing import CliRunner
 
-    result = CliRunner().invoke(cluster.command, ["--print-launch", "--quick", "--device", "cpu", "--nodes", "n[1-4]",
-                                                  "--join-timeout", "120", "--node-name", "mine", "--on-demand"])
+    args = ["--print-launch", "--quick", "--device", "cpu", "--nodes", "n[1-4]", "--join-timeout", "120", "--node-name",
+            "mine", "--on-demand"]
+    result = CliRunner().invoke(cluster.command, args)
     assert result.exit_code == 0, result.output
-    line = result.output.strip()
+    line = result.stdout.strip()  # the line alone on stdout; what to do with it on stderr
+    assert "same line on every node" in result.stderr and "refused by torchrun" in result.stderr
+    assert result.stdout == CliRunner().invoke(cluster.command, args).stdout
     assert line.startswith("torchrun --nnodes 1:4 ") and "--rdzv-endpoint n1:29400 " in line
     assert "last_call_timeout=120" in line
     assert line.endswith("-m gpuvet.cluster --quick --device cpu --on-demand --nodes 'n[1-4]' --join-timeout 120 "
                          "--out gpuvet-cluster.json")
     assert "mine" not in line  # each node has its own name
+
+
+def test_the_torchrun_agents_settings_are_read_from_its_command_line():
+    """Its workers are not told the rendezvous endpoint nor --nnodes: gpuvet reads them from the
+    agent's own command line, with torchrun's parser."""
+    line = print_launch({}, nodes=["n1", "n2", "n3"]).split()
+    agent = cluster.agent_from_argv(["/venv/bin/python", "/venv/bin/torchrun", *line[1:]], {})
+    assert (agent.min_nodes, agent.max_nodes, agent.rdzv_backend, agent.rdzv_endpoint) == (1, 3, "c10d", "n1:29400")
+    assert agent.elastic and agent.run_id == line[line.index("--rdzv-id") + 1]
+    fixed = cluster.agent_from_argv(["python", "-m", "torch.distributed.run", "--nnodes=4", "train.py"],
+                                    {"TORCHELASTIC_RUN_ID": "r1"})
+    assert (fixed.max_nodes, fixed.elastic, fixed.run_id) == (4, False, "r1")
+    assert cluster.agent_from_argv(["/usr/bin/python", "-m", "pytest"], {}) is None
 
 
 def test_a_malformed_node_list_is_one_line_and_exit_2():
@@ -395,6 +424,29 @@ def test_a_node_killed_mid_run_and_one_that_never_joined_are_named(nodes_factory
     assert "cluster verdict FAIL" in nodes.stdout(1)
 
 
+def test_rank_0_stopped_by_a_signal_writes_the_record_and_report_of_what_it_has(nodes_factory):
+    """torchrun restarting its workers (a node joined late) or scancel sends SIGTERM, then SIGKILL:
+    rank 0 writes the cluster record and prints the report before it goes, naming the phase."""
+    nodes = nodes_factory(2)
+    nodes.start(1, "--test-pause-at", "vet")
+    nodes.start(0)
+    nodes.wait_for_text(0, "waiting for every node to finish its local vet")
+    nodes.procs[0].send_signal(signal.SIGTERM)
+    code = nodes.wait(0)
+    record = nodes.record()
+
+    assert code == 1 and record["verdict"] == "fail", nodes.stderr(0)
+    assert record["stopped"] == "SIGTERM received during the local vets"
+    stopped = _finding(record, "cluster.run")
+    assert stopped["status"] == "fail" and "the run was stopped before its end (SIGTERM received" in stopped["summary"]
+    assert _node(record, "node-0")["status"] == "ok" and _node(record, "node-0")["record"] is not None
+    paused = _node(record, "node-1")
+    assert paused["status"] == "failed" and paused["reason"] == "still at local vet when the run was stopped"
+    report = nodes.stdout(0)
+    assert "the run was stopped before its end" in report and "FAIL: something is wrong with this cluster" in report
+    assert "Traceback" not in nodes.stderr(0)
+
+
 # == two hosts joined by a real (virtual) link ================================================
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -526,13 +578,14 @@ def test_nodes_named_in_nodes_beyond_the_world_size_are_reported_missing(tmp_pat
     """An elastic torchrun started the job with the 2 nodes that came, in its own rank order;
     --nodes named 3: the third is in the report as never joined."""
     roster = _roster(2, ["node-a", "node-b", "node-c"], {0: "node-c", 1: "node-a.cluster.local"})
-    absent = roster.settle_names()
-    assert absent == ["node-b"]
-    entries = cluster.node_entries(roster.nodes, {}, {}, absent)
+    settled = roster.settle_names()
+    assert settled.absent == ["node-b"] and settled.unnamed == 0
+    entries = cluster.node_entries(roster.nodes, {}, {}, settled)
     launch = cluster.Launch("torchrun", 0, 2, "127.0.0.1", 29400)
     record = cluster.cluster_record(launch, Options(quick=True), "2026-01-01T00:00:00Z", 1.0, entries, None, [])
     missing = _node(record, "node-b")
-    assert missing["status"] == "missing" and missing["rank"] is None and "never joined" in missing["reason"]
+    assert missing["status"] == "missing" and missing["rank"] is None
+    assert missing["reason"] == "it never joined: named in --nodes, but the launcher started the job with 2 nodes without it"
     assert "node-b is missing" in _finding(record, "cluster.nodes", "node:node-b")["summary"]
 
     from rich.console import Console
@@ -548,7 +601,7 @@ def test_nodes_named_in_nodes_beyond_the_world_size_are_reported_missing(tmp_pat
 
 def test_ranks_that_never_joined_take_the_expected_names_nobody_else_took():
     roster = _roster(3, ["a", "b", "c"], {0: "a", 2: "b"})  # rank 2 is b: torchrun's order, not --nodes'
-    assert roster.settle_names() == []
+    assert roster.settle_names().absent == []
     assert [(n.rank, n.name, n.state) for n in roster.nodes] == [(0, "a", "joined"), (1, "c", "missing"), (2, "b", "joined")]
 
 
@@ -578,3 +631,65 @@ def test_an_elastic_torchrun_starts_without_the_node_that_never_came_and_names_i
     assert [(n["name"], n["status"]) for n in record["nodes"]] == [("node-0", "ok"), ("node-1", "missing")], stderr[-2000:]
     assert "never joined" in _node(record, "node-1")["reason"]
     assert "MISSING node-1" in " ".join(stdout.split())
+
+
+def test_a_node_started_after_the_run_began_is_refused_and_the_others_go_on(tmp_path):
+    """Real torchrun, the rendezvous --print-launch prints (--nnodes 1:3): two nodes start and the
+    run begins; a third comes later. torchrun would restart everyone's workers to take it in;
+    rank 0 closed the rendezvous, so the late node is refused (RendezvousClosedError) and the two
+    finish, with the third counted from torchrun's --nnodes: "1 node never joined (expected 3)"."""
+    from gpuvet.bench.allreduce import free_port
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun next to {sys.executable}")
+    out, endpoint, rdzv_id = tmp_path / "cluster.json", f"127.0.0.1:{free_port()}", f"gpuvet-test-{uuid.uuid4().hex[:6]}"
+    go = tmp_path / "go"  # node-a and node-b hold before their vet until the late node has been seen
+    env = {**os.environ, "PYTHONPATH": SRC, "NO_COLOR": "1"}
+    agents: dict[str, subprocess.Popen] = {}
+
+    def start(name: str) -> None:
+        command = [str(torchrun), "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id, "--rdzv-conf", "join_timeout=60,last_call_timeout=1",
+                   "--max-restarts", "0", "-m", "gpuvet.cluster", "--device", "cpu", "--quick", "--node-name", name,
+                   "--allreduce-max-mib", "1", "--ring-mib", "1", "--db", str(tmp_path / f"{name}.sqlite3"), "--out", str(out),
+                   "--test-hold-until", str(go)]
+        with open(tmp_path / f"{name}.out", "wb") as stdout, open(tmp_path / f"{name}.err", "wb") as stderr:
+            agents[name] = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
+
+    def text(name: str, kind: str) -> str:
+        return (tmp_path / f"{name}.{kind}").read_text(errors="replace")
+
+    def wait_until(condition, what: str) -> None:
+        deadline = time.monotonic() + GUARD_S
+        while not condition():
+            if time.monotonic() > deadline:
+                pytest.fail(f"never saw {what}: " + " | ".join(text(n, "err")[-1500:] for n in agents))
+            time.sleep(0.2)
+
+    try:
+        start("node-a")
+        start("node-b")
+        wait_until(lambda: any("rendezvous is closed" in text(n, "err") for n in agents), "the rendezvous closed")
+        start("node-c")
+        assert agents["node-c"].wait(timeout=GUARD_S) != 0
+        go.touch()
+        assert "RendezvousClosedError" in text("node-c", "err")
+        # Rank 0 writes the record; the other node prints the cluster verdict (its torchrun may then
+        # wait at its exit barrier for rank 0's, which a failing worker never reaches).
+        wait_until(lambda: out.exists() and any("cluster verdict" in text(n, "out") for n in ("node-a", "node-b")),
+                   "the cluster record and the member's verdict")
+    finally:
+        for proc in agents.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    record = json.loads(out.read_text())
+    assert record["launcher"]["world_size"] == 2
+    assert sorted((n["name"], n["status"]) for n in record["nodes"]) == [("(unnamed) #1", "missing"), ("node-a", "ok"),
+                                                                         ("node-b", "ok")]
+    assert _finding(record, "cluster.nodes", "cluster")["summary"] == "1 node never joined (expected 3, 2 joined)"
+    for name in ("node-a", "node-b"):
+        assert "will restart worker group" not in text(name, "err")
+    report = " ".join(text("node-a", "out").split() + text("node-b", "out").split())
+    assert "1 node never joined (expected 3, 2 joined)" in report and "3 nodes, 2 reported, 1 missing" in report

@@ -474,3 +474,25 @@ def test_a_redacted_cluster_record_names_no_node_and_reads_the_same(template):
     assert any(m["subject"].startswith(f"{token}->") or m["subject"].endswith(f"->{token}") for m in clean["cross_node"]["measurements"])
     assert clean["options"]["redacted"] is True
     assert "HOST-REDACTED-" in cluster_view.render_markdown(clean)
+
+
+def test_every_fail_and_warn_is_counted_in_problems_with_its_fix_once(template):
+    """Stragglers and odd nodes have sections of their own for their figures, but their fix is in
+    Problems, counted with the rest, in every format."""
+    from gpuvet.report import cluster_view
+
+    entries, cross, _ = synthetic_cluster(120, template=template)  # node-0017 gpu3 at 62% bf16 GEMM
+    odd = entries[3].record
+    entries[3].record = {**odd, "machine": {**odd["machine"], "driver": {**odd["machine"]["driver"], "version": "550.54.15"}}}
+    record = _cluster_record(entries, cross)
+    fails = sum(f["status"] == FAIL for f in record["findings"])
+    warns = sum(f["status"] == WARN for f in record["findings"])
+    assert any(f["check"] == "cluster.stragglers" and f["status"] == FAIL for f in record["findings"])
+    assert any(f["check"] == "cluster.uniform" and f["status"] == WARN for f in record["findings"])
+    counts = f"Problems ({fails} failed, {warns} warning{'' if warns == 1 else 's'})"
+    straggler_fix, uniform_fix = "PERFORMANCE,POWER,CLOCK", "drain them or ask the provider to align them"
+    for text in (_rendered(record), _rendered(record, verbose=True), cluster_view.render_markdown(record),
+                 cluster_view.render_html(record)):
+        flat = " ".join(text.split())
+        assert counts.replace("Problems (", "Problems <small>(") in flat or counts in flat.replace("## ", "")
+        assert flat.count(straggler_fix) == 1 and flat.count(uniform_fix) == 1

@@ -32,6 +32,7 @@ ranks, so rank 0 reads six keys per poll, not one per node.
 
 Modules, one concern each:
   launch.py        the launcher's environment, Slurm host lists, --print-launch
+  torchrun.py      the torchrun agent's settings, and closing its rendezvous once the run started
   options.py       the run options every node gets
   rendezvous.py    the store, its keys and the heartbeat
   vet.py           the local vet under a deadline
@@ -52,7 +53,7 @@ from .coordinator import BYE_WAIT_S, GATHER_GRACE_S, Coordinator
 from .cross import ABORT_CHECK_S, RankThread, combine_rank_reports, run_cross_node
 from .cross_rank import CHILD_GRACE_S, CrossRankConfig, child_main, run_rank
 from .flow import run_node
-from .launch import Launch, LaunchError, expand_hostlist, interface_towards, launch_from_env, print_launch
+from .launch import Launch, LaunchError, expand_hostlist, interface_towards, launch_from_env, launch_help, print_launch
 from .node import EXIT_FAIL, EXIT_LOST, EXIT_OK, EXIT_USAGE, Node
 from .options import (CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, RING_ROUNDS,
                       Options)
@@ -60,17 +61,18 @@ from .plan import RING_REPEATS, Plan, make_plan, shuffled_rings
 from .record import (CLUSTER_SCHEMA, check_out_path, cluster_record, cross_measurements, node_entries,
                      rejudge_cluster, summarise_record, summarise_series)
 from .rendezvous import POLL_S, PREFIX, Heartbeat, Rendezvous
-from .roster import NodeState, Roster, unique_names
+from .roster import NodeState, Roster, Settled, unique_names
+from .torchrun import Agent, agent_from_argv, close_rendezvous
 from .vet import VetOutcome, vet_with_deadline
 
 __all__ = [
     "ABORT_CHECK_S", "BYE_WAIT_S", "CHILD_GRACE_S", "CLUSTER_SCHEMA", "CPU_ALLREDUCE_MAX_MIB", "CPU_RING_MIB",
     "EXIT_FAIL", "EXIT_LOST", "EXIT_OK", "EXIT_USAGE", "GATHER_GRACE_S", "GPU_ALLREDUCE_MAX_MIB", "GPU_RING_MIB",
     "POLL_S", "PREFIX", "RING_REPEATS", "RING_ROUNDS",
-    "Coordinator", "CrossRankConfig", "Heartbeat", "Launch", "LaunchError", "Node", "NodeState", "Options", "Plan",
-    "RankThread", "Rendezvous", "Roster", "VetOutcome",
+    "Agent", "Coordinator", "CrossRankConfig", "Heartbeat", "Launch", "LaunchError", "Node", "NodeState", "Options", "Plan",
+    "RankThread", "Rendezvous", "Roster", "Settled", "VetOutcome", "agent_from_argv", "close_rendezvous",
     "check_out_path", "child_main", "cluster_record", "combine_rank_reports", "command", "cross_measurements",
-    "expand_hostlist", "finish", "interface_towards", "launch_from_env", "main", "make_plan", "node_entries",
+    "expand_hostlist", "finish", "interface_towards", "launch_from_env", "launch_help", "main", "make_plan", "node_entries",
     "print_launch", "rejudge_cluster", "run_cross_node", "run_node", "run_rank", "shuffled_rings",
     "summarise_record", "summarise_series", "unique_names", "vet_with_deadline",
 ]

@@ -13,7 +13,7 @@ import click
 
 from .cross import RankThread
 from .flow import run_node
-from .launch import LaunchError, expand_hostlist, launch_from_env, print_launch
+from .launch import LaunchError, expand_hostlist, launch_from_env, launch_help, print_launch
 from .node import EXIT_USAGE
 from .options import CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, RING_ROUNDS, Options
 from .record import check_out_path
@@ -41,6 +41,10 @@ def _benchmark_names() -> tuple[str, ...]:
 @click.option("--node-name", metavar="NAME", help="This node's name in the report (default: its hostname).")
 @click.option("--nodes", "nodes", metavar="HOSTLIST", help='The nodes expected, in rank order ("node[01-04]"); '
               "names the ones that never join (Slurm: from SLURM_JOB_NODELIST).")
+@click.option("--expect-nodes", type=click.IntRange(min=1), metavar="N",
+              help="How many nodes to expect, for the ones that never join (default: the --nodes count, Slurm's, "
+                   "or the N of torchrun's --nnodes 1:N).")
+@click.option("--run-id", metavar="ID", help="With --print-launch: the torchrun --rdzv-id (default: one derived from the nodes).")
 @click.option("--out", metavar="FILE", help="Rank 0 writes the cluster record (JSON) to FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Rank 0 prints the cluster record as JSON instead of the report.")
 @click.option("-v", "--verbose", is_flag=True, help="List every node and straggler.")
@@ -70,8 +74,10 @@ def _benchmark_names() -> tuple[str, ...]:
 @click.option("--port", type=click.IntRange(1, 65535),
               help="The rendezvous port (default: MASTER_PORT, or one from the Slurm job id).")
 @click.option("--test-pause-at", type=click.Choice(["vet", "meet", "cross"]), hidden=True)
+@click.option("--test-hold-until", metavar="FILE", hidden=True)
 @click.option("--rank-processes", is_flag=True, hidden=True)
-def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], no_cross: bool, **values: Any) -> None:
+def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], no_cross: bool, run_id: str | None,
+            **values: Any) -> None:
     """Vet every node of a multi-node job at once (one process per node, from torchrun or srun),
     measure the network between the nodes, and name the stragglers."""
     try:
@@ -80,15 +86,16 @@ def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], n
         click.echo(f"gpuvet cluster: --nodes {nodes}: {err}", err=True)
         sys.exit(EXIT_USAGE)
     if show_launch:
+        click.echo(launch_help(join_timeout_s=values["join_timeout"]), err=True)
         click.echo(print_launch(options=given_options(click.get_current_context()), nodes=expected,
-                                join_timeout_s=values["join_timeout"]))
+                                join_timeout_s=values["join_timeout"], expect_nodes=values["expect_nodes"], run_id=run_id))
         return
     options = Options(benchmarks=list(benchmarks) or None, cross=not no_cross, nodes=expected, **values)
     finish(main(options))
 
 
 # Not passed on by --print-launch: each node has its own name.
-_NOT_PASSED_ON = ("show_launch", "node_name")
+_NOT_PASSED_ON = ("show_launch", "node_name", "run_id")
 
 
 def given_options(ctx: click.Context) -> list[str]:
@@ -131,7 +138,7 @@ def main(options: Options, env: dict[str, str] | os._Environ = os.environ) -> in
     if problem:
         click.echo(f"gpuvet cluster: {problem}", err=True)
         return EXIT_USAGE
-    name = options.node_name or socket.gethostname()
+    name = options.node_name or launch.node_name or socket.gethostname()
     talk = launch.rank == 0 and not options.quiet
 
     def say(message: str) -> None:

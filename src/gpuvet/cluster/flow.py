@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from .coordinator import GATHER_GRACE_S, Coordinator
 from .cross_rank import one_line
@@ -15,6 +16,15 @@ from .launch import Launch
 from .node import EXIT_FAIL, EXIT_LOST, Node, verdict_words
 from .options import Options, pause
 from .plan import Plan
+
+
+class Stopped(Exception):
+    """A signal asked this process to end (torchrun restarting its workers, scancel, kill)."""
+
+
+def _stop_on_signal(number: int, frame: Any) -> None:
+    signal.signal(number, signal.SIG_IGN)  # once is enough: the report is being written
+    raise Stopped(f"{signal.Signals(number).name} received")
 
 
 def run_node(launch: Launch, options: Options, say: Callable[[str], None]) -> int:
@@ -29,7 +39,12 @@ def run_node(launch: Launch, options: Options, say: Callable[[str], None]) -> in
         return EXIT_LOST
     try:
         if launch.rank == 0:
-            return Coordinator(node).run()
+            # torchrun sends SIGTERM, then SIGKILL 30 s later: rank 0 uses them to write what it has.
+            previous = signal.signal(signal.SIGTERM, _stop_on_signal)
+            try:
+                return Coordinator(node).run()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
         try:
             return _run_member(node)
         except (RuntimeError, OSError) as err:  # the store (rank 0) went away: torch's DistError is a RuntimeError

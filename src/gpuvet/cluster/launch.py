@@ -3,8 +3,8 @@ command line that starts gpuvet on every node, and the network interface towards
 
 from __future__ import annotations
 
+import hashlib
 import os
-import random
 import re
 import socket
 import sys
@@ -25,6 +25,8 @@ class Launch:
     agent_store: bool = False  # torchrun's agent hosts the store: no rank starts one
     job_id: str | None = None
     expected_nodes: list[str] = field(default_factory=list)  # host per rank, where the launcher says
+    node_name: str | None = None  # this node's name as the launcher knows it (Slurm: SLURMD_NODENAME)
+    node_index: int | None = None  # its place in expected_nodes (Slurm: SLURM_NODEID)
 
     @property
     def cluster_id(self) -> str:
@@ -111,21 +113,31 @@ def _slurm_launch(env: dict[str, str] | os._Environ, port: int | None) -> Launch
     if port is None:
         port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else 20000 + (int(job) % 20000 if job and job.isdigit() else 0)
     step = env.get("SLURM_STEP_ID")
+    index = env.get("SLURM_NODEID")
     return Launch("slurm", int(env["SLURM_PROCID"]), world_size, master, port,
                   job_id=f"slurm-{job}" + (f".{step}" if step else "") if job else None,
-                  expected_nodes=hosts if len(hosts) == world_size else [])
+                  expected_nodes=hosts if len(hosts) == world_size else [],
+                  node_name=env.get("SLURMD_NODENAME") or None, node_index=int(index) if index and index.isdigit() else None)
+
+
+RDZV_PORT = 29400
 
 
 def print_launch(env: dict[str, str] | os._Environ = os.environ, options: list[str] | None = None,
-                 python: str | None = None, nodes: list[str] | None = None, join_timeout_s: float = 300.0) -> str:
+                 python: str | None = None, nodes: list[str] | None = None, join_timeout_s: float = 300.0,
+                 expect_nodes: int | None = None, run_id: str | None = None) -> str:
     """The command line that starts gpuvet on every node from here, with the run options given
     (`options`, already quoted): srun inside a Slurm allocation, else torchrun, with the node count
-    and first host from `nodes` (placeholders without).
+    and first host from `nodes` or `expect_nodes` (placeholders without).
 
-    torchrun's rendezvous is elastic (`--nnodes 1:N`): it starts as soon as all N nodes are there,
-    or `last_call_timeout` after the first one with the nodes that came; a fixed --nnodes would
-    instead end in a rendezvous traceback before gpuvet runs, and nobody would be named. gpuvet
-    names the ones that did not come from --nodes."""
+    The line is the same wherever it is printed (its --rdzv-id comes from `run_id`, or from the
+    nodes), so that nodes that each print their own still meet. torchrun's rendezvous is elastic
+    (`--nnodes 1:N`): it starts as soon as all N nodes are there, or `last_call_timeout` after the
+    last arrival with the nodes that came; a fixed --nnodes would instead end in a rendezvous
+    traceback before gpuvet runs, and nobody would be named. Once gpuvet runs, rank 0 closes the
+    rendezvous (torchrun.py): a late node is refused instead of restarting everyone. gpuvet is told
+    how many nodes to expect (--expect-nodes, or --nodes), so that the ones that never came are
+    reported missing."""
     extra = list(options or [])
     out = [] if "--out" in extra else ["--out", "gpuvet-cluster" + (f"-{env['SLURM_JOB_ID']}" if env.get("SLURM_JOB_ID") else "")
                                         + ".json"]
@@ -136,14 +148,31 @@ def print_launch(env: dict[str, str] | os._Environ = os.environ, options: list[s
             count = str(len(expand_hostlist(env["SLURM_JOB_NODELIST"])))
         line = [f"srun --nodes={count or '<NODES>'} --ntasks-per-node=1 --kill-on-bad-exit=0 {python or sys.executable} "
                 "-m gpuvet.cluster"]
-    else:
-        count = str(len(nodes)) if nodes else "<NUMBER_OF_NODES>"
-        first = nodes[0] if nodes else "<FIRST_NODE_HOST>"
-        wait = int(join_timeout_s)
-        line = [f"torchrun --nnodes 1:{count} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {first}:29400 "
-                f"--rdzv-id gpuvet-{random.randrange(16**6):06x} --rdzv-conf join_timeout={wait + 60},last_call_timeout={wait} "
-                "--max-restarts 0 -m gpuvet.cluster"]
-    return " ".join(line + extra + out)
+        return " ".join(line + extra + out)
+    count = str(len(nodes)) if nodes else str(expect_nodes) if expect_nodes else "<NUMBER_OF_NODES>"
+    first = nodes[0] if nodes else "<FIRST_NODE_HOST>"
+    wait = int(join_timeout_s)
+    rdzv_id = run_id or "gpuvet-" + hashlib.sha256(" ".join([first, count, *(nodes or [])]).encode()).hexdigest()[:10]
+    # join_timeout: how long a node waits for the rendezvous to complete, which is last_call_timeout
+    # after the last arrival; it leaves the nodes `wait` seconds more to come one after another.
+    line = [f"torchrun --nnodes 1:{count} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {first}:{RDZV_PORT} "
+            f"--rdzv-id {rdzv_id} --rdzv-conf join_timeout={2 * wait + 60},last_call_timeout={wait} "
+            "--max-restarts 0 -m gpuvet.cluster"]
+    expect = [] if nodes or "--expect-nodes" in extra else ["--expect-nodes", count]
+    return " ".join(line + extra + expect + out)
+
+
+def launch_help(env: dict[str, str] | os._Environ = os.environ, join_timeout_s: float = 300.0) -> str:
+    """What to do with the printed line (printed to stderr, so that the line alone goes to stdout)."""
+    if env.get("SLURM_JOB_ID"):
+        return "# Run this line once, inside the allocation: srun starts gpuvet on every node of it."
+    wait = int(join_timeout_s)
+    return (f"# Run this same line on every node (the first node hosts the rendezvous on port {RDZV_PORT}), each within "
+            f"{wait} s of the previous one.\n"
+            f"# The run starts when all have come, or {wait} s after the last arrival with the nodes there; the report "
+            "names the others MISSING.\n"
+            "# A node started after the run began is refused by torchrun (RendezvousClosedError), not let in: the "
+            "running nodes are not restarted.")
 
 
 def interface_towards(address: str) -> str | None:

@@ -15,7 +15,7 @@ from .. import runner
 from ..record import FAIL, RunRecord
 from .cross import run_cross_node
 from .launch import Launch
-from .options import Options
+from .options import Options, hold_until
 from .plan import Plan
 from .record import summarise_record
 from .rendezvous import Heartbeat, Rendezvous
@@ -33,7 +33,8 @@ class Node:
 
     def __init__(self, launch: Launch, options: Options, say: Callable[[str], None]):
         self.launch, self.options, self.say = launch, options, say
-        self.name = options.node_name or socket.gethostname()
+        # Under Slurm, Slurm's name for the node: the node list names it so, whatever its hostname.
+        self.name = options.node_name or launch.node_name or socket.gethostname()
         self.started, self.started_at = time.monotonic(), _now()
         self.rv: Rendezvous | None = None
         self.heartbeat: Heartbeat | None = None
@@ -48,7 +49,8 @@ class Node:
                  f"{self.launch.world_size} ({self.launch.kind})")
         self.rv = Rendezvous(self.launch, o.join_timeout, op_timeout_s=max(60.0, o.dead_after))
         self.heartbeat = Heartbeat(self.rv, self.launch.rank, max(0.2, min(5.0, o.dead_after / 5))).start()
-        self.rv.put(f"joined/{self.launch.rank}", {"name": self.name, "host": socket.gethostname(), "pid": os.getpid()})
+        self.rv.put(f"joined/{self.launch.rank}", {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+                                                   "index": self.launch.node_index, "addresses": own_addresses()})
         self.rv.log("joined", self.launch.rank)
 
     def step(self, name: str) -> None:
@@ -65,6 +67,8 @@ class Node:
     # -- the local vet ---------------------------------------------------------------------
 
     def vet(self) -> VetOutcome:
+        if self.options.test_hold_until:
+            hold_until(self.options.test_hold_until)
         if self.rv:
             self.phase("local vet")
         facts_only = self.options.quick and not self.options.benchmarks
@@ -130,6 +134,18 @@ class Node:
 
     def local_exit_code(self) -> int:
         return EXIT_FAIL if self.record is None or self.record.verdict == FAIL else EXIT_OK
+
+
+def own_addresses() -> list[str]:
+    """This node's IP addresses (loopback aside): rank 0 matches them with --nodes given as IPs."""
+    import psutil
+
+    try:
+        found = {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses
+                 if a.family in (socket.AF_INET, socket.AF_INET6)}
+    except OSError:
+        return []
+    return sorted(a for a in found if not a.startswith("127.") and a != "::1")[:16]
 
 
 def verdict_words(node: Node) -> str:

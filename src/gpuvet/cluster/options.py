@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 GPU_ALLREDUCE_MAX_MIB = 1024.0
@@ -26,6 +28,7 @@ class Options:
     workdir: str | None = None
     node_name: str | None = None
     nodes: list[str] = field(default_factory=list)  # the node names expected (--nodes hostlist)
+    expect_nodes: int | None = None  # how many nodes are expected (--expect-nodes; torchrun: its --nnodes max)
     out: str | None = None
     as_json: bool = False
     verbose: bool = False
@@ -47,6 +50,7 @@ class Options:
     port: int | None = None
     rank_processes: bool = False  # gloo ranks in processes of their own, as NCCL's (tests of that path)
     test_pause_at: str | None = None  # tests only: "vet", "meet" or "cross": this node stops there
+    test_hold_until: str | None = None  # tests only: the node waits for this file before its local vet
 
     def vet_deadline_s(self) -> float:
         if self.vet_timeout:
@@ -54,6 +58,12 @@ class Options:
         if self.quick and not self.benchmarks:
             return 120.0
         return 1200.0 + 60.0 * (self.soak_minutes or 0.0)
+
+
+def hold_until(path: str) -> None:
+    """Tests only: wait for `path` to exist (a step the test must take while this node runs)."""
+    while not os.path.exists(path):
+        time.sleep(0.1)
 
 
 def pause(where: str) -> None:

@@ -12,14 +12,14 @@ from typing import Any
 
 from .. import __version__
 from ..bench.allreduce import LATENCY_BYTES
-from ..facts import from_dict
-from ..judge.cluster import ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, NodeEntry, judge_cluster
+from ..judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, UNNAMED_PREFIX,
+                             NodeEntry, judge_cluster)
 from ..record import Measurement, verdict_of
 from .launch import Launch
 from .options import Options
 from .cross_rank import FINISHED, step_progress
 from .plan import Plan
-from .roster import NodeState
+from .roster import NodeState, Settled
 
 CLUSTER_SCHEMA = "gpuvet.cluster/1"
 
@@ -154,24 +154,37 @@ def _note(outcome: str, reason: str, nodes: list[str] | None = None, extra: dict
 
 
 def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], saved: dict[int, int | None],
-                 absent: list[str] | None = None) -> list[NodeEntry]:
-    """One entry per rank, and one per expected node that no rank answered for (`absent`)."""
+                 absent: Settled | list[str] | None = None, source: str = "--nodes",
+                 stopped: str | None = None) -> list[NodeEntry]:
+    """One entry per rank, and one per expected node that no rank answered for (`absent`: named
+    from the node list, `source`, or only counted). `stopped`: the run ended early, for that reason."""
+    settled = absent if isinstance(absent, Settled) else Settled(list(absent or []))
     entries = []
     for n in nodes:
         status = OK if n.state in ("ready", "done") else MISSING if n.state == MISSING else FAILED
-        if n.state == "joined":  # alive but never ready: the plan went on without it
-            status, n.reason = FAILED, n.reason or "not ready when the others met"
+        if n.state == "joined":  # alive but never ready: the plan went on without it, or the run was stopped
+            status = FAILED
+            n.reason = n.reason or (f"still at {n.step or 'its local vet'} when the run was stopped" if stopped
+                                    else "not ready when the others met")
         entries.append(NodeEntry(n.name, n.rank, status, n.reason, n.step, n.host, records.get(n.rank), saved.get(n.rank)))
-    for name in absent or []:
-        entries.append(NodeEntry(name, None, MISSING, f"it never joined: named in --nodes, but the launcher started the job "
-                                                      f"with {len(nodes)} node{'' if len(nodes) == 1 else 's'} without it"))
+    started = f"the launcher started the job with {len(nodes)} node{'' if len(nodes) == 1 else 's'}"
+    for name in settled.absent:
+        entries.append(NodeEntry(name, None, MISSING, f"it never joined: named in {source}, but {started} without it"))
+    unmatched = (f"; the names {', '.join(settled.unmatched[:8])} in {source} match no joined node's name or address"
+                 if settled.unmatched else "")
+    for i in range(settled.unnamed):
+        entries.append(NodeEntry(f"{UNNAMED_PREFIX}{i + 1}", None, MISSING,
+                                 f"it never joined: {len(nodes) + len(settled.absent) + settled.unnamed} nodes expected, "
+                                 f"{started}{unmatched}", unnamed=True))
     return entries
 
 
 def cluster_record(launch: Launch, options: Options, started_at: str, duration_s: float, entries: list[NodeEntry],
-                   plan: Plan | None, measurements: list[Measurement]) -> dict[str, Any]:
-    judgement = judge_cluster(entries, measurements, {"tolerance": options.tolerance})
-    return {
+                   plan: Plan | None, measurements: list[Measurement], stopped: str | None = None) -> dict[str, Any]:
+    """The judged cluster record; `stopped`: why the run ended before its end (the record holds
+    what was gathered by then)."""
+    judgement = judge_cluster(entries, measurements, {"tolerance": options.tolerance, "stopped": stopped})
+    record = {
         "schema": CLUSTER_SCHEMA,
         "tool": {"name": "gpuvet", "version": __version__},
         "cluster_id": launch.cluster_id,
@@ -188,6 +201,9 @@ def cluster_record(launch: Launch, options: Options, started_at: str, duration_s
         "findings": [asdict(f) for f in judgement.findings],
         "verdict": verdict_of(judgement.findings),
     }
+    if stopped:
+        record["stopped"] = stopped
+    return record
 
 
 def _entry_dict(entry: NodeEntry) -> dict[str, Any]:
@@ -196,17 +212,18 @@ def _entry_dict(entry: NodeEntry) -> dict[str, Any]:
 
 
 def _recorded_options(options: Options) -> dict[str, Any]:
-    keep = ("quick", "device", "benchmarks", "soak_minutes", "preemptible", "expect", "tolerance", "join_timeout", "vet_timeout",
+    keep = ("quick", "device", "benchmarks", "soak_minutes", "preemptible", "expect", "expect_nodes", "tolerance",
+            "join_timeout", "vet_timeout",
             "cross_timeout", "dead_after", "allreduce_max_mib", "ring_mib", "ring_rounds", "cross", "full_records")
     return {k: getattr(options, k) for k in keep if getattr(options, k) not in (None, [], False)}
 
 
 def rejudge_cluster(record: dict[str, Any], tolerance: float | None = None) -> dict[str, Any]:
     """A saved cluster record judged again by this version's rules."""
-    entries = [from_dict(NodeEntry, n) for n in record.get("nodes") or []]
+    entries = [_flat(NodeEntry, n) for n in record.get("nodes") or []]
     cross = record.get("cross_node") or {}
-    measurements = [from_dict(Measurement, m) for m in cross.get("measurements") or []]
-    judgement = judge_cluster(entries, measurements, {"tolerance": tolerance})
+    measurements = [_flat(Measurement, m) for m in cross.get("measurements") or []]
+    judgement = judge_cluster(entries, measurements, {"tolerance": tolerance, "stopped": record.get("stopped")})
     again = dict(record)
     again["summary"] = {"rows": [asdict(r) for r in judgement.rows], "baselines": [asdict(b) for b in judgement.baselines],
                         "stragglers": [asdict(s) for s in judgement.stragglers],
@@ -214,6 +231,12 @@ def rejudge_cluster(record: dict[str, Any], tolerance: float | None = None) -> d
     again["findings"] = [asdict(f) for f in judgement.findings]
     again["verdict"] = verdict_of(judgement.findings)
     return again
+
+
+def _flat(cls: type, data: dict[str, Any]) -> Any:
+    """A dataclass of plain fields from its dict, unknown keys ignored: facts.from_dict without its
+    type-hint walk, which costs a second at 1,000 nodes and converts nothing here."""
+    return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
 
 
 # == the record on disk ======================================================================

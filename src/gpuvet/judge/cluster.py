@@ -23,6 +23,7 @@ costs seconds and the rules here read a handful of fields from each.
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -33,6 +34,7 @@ from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
 
 # Node states.
 OK, FAILED, MISSING = "ok", "failed", "missing"
+UNNAMED_PREFIX = "(unnamed) #"  # a node expected (by count) that never joined, and no list names it
 
 # Measurement names of the cross-node phase.
 ALLREDUCE_BUSBW = "cluster.allreduce.busbw"
@@ -67,6 +69,7 @@ class NodeEntry:
     host: str | None = None
     record: dict[str, Any] | None = None  # its run record (gpuvet.run/1 as a dict), time series summarised
     saved_run: int | None = None  # the run id in the node's own store
+    unnamed: bool = False  # expected by count only (--expect-nodes, torchrun's --nnodes): no name to give it
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,7 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of subjects (gpu0..gpu7, host), asked for every figure
 def _scope(subject: str) -> str:
     return "gpu" if re.fullmatch(r"gpu\d+", subject) else subject
 
@@ -455,9 +459,19 @@ def _last_step_words(entry: NodeEntry) -> str:
 
 
 def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others_reached: str | None) -> list[Finding]:
-    missing = [e for e in entries if e.status == MISSING]
+    missing = [e for e in entries if e.status == MISSING and not e.unnamed]
+    unnamed = [e for e in entries if e.status == MISSING and e.unnamed]
     failed = [e for e in entries if e.status == FAILED]
     findings = []
+    if unnamed:
+        came = sum(e.rank is not None for e in entries)
+        count = f"{len(unnamed)} node{'' if len(unnamed) == 1 else 's'}"
+        findings.append(_finding(
+            "cluster.nodes", "cluster", FAIL,
+            f"{count} never joined (expected {len(entries)}, {came} joined)", measured=unnamed[0].reason,
+            expected=f"{len(entries)} nodes (--expect-nodes, --nodes or torchrun's --nnodes)",
+            remedy="start gpuvet on every node with the same line (`gpuvet cluster --print-launch`), each within the join "
+                   "timeout; give --nodes HOSTLIST to have the missing ones named"))
     for e in missing:
         findings.append(_finding("cluster.nodes", f"node:{e.name}", FAIL, f"{e.name} is missing: {e.reason or 'it never joined'}",
                                  measured=e.reason, expected="every node of the job joins",
@@ -794,11 +808,21 @@ def judge_cluster(entries: list[NodeEntry], measurements: list[Measurement] | No
     fallback = next((m for m in measurements if m.name == FALLBACK), None)
     ring_verdict = attribute_ring(ring_pairs(ring)) if ring else None
     behind, others_reached = _behind(notes)
-    findings = (_node_state_findings(entries, behind, others_reached) + _straggler_findings(views, baselines, stragglers)
+    findings = (_stopped_findings(options.get("stopped")) + _node_state_findings(entries, behind, others_reached)
+                + _straggler_findings(views, baselines, stragglers)
                 + _uniformity_findings(uniformity) + _node_check_findings(views) + _fallback_findings(fallback)
                 + [_allreduce_finding(views, busbw, latency, notes)] + _ring_findings(views, ring, notes))
     rows = node_rows(views, stragglers, ring_verdict, uniformity, behind, others_reached)
     return ClusterJudgement(findings, rows, baselines, stragglers, uniformity, ring_verdict)
+
+
+def _stopped_findings(stopped: str | None) -> list[Finding]:
+    if not stopped:
+        return []
+    return [_finding("cluster.run", "cluster", FAIL, f"the run was stopped before its end ({stopped}): this report holds "
+                     "what was gathered by then", measured=stopped, expected="the run ends by itself",
+                     remedy="if torchrun's log says 'Detected N new nodes ... will restart worker group', a node joined "
+                            "late: start every node at once with the line from `gpuvet cluster --print-launch`, and rerun")]
 
 
 def _behind(notes: list[Measurement]) -> tuple[dict[str, str], str | None]:

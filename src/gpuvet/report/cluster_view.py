@@ -28,8 +28,9 @@ PASSING_SHOWN = 20  # passing nodes listed before the rest are counted (all with
 STRAGGLERS_SHOWN = 20
 VERDICT_TEXT = {FAIL: "FAIL: something is wrong with this cluster", WARN: "WARN: usable, with caveats",
                 PASS: "PASS: nothing wrong found"}
-# Sections already show these checks in their own form; Problems lists the rest.
-_SHOWN_ELSEWHERE = {"cluster.stragglers", "cluster.uniform"}
+# Sections already show these checks' figures in their own form: Problems counts them and gives
+# their fix like every other FAIL and WARN, without the figures again.
+_FIGURES_SHOWN_ELSEWHERE = {"cluster.stragglers", "cluster.uniform"}
 
 
 # Lists written one item per line: a node per line is easy to grep, and json's C encoder (which
@@ -408,12 +409,12 @@ def _size(nbytes: int) -> str:
 
 
 def _problem_items(record: dict[str, Any]) -> list[dict[str, str]]:
-    found = [f for f in record.get("findings") or [] if f["status"] in (FAIL, WARN) and f["check"] not in _SHOWN_ELSEWHERE]
+    found = [f for f in record.get("findings") or [] if f["status"] in (FAIL, WARN)]
     found.sort(key=lambda f: f["status"] != FAIL)
     items = []
     for f in found:
         subject = "" if f["summary"].startswith(f["subject"]) else f"{f['subject']}: "
-        evidence = f.get("evidence") or {}
+        evidence = {} if f["check"] in _FIGURES_SHOWN_ELSEWHERE else f.get("evidence") or {}
         parts = [f"{key} {evidence[key]}" for key in ("measured", "expected") if evidence.get(key)]
         items.append({"status": f["status"], "check": f["check"], "text": f"{subject}{f['summary']}",
                       "evidence": " · ".join(parts), "remedy": f.get("remedy") or ""})
