@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..record import FAIL, PASS, SKIP, WARN
+from .numbers import number
 from .redact import HOST, Redactor
 
 SCHEMA = "gpuvet.cluster/1"
@@ -345,11 +346,11 @@ def _straggler_lines(record: dict[str, Any], verbose: bool) -> tuple[list[str], 
     lines = []
     for b in baselines:
         scope = "per GPU" if b["scope"] == "gpu" else f"per node ({b['scope']})"
-        lines.append(f"{b['metric']:<22} {_number(b['value'])} {b['unit']} {scope}, threshold {100 * b['threshold']:.0f}% "
+        lines.append(f"{b['metric']:<22} {number(b['value'])} {b['unit']} {scope}, threshold {100 * b['threshold']:.0f}% "
                      f"(from {b['kept']} of {b['total']} values)")
     shown = stragglers if verbose else stragglers[:STRAGGLERS_SHOWN]
     items = [(s["status"], f"{s['node']} {s['subject']}".strip(), s["metric"],
-              f"{_number(s['value'])} {s['unit']} = {100 * s['share']:.0f}% of {_number(s['baseline'])}") for s in shown]
+              f"{number(s['value'])} {s['unit']} = {100 * s['share']:.0f}% of {number(s['baseline'])}") for s in shown]
     return lines, items, len(stragglers) - len(shown)
 
 
@@ -420,6 +421,3 @@ def _problem_items(record: dict[str, Any]) -> list[dict[str, str]]:
                       "evidence": " · ".join(parts), "remedy": f.get("remedy") or ""})
     return items
 
-
-def _number(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
