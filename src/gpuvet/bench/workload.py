@@ -445,7 +445,7 @@ def throughput_measurements(ctx: BenchContext, trainer: Trainer, run: TrainingRu
     ms = [1000.0 * t for t in times]
     results = [
         measurement("workload.tokens_per_s", tokens_per_s, "tokens/s", ctx.subject,
-                    tokens_per_step=cfg.tokens_per_step, seconds=round(seconds, 4),
+                    tokens_per_step=cfg.tokens_per_step, seconds=round(seconds, 6),
                     parameters=sum(p.numel() for p in trainer.model.parameters()), matmul_parameters=n_matmul,
                     model_flops_per_token=per_token, model_tflops=round(model_tflops, 4), flops_formula=FLOPS_FORMULA,
                     loss_first=round(run.losses[0], 4), loss_last=round(run.losses[-1], 4),
