@@ -28,6 +28,8 @@ from gpuvet.cluster import (LaunchError, NodeState, Options, Plan, combine_rank_
 from gpuvet.judge.cluster import ALLREDUCE_BUSBW, NOTE, RING
 from gpuvet.store import Store
 
+from cluster_stubs import JoinedStore
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 GUARD_S = 180  # a process still running after this is hung: the test fails (never reached when healthy)
 
@@ -546,30 +548,8 @@ def test_a_node_whose_cross_node_part_hangs_is_named_with_its_step(nodes_factory
 
 # == nodes named in --nodes that never came ====================================================
 
-class _JoinedOnly:
-    """The few store reads the roster makes, for a job where `joined` (rank -> name) joined and
-    nothing else happened yet."""
-
-    def __init__(self, joined: dict[int, str]):
-        self.joined = joined
-        self.store = self
-
-    def logged(self, name: str) -> set[int]:
-        return set(self.joined) if name == "joined" else set()
-
-    def get(self, key: str):
-        kind, rank = key.split("/")
-        return {"name": self.joined[int(rank)], "host": self.joined[int(rank)]} if kind == "joined" else None
-
-    def counters(self, keys: list[str]) -> list[int]:
-        return [1] * len(keys)
-
-    def check(self, keys: list[str]) -> bool:
-        return False
-
-
 def _roster(world_size: int, expected: list[str], joined: dict[int, str]) -> cluster.Roster:
-    roster = cluster.Roster(_JoinedOnly(joined), world_size, expected, Options(join_timeout=1), time.monotonic() - 10)
+    roster = cluster.Roster(JoinedStore({r: {"name": n, "host": n} for r, n in joined.items()}), world_size, expected, Options(join_timeout=1), time.monotonic() - 10)
     roster.poll()  # the join deadline has passed: who has not joined is missing
     return roster
 

@@ -12,31 +12,11 @@ from rich.console import Console
 from gpuvet.cluster import Launch, Node, Options, Roster, cluster_record, launch_from_env, node_entries
 from gpuvet.report import cluster_view
 
-
-class _Joined:
-    """The store reads the roster makes, for a job where the nodes in `joined` (rank -> what the
-    node posted when it joined) joined and nothing else happened yet."""
-
-    def __init__(self, joined: dict[int, dict]):
-        self.joined = joined
-        self.store = self
-
-    def logged(self, name: str) -> set[int]:
-        return set(self.joined) if name == "joined" else set()
-
-    def get(self, key: str):
-        kind, rank = key.split("/")
-        return self.joined[int(rank)] if kind == "joined" else None
-
-    def counters(self, keys: list[str]) -> list[int]:
-        return [1] * len(keys)
-
-    def check(self, keys: list[str]) -> bool:
-        return False
+from cluster_stubs import JoinedStore
 
 
 def _roster(world_size: int, expected: list[str], joined: dict[int, dict], by_rank: bool = False) -> Roster:
-    roster = Roster(_Joined(joined), world_size, expected, Options(join_timeout=1), time.monotonic() - 10, by_rank=by_rank)
+    roster = Roster(JoinedStore(joined), world_size, expected, Options(join_timeout=1), time.monotonic() - 10, by_rank=by_rank)
     roster.poll()  # the join deadline has passed: who has not joined is missing
     return roster
 

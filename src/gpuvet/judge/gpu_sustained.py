@@ -105,7 +105,7 @@ def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
 
 
 def _hold_words(name: str, share: float, index: int) -> str:
-    what, how = _HOLDS.get(name, (f"clock-event reason {name}", f"`nvidia-smi -i {{i}} -q -d PERFORMANCE`"))
+    what, how = _HOLDS.get(name, (f"clock-event reason {name}", "`nvidia-smi -i {i} -q -d PERFORMANCE`"))
     return f"{name} during {100 * share:.0f}% of the load ({what}: {how.format(i=index)})"
 
 
