@@ -10,3 +10,15 @@ os.environ.setdefault("NO_COLOR", "1")
 import tempfile  # noqa: E402
 
 os.environ["GPUVET_DB"] = os.path.join(tempfile.mkdtemp(prefix="gpuvet-test-"), "runs.sqlite3")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def empty_path(monkeypatch, tmp_path):
+    """Hide fio, iperf3 and every other tool from gpuvet: PATH points at an empty directory,
+    so the built-in engines are the ones tested."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))

@@ -39,11 +39,7 @@ def disk_dir(tmp_path):
 
 
 @pytest.fixture
-def no_fio(monkeypatch, tmp_path):
-    """Hide fio (and everything else) from gpuvet by pointing PATH at an empty directory."""
-    empty = tmp_path / "empty-path"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
+def no_fio(empty_path):
     assert disk.find_fio() is None
 
 

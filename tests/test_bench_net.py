@@ -16,11 +16,7 @@ needs_iperf3 = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3
 
 
 @pytest.fixture
-def no_iperf3(monkeypatch, tmp_path):
-    """Hide iperf3 from gpuvet by pointing PATH at an empty directory."""
-    empty = tmp_path / "empty-path"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
+def no_iperf3(empty_path):
     assert net.find_iperf3() is None
 
 

@@ -17,10 +17,8 @@ SECONDS = "2"
 
 
 @pytest.fixture
-def no_iperf3(monkeypatch, tmp_path):
-    empty = tmp_path / "empty-path"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
+def no_iperf3(empty_path):
+    """gpuvet's own network engine at both ends."""
 
 
 def test_net_test_prints_a_judged_report_with_the_verdict_last_and_saves_it(capsys, no_iperf3, tmp_path):

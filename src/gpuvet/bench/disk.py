@@ -487,28 +487,27 @@ class BuiltinEngine:
                     extra={"io": moved.io, "fsync_s": round(flush, 3)})
 
     def seq_read(self, target: Target, seconds: float, size: int) -> Pass:
-        fd = self._open(target, os.O_RDONLY)
-        try:
-            if not target.direct:
-                _drop_cache(fd)
-            moved = transfer(fd, False, SEQ_BLOCK, SEQ_DEPTH, _sequential(size, SEQ_BLOCK), seconds, target.direct)
-        finally:
-            os.close(fd)
+        moved = self._read(target, SEQ_BLOCK, SEQ_DEPTH, _sequential(size, SEQ_BLOCK), seconds)
         return Pass(bytes=moved.bytes, seconds=moved.seconds, ops=moved.ops, extra={"io": moved.io})
 
     def rand_read(self, target: Target, seconds: float, size: int) -> Pass:
-        fd = self._open(target, os.O_RDONLY)
-        try:
-            if not target.direct:
-                _drop_cache(fd)
-            moved = transfer(fd, False, RAND_BLOCK, RAND_DEPTH, _random(size, RAND_BLOCK), seconds, target.direct)
-        finally:
-            os.close(fd)
+        moved = self._read(target, RAND_BLOCK, RAND_DEPTH, _random(size, RAND_BLOCK), seconds)
         if not moved.ops:
             raise EngineError("no random read completed")
         latencies = sorted(moved.latencies_ns)
         return Pass(bytes=moved.bytes, seconds=moved.seconds, ops=moved.ops, extra={"io": moved.io},
                     p50_us=_percentile(latencies, 50) / 1e3, p99_us=_percentile(latencies, 99) / 1e3)
+
+    def _read(self, target: Target, block: int, depth: int, next_offset: Callable[[], int | None],
+              seconds: float) -> Moved:
+        """Reads of the written file, cold: from the device, not the page cache."""
+        fd = self._open(target, os.O_RDONLY)
+        try:
+            if not target.direct:
+                _drop_cache(fd)
+            return transfer(fd, False, block, depth, next_offset, seconds, target.direct)
+        finally:
+            os.close(fd)
 
 
 def _preallocate(fd: int, size: int) -> None:
