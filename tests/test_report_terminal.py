@@ -30,14 +30,30 @@ def text(r: RunRecord, verbose: bool = False) -> str:
     return console.export_text()
 
 
-def test_checklist_leads_then_problems_skips_the_pass_count_measurements_and_the_verdict_last():
-    out = text(record("h100-8x-synthetic-sustained"))
-    order = [out.index(h) for h in ("Acceptance checklist", "Hidden parameters", "Problems (2 failed, 1 warning)",
-                                    "\nNot checked\n", "\n62 passed (", "Measured")]
+def test_checklist_leads_then_problems_skips_the_pass_count_and_the_verdict_last():
+    out = text(record("h100-8x-throttle"))
+    order = [out.index(h) for h in ("Acceptance checklist", "Hidden parameters", "Problems (1 failed, 1 warning)",
+                                    "\nNot checked\n", "\n55 passed (")]
     assert order == sorted(order)
     assert out.splitlines()[0].startswith("gpuvet 0.1")
-    assert out.rstrip().splitlines()[-1] == "FAIL: something is wrong with this machine  (2 failed, 1 warnings, 62 passed, 15 skipped)"
+    assert out.rstrip().splitlines()[-1] == "FAIL: something is wrong with this machine  (1 failed, 1 warnings, 55 passed, 15 skipped)"
     assert "  ✗  Power wall" in out and "  !  Whole GPU, not shared" in out and "  ?  TCP stack latency" in out
+
+
+def test_a_bench_run_shows_only_the_checklist_items_its_benchmarks_decided_then_its_figures():
+    out = text(record("h100-8x-synthetic-sustained"))  # `gpuvet bench sustained` on 8 GPUs
+    assert "  ✗  Power wall" in out and "  !  Whole GPU, not shared" in out
+    assert "TCP stack latency" not in out and "  ?  " not in out  # no page of undecided items
+    assert "  and 8 more items these benchmarks do not decide; `gpuvet run` checks them all" in out
+    order = [out.index(h) for h in ("Acceptance checklist", "Problems (2 failed, 1 warning)", "\n62 passed (", "Measured")]
+    assert order == sorted(order)
+    assert out.rstrip().splitlines()[-1] == "FAIL: something is wrong with this machine  (2 failed, 1 warnings, 62 passed, 15 skipped)"
+
+
+def test_a_bench_run_that_decides_no_item_says_so_in_one_line():
+    out = text(record("cpu-sustained"))  # `gpuvet bench sustained --device cpu`: no GPU facts, nothing to tick
+    assert "Acceptance checklist: these benchmarks alone decide none of its 13 items; `gpuvet run` checks them all" in out
+    assert "Hidden parameters" not in out and "sustained.tflops" in out
 
 
 def test_a_synthetic_record_says_so_in_every_format():

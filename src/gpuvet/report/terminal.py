@@ -60,12 +60,26 @@ def _badge(status: str) -> str:
 # -- checklist -------------------------------------------------------------------------------------
 
 def _checklist(record: RunRecord, console: Console) -> None:
-    for group, lines in grouped(checklist(record)):
+    lines_all = checklist(record)
+    undecided = 0
+    if record.options.get("profile") == "bench":
+        # `gpuvet bench` measures what the user chose: show only the items it decided, not a page of "?".
+        decided = [line for line in lines_all if line.state != UNKNOWN]
+        undecided, lines_all = len(lines_all) - len(decided), decided
+        if not decided:
+            console.print(f"\n[dim]Acceptance checklist: these benchmarks alone decide none of its {undecided} items; "
+                          "`gpuvet run` checks them all[/]")
+            return
+    for group, lines in grouped(lines_all):
+        if not lines:
+            continue
         console.print(f"\n[bold]{GROUP_TITLES[group]}[/] [dim]({GROUP_SOURCES[group]})[/]")
         for line in lines:
             style = MARK_STYLE[line.state]
             figure = escape(line.figure)
             console.print(f"  [{style}]{line.mark}[/]  {line.item.title:<37} " + (f"[dim]{figure}[/]" if line.state == UNKNOWN else figure))
+    if undecided:
+        console.print(f"  [dim]and {undecided} more items these benchmarks do not decide; `gpuvet run` checks them all[/]")
 
 
 # -- findings --------------------------------------------------------------------------------------
