@@ -110,3 +110,29 @@ def test_asking_for_more_workload_steps_gives_the_workload_more_time():
     assert budget({"steps": 10}) == default  # fewer steps than the default never shrink it
     assert budget({"steps": 3 * plan.WORKLOAD_DEFAULT_STEPS["cpu"]}) == 3 * default
     assert budget({"steps": 2 * plan.WORKLOAD_DEFAULT_STEPS["cuda"]}, device_cpu=False) == 2 * plan.BUDGET_S["workload"]
+
+
+def test_sustained_telemetry_is_judged_only_while_the_load_ran():
+    """The sampler runs from before the worker's setup to after the slowest GPU: an idle clock and
+    the gpu_idle reason read outside the load must not count as the GPU under load."""
+    from gpuvet.facts import Gpu
+    from gpuvet.telemetry import Sample
+
+    gpu = Gpu(index=0, name="NVIDIA H100 80GB HBM3")
+    outcome = plan.Outcome(series=[{"name": "sustained.throughput", "subject": "gpu0", "interval_s": 0.25,
+                                    "start": 1000.0, "columns": ["t", "tflops"], "rows": [[0.25, 650.0], [30.0, 648.0]]}])
+    runner = plan._Runner(Machine(gpus=[gpu]), None, [plan.Target(gpu, "cuda:0", "gpu0")], outcome, lambda m: None, None, {})
+    idle = [Sample(t=995.0 + i * 0.1, sm_mhz=345, reasons=0x1, power_w=70.0) for i in range(50)]  # setup: 5 s idle
+    loaded = [Sample(t=1000.0 + i * 0.1, sm_mhz=1755, reasons=0x4, power_w=690.0) for i in range(301)]
+    tail = [Sample(t=1030.5 + i * 0.1, sm_mhz=345, reasons=0x1, power_w=80.0) for i in range(20)]  # waiting for others
+
+    class Sampler:
+        def stop(self):
+            return {0: idle + loaded + tail}
+
+    runner._telemetry(Sampler(), "sustained")
+    (summary,) = [m["details"] for m in outcome.measurements if m["name"] == "sustained.telemetry"]
+    assert summary["count"] == 301 and summary["sm_mhz"]["min"] == 1755
+    assert "gpu_idle" not in summary["reasons"]
+    (series,) = [s for s in outcome.series if s["name"] == "sustained.telemetry"]
+    assert series["t0"] == 1000.0 and len(series["rows"]) == 301

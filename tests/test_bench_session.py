@@ -142,3 +142,16 @@ def test_after_a_hang_the_plan_keeps_finished_figures_and_explains_what_was_not_
     assert later["reason"].startswith("not run: the benchmark worker could not be restarted after sustained hung on gpu3: "
                                       "no answer after 120 s while starting")
     assert by[("bench.membw", "gpu3")]["details"]["reason"] == later["reason"]
+
+
+def test_a_worker_that_dies_mid_reply_is_a_failed_job_not_a_crash_of_gpuvet():
+    worker = Worker()
+    try:
+        worker.proc.kill()  # the OOM killer, or a segfault after an Xid, cuts its last line short
+        worker.proc.wait()
+        worker.lines.put('{"id": 1, "part": 0, "result": {"ok": true, "measurem')
+        with pytest.raises(WorkerError) as died:
+            worker._next_message(5, "running gemm on gpu0")
+    finally:
+        worker.close()
+    assert str(died.value).startswith("the benchmark worker died while running gemm on gpu0 (exit -9)")

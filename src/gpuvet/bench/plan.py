@@ -268,12 +268,25 @@ class _Runner:
         by_gpu = sampler.stop()
         for target in self.targets:
             samples = by_gpu.get(target.gpu.index, []) if target.gpu else []
+            samples = self._under_load(samples, name, target.subject)
             if not samples:
                 continue
             self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, TELEMETRY_INTERVAL_S))
             details = {**telemetry.summarize(samples), "interval_s": TELEMETRY_INTERVAL_S}
             self.outcome.measurements.append({"name": f"{name}.telemetry", "value": None, "unit": "",
                                               "subject": target.subject, "details": details})
+
+
+    def _under_load(self, samples: list[telemetry.Sample], name: str, subject: str) -> list[telemetry.Sample]:
+        """The samples taken while this GPU's load ran. The sampler starts before the worker sets up
+        (context, cuBLAS, random inputs) and stops after the slowest GPU: idle readings (an idle
+        clock, the gpu_idle reason) must not be judged as the GPU under load."""
+        load = next((s for s in self.outcome.series if s.get("name") == f"{name}.throughput"
+                     and s.get("subject") == subject and s.get("rows")), None)
+        if load is None or not isinstance(load.get("start"), (int, float)):
+            return samples
+        begin, end = load["start"], load["start"] + load["rows"][-1][0]
+        return [s for s in samples if begin <= s.t <= end]
 
 
 def _peak(gpu: Gpu | None) -> dict[str, Any]:
