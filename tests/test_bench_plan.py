@@ -127,6 +127,8 @@ def test_sustained_telemetry_is_judged_only_while_the_load_ran():
     tail = [Sample(t=1030.5 + i * 0.1, sm_mhz=345, reasons=0x1, power_w=80.0) for i in range(20)]  # waiting for others
 
     class Sampler:
+        interval_s = 0.1
+
         def stop(self):
             return {0: idle + loaded + tail}
 
@@ -136,3 +138,100 @@ def test_sustained_telemetry_is_judged_only_while_the_load_ran():
     assert "gpu_idle" not in summary["reasons"]
     (series,) = [s for s in outcome.series if s["name"] == "sustained.telemetry"]
     assert series["t0"] == 1000.0 and len(series["rows"]) == 301
+
+
+def test_each_cuda_device_is_matched_to_its_own_nvml_gpu():
+    """Telemetry and the busy check read the NVML GPU behind each cuda:N. Real two-GPU capture."""
+    m = capture.merge(capture.read_captures(str(FIXTURES / "smi_xml/dual-rtx-a5000-590.44.01-v13.xml")))
+    first, second = m.gpus
+    no_env: dict[str, str] = {}
+    assert plan.nvml_gpu(m, {"ordinal": 0, "bus_id": second.pcie.bus_id}, no_env) is second  # bus id wins
+    # torch without the bus id: its UUID has no "GPU-" prefix
+    assert plan.nvml_gpu(m, {"ordinal": 0, "uuid": second.uuid.removeprefix("GPU-")}, no_env) is second
+    # neither: by position, in bus order (gpuvet's worker numbers cuda:N so)
+    assert plan.nvml_gpu(m, {"ordinal": 1}, no_env) is second
+    # CUDA_VISIBLE_DEVICES=1 in bus order: cuda:0 is NVML GPU 1, not GPU 0 (which stays idle)
+    assert plan.nvml_gpu(m, {"ordinal": 0}, {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) is second
+    assert plan.nvml_gpu(m, {"ordinal": 0}, {"CUDA_VISIBLE_DEVICES": second.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) is second
+    # a list numbered in the default order (fastest first) can't be mapped by position: no guess
+    assert plan.nvml_gpu(m, {"ordinal": 0}, {"CUDA_VISIBLE_DEVICES": "1"}) is None
+    assert first is not second
+
+
+def test_the_worker_numbers_gpus_in_bus_order_unless_the_user_chose_gpus_or_an_order():
+    assert plan.worker_env({}) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert plan.worker_env({"CUDA_VISIBLE_DEVICES": "4,5"}) == {}  # their numbers mean the default order
+    assert plan.worker_env({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}) == {}
+
+
+def test_a_ten_hour_soak_samples_once_a_second_so_the_whole_load_stays_in_the_record(monkeypatch):
+    from gpuvet.facts import Gpu
+
+    made = []
+
+    class Sampler:
+        def __init__(self, indices, interval_s, max_samples):
+            made.append((interval_s, max_samples))
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(plan.telemetry, "Sampler", Sampler)
+    gpu = Gpu(index=0)
+    for minutes in (None, 600):
+        runner = plan._Runner(Machine(gpus=[gpu]), None, [plan.Target(gpu, "cuda:0", "gpu0")], plan.Outcome(),
+                              lambda m: None, minutes, {})
+        runner._sampler(load_s=runner.sustained_duration())
+    (default_interval, kept), (soak_interval, soak_kept) = made
+    assert default_interval == 0.1  # the 30 s load: 10 Hz
+    assert soak_interval >= 1.0 and soak_kept * soak_interval >= 600 * 60  # every second of 10 hours kept
+
+
+def test_in_an_exclusive_compute_mode_fresh_process_benchmarks_get_a_worker_that_holds_no_gpu(monkeypatch):
+    """One context per GPU: after gemm the worker holds it, so context start-up, the all-reduce ranks and
+    the workload's resume would be refused. The plan restarts the worker first; the workload, whose own
+    training holds the GPU, is told to skip its resume with the reason."""
+    from gpuvet.facts import Gpu
+
+    started, sent = [], []
+
+    class FakeWorker:
+        def __init__(self, env=None):
+            started.append(self)
+            self.info = {"devices": []}
+
+        def run(self, job, timeout_s, on_progress=None):
+            sent.append((started.index(self), job["parallel"][0]))
+            return [{"ok": True, "measurements": [], "series": []} for _ in job["parallel"]]
+
+        def close(self, interrupted=False):
+            pass
+
+    monkeypatch.setattr(plan, "Worker", FakeWorker)
+    gpus = [Gpu(index=0, compute_mode="Exclusive_Process"), Gpu(index=1, compute_mode="Exclusive_Process")]
+    targets = [plan.Target(g, f"cuda:{g.index}", f"gpu{g.index}") for g in gpus]
+    runner = plan._Runner(Machine(gpus=gpus), FakeWorker(), targets, plan.Outcome(), lambda m: None, None, {})
+    for name in ("gemm", "latency", "membw", "workload"):
+        runner.run(name)
+    assert [(worker, job["module"]) for worker, job in sent] == [(0, "gemm"), (1, "latency"), (1, "membw"), (2, "workload")]
+    assert sent[-1][1]["params"]["exclusive_mode"] == "Exclusive_Process"
+
+    default = [Gpu(index=0, compute_mode="Default")]
+    started.clear(), sent.clear()
+    runner = plan._Runner(Machine(gpus=default), FakeWorker(), [plan.Target(default[0], "cuda:0", "gpu0")], plan.Outcome(),
+                          lambda m: None, None, {})
+    runner.run("gemm"), runner.run("latency")
+    assert [worker for worker, _ in sent] == [0, 0]  # the default mode keeps one worker for the whole run
+
+
+def test_a_gpu_in_prohibited_compute_mode_is_not_loaded_and_says_why():
+    from gpuvet.facts import Gpu
+
+    class Info:
+        info = {"devices": [{"ordinal": 0, "bus_id": None}]}
+
+    outcome = plan.Outcome()
+    m = Machine(gpus=[Gpu(index=0, compute_mode="Prohibited")])
+    assert plan._targets(m, Info(), "cuda", False, outcome, ["gemm"]) == []
+    (note,) = outcome.measurements
+    assert note["subject"] == "gpu0" and note["details"]["reason"] == "compute mode Prohibited: no process may run CUDA on this GPU"

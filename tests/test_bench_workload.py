@@ -117,6 +117,15 @@ def test_a_checkpoint_corrupted_on_disk_is_caught(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_in_an_exclusive_compute_mode_the_resume_is_not_tried_and_says_why(tmp_path):
+    by_name, _series = run_cpu(path=str(tmp_path), exclusive_mode="Exclusive_Process")
+    assert by_name["workload.checkpoint_write"]["value"] > 0  # the write is still measured
+    reason = by_name["workload.resume_ok"]["details"]["reason"]
+    assert reason.startswith("not tried: the GPU is in Exclusive_Process compute mode, so a fresh process cannot open it")
+    assert by_name["workload.checkpoint_read"]["details"]["reason"] == reason
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_checkpoint_that_vanishes_before_the_read_is_a_read_failure(tmp_path):
     # The fresh process's entry point, called here (a process start less): the file is gone.
     gone = tmp_path / "gpuvet-workload-gone.pt"

@@ -145,6 +145,22 @@ def test_memory_and_load_nobody_accounts_for_fail():
     assert f.status == "fail" and "cannot see" in f.summary
 
 
+def test_an_exclusive_compute_mode_warns_that_a_second_process_is_refused():
+    # Real capture: plain `nvidia-smi` table showing "E. Process" in the compute mode column.
+    f = results(machine_from("smi_text/default-table-err-fan-525.125.06.txt"), "gpu.isolation")["gpu0"]
+    assert f.status == "warn" and f.summary.startswith("compute mode Exclusive_Process: one process at a time")
+    assert "compute mode Exclusive_Process" in f.evidence.measured
+    assert "`sudo nvidia-smi -i 0 -c DEFAULT`" in f.remedy
+
+
+def test_a_prohibited_compute_mode_fails():
+    m = machine_from(H100_IDLE)
+    m.gpus[0].compute_mode = "Prohibited"  # edited from the real idle capture
+    f = results(m, "gpu.isolation")["gpu0"]
+    assert f.status == "fail" and "no process may run CUDA on this GPU" in f.summary
+    assert f.remedy.startswith("`sudo nvidia-smi -i 0 -c DEFAULT`")
+
+
 @pytest.mark.parametrize("name", ["topo/dgx1-8gpu-topo-mp-pcie-only.txt", "lspci/lspci-nn-a10-kvm.txt",
                                   "smi_text/q-d-page-retirement-8gpu-azure-535.86.10.txt"])
 def test_capture_without_occupancy_skips_isolation_saying_what_to_capture(name):

@@ -159,6 +159,30 @@ def test_old_driver_falls_back_to_the_old_calls(monkeypatch):
     sampler.stop()
 
 
+def test_memory_in_use_is_read_as_nvidia_smi_shows_it_without_the_drivers_reserve(monkeypatch):
+    reserve = 900 * 2**20  # v1 counts the driver's reserve as used: a watched job would seem to leak it
+
+    def memory(handle, version=None):
+        used = 3 * 2**30 + (0 if version else reserve)
+        return types.SimpleNamespace(total=80 * 2**30, used=used, free=80 * 2**30 - used)
+
+    _NvmlStandIn(monkeypatch, _healthy_gpu_answers(nvmlDeviceGetMemoryInfo=memory))
+    sampler = Sampler([0])
+    sampler.open()
+    assert sampler.sample_once()[0].mem_used_mib == 3 * 1024
+    sampler.stop()
+
+
+def test_an_old_nvidia_ml_py_without_memory_v2_still_gives_memory_every_tick(monkeypatch):
+    old_call = lambda handle: types.SimpleNamespace(total=80 * 2**30, used=5 * 2**30, free=75 * 2**30)  # noqa: E731
+    stand_in = _NvmlStandIn(monkeypatch, _healthy_gpu_answers(nvmlDeviceGetMemoryInfo=old_call))
+    sampler = Sampler([0])
+    sampler.open()
+    assert [sampler.sample_once()[0].mem_used_mib for _ in range(3)] == [5 * 1024] * 3
+    assert stand_in.calls["nvmlDeviceGetMemoryInfo"] == 4  # the v2 form refused once, then v1 only
+    sampler.stop()
+
+
 def test_a_gpu_that_cannot_be_opened_is_reported_and_the_others_sampled(monkeypatch):
     def handle(index):
         if index == 1:

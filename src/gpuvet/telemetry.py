@@ -79,7 +79,10 @@ def _readings() -> tuple[_Reading, ...]:
         _Reading("temp_c", (("nvmlDeviceGetTemperatureV", (p.NVML_TEMPERATURE_GPU,)),
                             ("nvmlDeviceGetTemperature", (p.NVML_TEMPERATURE_GPU,))), float),
         _Reading("util_pct", (("nvmlDeviceGetUtilizationRates", ()),), lambda u: u.gpu),
-        _Reading("mem_used_mib", (("nvmlDeviceGetMemoryInfo", ()),), lambda m: int(m.used // _MIB)),
+        # v2 (drivers 510+) as the probe reads it: "used" without the driver's reserve, which v1
+        # counts as used; old drivers lack it (FunctionNotFound) and answer v1.
+        _Reading("mem_used_mib", (("nvmlDeviceGetMemoryInfo", (p.nvmlMemory_v2,)), ("nvmlDeviceGetMemoryInfo", ())),
+                 lambda m: int(m.used // _MIB)),
         # "Event" is the name since driver 535; the "throttle" name is gone in CUDA 14.
         _Reading("reasons", (("nvmlDeviceGetCurrentClocksEventReasons", ()),
                              ("nvmlDeviceGetCurrentClocksThrottleReasons", ()))),
@@ -112,13 +115,14 @@ def gpu_gone_reason(err: BaseException) -> str | None:
 
 def _is_permanent(err: BaseException) -> bool:
     """A failure that would repeat on every tick: the GPU, driver or nvidia-ml-py lacks the call."""
-    if isinstance(err, AttributeError):  # function missing from this nvidia-ml-py
+    if isinstance(err, (AttributeError, TypeError)):  # function missing from this nvidia-ml-py, or older arguments
         return True
     return getattr(err, "value", None) in (
         pynvml.NVML_ERROR_NOT_SUPPORTED,
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
         pynvml.NVML_ERROR_NO_PERMISSION,
         pynvml.NVML_ERROR_INVALID_ARGUMENT,
+        getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", pynvml.NVML_ERROR_INVALID_ARGUMENT),
     )
 
 

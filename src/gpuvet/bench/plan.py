@@ -30,8 +30,23 @@ SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline mus
 # The sustained load runs for exactly its duration (BUDGET_S's figure, or --soak); its budget adds
 # this for allocating the matrices and timing the first calls.
 SUSTAINED_SETUP_S = 2.0
+# Benchmarks that start fresh processes on a GPU (context start-up, all-reduce ranks, the workload's
+# resume): in an exclusive compute mode they need a worker that has not opened the GPU yet.
+FRESH_PROCESS = ("latency", "allreduce", "workload")
 TELEMETRY_INTERVAL_S = 0.1
-WORKER_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+# A long soak samples less often, so the whole load stays in the record (the sampler keeps at most
+# about an hour at 10 Hz per GPU) and the record stays a few MB.
+TELEMETRY_MAX_SAMPLES = 36_000
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """cuda:N numbered as nvidia-smi numbers GPUs (PCI bus order), unless the user chose an order or
+    a CUDA_VISIBLE_DEVICES list: its numbers mean their order (the default puts the fastest first),
+    so forcing ours would pick other GPUs on a host with mixed models."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_DEVICE_ORDER" in environ or "CUDA_VISIBLE_DEVICES" in environ:
+        return {}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @dataclass
@@ -64,7 +79,7 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
         return outcome
     progress("starting the benchmark worker (imports PyTorch)")
     try:
-        worker = Worker(env=WORKER_ENV)  # on Ctrl-C while it starts, it ends itself
+        worker = Worker(env=worker_env())  # on Ctrl-C while it starts, it ends itself
     except WorkerError as err:
         for name in names:
             outcome.note(name, "gpu" if device != "cpu" else "cpu", "failed", str(err))
@@ -98,11 +113,14 @@ def _cannot_run(machine: Machine, device: str) -> str | None:
 def _targets(machine: Machine, worker: Worker, device: str, force: bool, outcome: Outcome, names: list[str]) -> list[Target]:
     if device == "cpu":
         return [Target(None, "cpu", "cpu")]
-    by_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
     targets = []
     for d in worker.info.get("devices", []):
-        gpu = by_bus.get(d.get("bus_id")) or next((g for g in machine.gpus if g.index == d["ordinal"]), None)
+        gpu = nvml_gpu(machine, d)
         subject = f"gpu{gpu.index}" if gpu else f"cuda{d['ordinal']}"
+        if gpu and gpu.compute_mode == "Prohibited":
+            for name in names:
+                outcome.note(name, subject, "skipped", "compute mode Prohibited: no process may run CUDA on this GPU")
+            continue
         busy = _someone_else_on(gpu) if gpu else None
         if busy and not force:
             for name in names:
@@ -113,6 +131,39 @@ def _targets(machine: Machine, worker: Worker, device: str, force: bool, outcome
         for name in names:
             outcome.note(name, "gpu", "skipped", "PyTorch sees no CUDA device (torch.cuda.is_available() is False)")
     return targets
+
+
+def nvml_gpu(machine: Machine, device: dict[str, Any], environ: dict[str, str] | None = None) -> Gpu | None:
+    """The NVML GPU behind a CUDA device of the worker: by PCI bus id, else by UUID (torch without
+    the bus id), else by position, which holds only when CUDA numbers the GPUs in bus order: with a
+    CUDA_VISIBLE_DEVICES list, cuda:k is the k-th GPU listed. None rather than a guess: telemetry and
+    the busy check of the wrong GPU would judge a GPU that never ran the load."""
+    environ = os.environ if environ is None else environ
+    by_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
+    if device.get("bus_id") in by_bus:
+        return by_bus[device["bus_id"]]
+    by_uuid = {_uuid_key(g.uuid): g for g in machine.gpus if g.uuid}
+    if _uuid_key(device.get("uuid")) in by_uuid:
+        return by_uuid[_uuid_key(device["uuid"])]
+    ordinal = device["ordinal"]
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    order = environ.get("CUDA_DEVICE_ORDER") or worker_env(environ).get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    if order != "PCI_BUS_ID":
+        return None
+    if visible is not None:
+        listed = [v.strip() for v in visible.split(",") if v.strip()]
+        if ordinal >= len(listed):
+            return None
+        entry = listed[ordinal]
+        if entry.isdigit():
+            return next((g for g in machine.gpus if g.index == int(entry)), None)
+        return by_uuid.get(_uuid_key(entry))  # a UUID, or a MIG id that names no whole GPU
+    return next((g for g in machine.gpus if g.index == ordinal), None)
+
+
+def _uuid_key(uuid: str | None) -> str | None:
+    """torch prints a GPU's UUID without NVML's "GPU-" prefix."""
+    return uuid.strip().lower().removeprefix("gpu-") if uuid else None
 
 
 def _someone_else_on(gpu: Gpu) -> str | None:
@@ -134,6 +185,11 @@ class _Runner:
         self.workload = workload
         self.cpu = bool(targets) and targets[0].device == "cpu"
         self.stopped: str | None = None  # why nothing more can run (the worker could not be restarted)
+        self.worker_used = False  # it has run a job: it may hold a CUDA context on the GPUs
+
+    def exclusive(self) -> list[Target]:
+        """GPUs in an exclusive compute mode: one process (context) at a time."""
+        return [t for t in self.targets if t.gpu is not None and (t.gpu.compute_mode or "").startswith("Exclusive")]
 
     def sustained_duration(self) -> float:
         if self.soak_minutes:
@@ -160,6 +216,11 @@ class _Runner:
             self.outcome.note(name, "cpu", "skipped", f"{name} measures GPU hardware: it needs a CUDA GPU")
             return
         self.progress(f"benchmark {name}")
+        if name in FRESH_PROCESS and self.exclusive() and self.worker_used:
+            self._restart(f"{name} (exclusive compute mode: its fresh processes need GPUs no other process holds)", fresh=True)
+            if self.stopped:
+                return self.run(name)
+        self.worker_used = True
         if name in ("gemm", "membw", "sustained"):
             self._side_by_side(name)
         elif name == "pcie":
@@ -169,7 +230,8 @@ class _Runner:
             self._jobs([self._job(name, t) for t in self.targets[:1]], name)
         elif name == "workload":  # one GPU is enough to prove the platform end to end
             target = self.targets[0]
-            self._jobs([self._job(name, target, **self.workload, **_peak(target.gpu))], name)
+            held = {"exclusive_mode": target.gpu.compute_mode} if target in self.exclusive() else {}
+            self._jobs([self._job(name, target, **self.workload, **_peak(target.gpu), **held)], name)
         elif name in ("p2p", "allreduce"):
             self._multi_gpu(name)
 
@@ -218,15 +280,19 @@ class _Runner:
             kind = "skipped" if "skip" in result else "failed"
             self.outcome.note(name, job["subject"], kind, result.get("skip") or result.get("error") or "unknown")
 
-    def _restart(self, after: str) -> None:
+    def _restart(self, after: str, fresh: bool = False) -> None:
+        """A new worker: after a hang or crash, or (`fresh`) to free GPUs in an exclusive compute
+        mode, where the old worker's CUDA context would keep a fresh process off the GPU."""
         self.worker.close()
+        self.worker_used = False
         try:
-            self.worker = Worker(env=WORKER_ENV)
+            self.worker = Worker(env=worker_env())
         except WorkerError as err:  # nothing more can run: later benchmarks say why
-            self.stopped = f"not run: the benchmark worker could not be restarted after {after}: {err}"
+            when = "before" if fresh else "after"
+            self.stopped = f"not run: the benchmark worker could not be restarted {when} {after}: {err}"
 
     def _side_by_side(self, name: str) -> None:
-        sampler = self._sampler() if name == "sustained" else None
+        sampler = self._sampler(load_s=self.sustained_duration()) if name == "sustained" else None
         try:
             self._jobs([self._job(name, t) for t in self.targets], name)
         finally:
@@ -256,11 +322,12 @@ class _Runner:
                "params": {"gpus": ordinals, "world_size": len(ordinals)}}
         self._jobs([job], name)
 
-    def _sampler(self, targets: list[Target] | None = None) -> telemetry.Sampler | None:
+    def _sampler(self, targets: list[Target] | None = None, load_s: float = 0.0) -> telemetry.Sampler | None:
         indices = [t.gpu.index for t in (targets or self.targets) if t.gpu is not None]
         if not indices:
             return None
-        sampler = telemetry.Sampler(indices, interval_s=TELEMETRY_INTERVAL_S)
+        interval = max(TELEMETRY_INTERVAL_S, (load_s + SLACK_S) / TELEMETRY_MAX_SAMPLES)
+        sampler = telemetry.Sampler(indices, interval_s=interval, max_samples=TELEMETRY_MAX_SAMPLES + 1000)
         sampler.start()
         return sampler
 
@@ -271,8 +338,8 @@ class _Runner:
             samples = self._under_load(samples, name, target.subject)
             if not samples:
                 continue
-            self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, TELEMETRY_INTERVAL_S))
-            details = {**telemetry.summarize(samples), "interval_s": TELEMETRY_INTERVAL_S}
+            self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, sampler.interval_s))
+            details = {**telemetry.summarize(samples), "interval_s": sampler.interval_s}
             self.outcome.measurements.append({"name": f"{name}.telemetry", "value": None, "unit": "",
                                               "subject": target.subject, "details": details})
 

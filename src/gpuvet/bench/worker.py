@@ -43,7 +43,8 @@ def _devices(torch: Any) -> list[dict[str, Any]]:
         bus = None
         if hasattr(props, "pci_bus_id"):
             bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-        devices.append({"ordinal": ordinal, "name": props.name, "bus_id": bus,
+        uuid = str(getattr(props, "uuid", "") or "") or None  # older torch has no bus id; the uuid maps too
+        devices.append({"ordinal": ordinal, "name": props.name, "bus_id": bus, "uuid": uuid,
                         "capability": f"{props.major}.{props.minor}", "memory_bytes": props.total_memory})
     return devices
 

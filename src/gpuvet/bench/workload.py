@@ -520,6 +520,11 @@ def checkpoint_trial(ctx: BenchContext, trainer: Trainer) -> list[dict]:
         trainer.release()
         _tamper(ctx.params.get("_tamper"), write["file"])
         remaining = ctx.budget.remaining()
+        mode = ctx.params.get("exclusive_mode")
+        if mode:  # this process holds the GPU's one context: a second process would be refused
+            why = (f"not tried: the GPU is in {mode} compute mode, so a fresh process cannot open it while the "
+                   "training process holds it; `sudo nvidia-smi -c DEFAULT` (or ask the provider) to test resume here")
+            return [write_m, _not_read(ctx, where, why), _resume_unknown(ctx, why)]
         if remaining < 2.0:
             why = "not tried: the time budget ran out before the fresh process could start"
             return [write_m, _not_read(ctx, where, why), _resume_unknown(ctx, why)]

@@ -48,10 +48,13 @@ def _isolation(gpu: Gpu) -> Finding:
             sms = {m.sm_count for m in slices}
             shape = f" ({len(slices)} instances" + (f" of {sms.pop()} SMs" if len(sms) == 1 and None not in sms else "") + ")"
         issues.append((WARN, f"MIG is enabled: the GPU is split into instances{shape}; a job gets a slice, not the whole GPU"))
+    compute = _compute_mode(gpu)
+    issues += compute
     occupancy = _occupancy(gpu)
     issues += occupancy
     whole = {"none": "whole GPU, bare metal", "passthrough": "whole GPU, passed through to this VM"}.get(mode or "", "whole GPU")
     measured = _occupancy_text(gpu) + (f"; virtualization {mode}" if mode else "")
+    measured += f"; compute mode {gpu.compute_mode}" if compute else ""
     expected = "a whole GPU with nothing else on it before you start"
     if not issues and gpu.memory_used_mib is None and gpu.processes is None:
         return finding("gpu.isolation", s, SKIP, _no_occupancy_reason(gpu), measured=measured)
@@ -63,8 +66,22 @@ def _isolation(gpu: Gpu) -> Finding:
               "if it is not yours, ask the provider")
     if occupancy and occupancy[0][1].startswith(_WAKING):
         remedy = f"re-check with `nvidia-smi -q -i {gpu.index} -d UTILIZATION,MEMORY` after `sudo nvidia-smi -pm 1`"
+    if compute:
+        mode_fix = f"`sudo nvidia-smi -i {gpu.index} -c DEFAULT` (as root; back after a reboot) or ask the provider"
+        remedy = mode_fix if len(issues) == len(compute) else f"{remedy}; compute mode: {mode_fix}"
     return finding("gpu.isolation", s, status, "; ".join(text for _, text in issues), measured=measured,
                    expected=expected, source=_ISOLATION_SOURCE, remedy=remedy)
+
+
+def _compute_mode(gpu: Gpu) -> list[tuple[str, str]]:
+    """A compute mode other than Default limits who may use the GPU (nvidia-smi -c)."""
+    mode = gpu.compute_mode
+    if mode == "Prohibited":
+        return [(FAIL, "compute mode Prohibited: no process may run CUDA on this GPU")]
+    if mode in ("Exclusive_Process", "Exclusive_Thread"):
+        return [(WARN, f"compute mode {mode}: one process at a time; a second one (a notebook beside the training "
+                       "script, a profiler, a second job) fails with 'CUDA-capable device(s) is/are busy or unavailable'")]
+    return []
 
 
 def _no_occupancy_reason(gpu: Gpu) -> str:
