@@ -61,7 +61,7 @@ def test_cpu_run_measures_fp32_with_the_default_shapes():
 
 
 def test_the_value_is_the_best_finalist_median_and_finalists_are_the_best_scouts():
-    by_name, _ = run_cpu(1.5, shapes=SMALL_SHAPES)
+    by_name, _ = run_cpu(3.0, shapes=SMALL_SHAPES)  # room for two shapes on a loaded 2-core machine
     d = by_name["gemm.fp32"]["details"]
     # A sweep, not one shape (on a loaded CI machine the budget may not reach every candidate).
     assert len(d["shapes_tried"]) >= 2
@@ -361,11 +361,71 @@ def test_cpu_plan_is_fp32_and_unknown_dtypes_are_named():
     ((9, 0), ["fp32", "tf32", "fp16", "bf16"], {"fp8": "does not run here"}),  # the probe fails on a CPU build
 ])
 def test_gpu_plan_follows_the_compute_capability(monkeypatch, capability, runs, reasons):
+    without_tf32_overrides(monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     plan, skipped = gemm.plan_dtypes("cuda:0", list(gemm.DTYPES))
     assert plan == runs
     assert set(skipped) == set(reasons)
     assert all(text in skipped[dtype] for dtype, text in reasons.items())
+
+
+def without_tf32_overrides(monkeypatch):
+    for name in ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_an_environment_that_forces_the_other_fp32_math_mode_skips_the_dtype_it_would_falsify(monkeypatch):
+    """TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (set in NVIDIA's containers) makes "fp32" TF32, which fails the
+    fp32 check on a healthy GPU; NVIDIA_TF32_OVERRIDE=0 makes "tf32" fp32. Each skips, saying how to unset it."""
+    without_tf32_overrides(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(gemm, "fp8_unsupported_reason", lambda device, capability: None)
+    assert gemm.plan_dtypes("cuda:0", ["fp32", "tf32"]) == (["fp32", "tf32"], {})
+
+    monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+    plan, skipped = gemm.plan_dtypes("cuda:0", list(gemm.DTYPES))
+    assert plan == ["tf32", "fp16", "bf16", "fp8"] and set(skipped) == {"fp32"}
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in skipped["fp32"] and "TF32" in skipped["fp32"]
+    assert "env -u TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" in skipped["fp32"]
+
+    monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "0")
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    plan, skipped = gemm.plan_dtypes("cuda:0", list(gemm.DTYPES))
+    assert plan == ["fp32", "fp16", "bf16", "fp8"] and set(skipped) == {"tf32"}
+    assert "NVIDIA_TF32_OVERRIDE=0" in skipped["tf32"] and "env -u NVIDIA_TF32_OVERRIDE" in skipped["tf32"]
+
+    # The CPU has no TF32: its fp32 is measured whatever the environment says.
+    monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+    assert gemm.plan_dtypes("cpu", ["fp32"]) == (["fp32"], {})
+
+
+@pytest.mark.parametrize("environ, capability, skipped", [
+    ({"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}, (8, 0), {"fp32"}),
+    ({"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}, (7, 0), set()),  # no TF32 before Ampere: fp32 stays fp32
+    ({"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "true"}, (9, 0), set()),  # torch reads exactly "1" (and warns)
+    ({"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "1"}, (9, 0), set()),
+    ({"NVIDIA_TF32_OVERRIDE": "0"}, (9, 0), {"tf32"}),
+    ({"NVIDIA_TF32_OVERRIDE": "0", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}, (9, 0), {"fp32", "tf32"}),
+])
+def test_tf32_override_reason_reads_the_variables_as_the_libraries_do(environ, capability, skipped):
+    reasons = {dtype: gemm.tf32_override_reason(dtype, capability, environ) for dtype in gemm.DTYPES}
+    assert {dtype for dtype, why in reasons.items() if why} == skipped
+
+
+@pytest.mark.parametrize("version, old", [("2.3.1+cu121", True), ("2.1.0", True), ("2.4.0", False),
+                                          ("2.4.0a0+07cecf4.nv24.5", False), ("2.10.0.dev20250916+cu130", False),
+                                          ("2.13.0+cpu", False), ("unknown", False)])
+def test_fp8_on_a_torch_before_2_4_says_it_needs_2_4(monkeypatch, version, old):
+    """Before 2.4 torch._scaled_mm took keyword scales and returned (out, amax): the reason says so,
+    not that fp8 "does not run here"."""
+    reason = gemm.scaled_mm_api_reason(version)
+    assert (reason is not None) == old
+    if old:
+        assert reason == f"torch {version} has the pre-2.4 torch._scaled_mm API: fp8 needs torch >= 2.4"
+        monkeypatch.setattr(torch, "__version__", version)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        _, skipped = gemm.plan_dtypes("cuda:0", ["fp8"])
+        assert skipped["fp8"] == reason
 
 
 def test_fp32_runs_without_tf32_and_the_setting_is_restored(monkeypatch):
@@ -447,6 +507,34 @@ def test_a_tiny_budget_measures_fewer_shapes_without_overrunning():
 # ---------------------------------------------------------------- candidate shapes and memory
 
 
+def test_a_2_4_pre_release_with_the_old_fp8_api_is_named_by_the_probe(monkeypatch):
+    """NGC 24.05's 2.4.0a0 predates the API change: the probe's TypeError says so, not "does not run here"."""
+    real_allocate = gemm.Workspace.allocate
+
+    def old_scaled_mm(*args, **kwargs):
+        raise TypeError("_scaled_mm() received an invalid combination of arguments - got (Tensor, Tensor, Tensor, Tensor)")
+
+    monkeypatch.setattr(torch, "__version__", "2.4.0a0+07cecf4.nv24.5")
+    monkeypatch.setattr(torch, "_scaled_mm", old_scaled_mm)
+    monkeypatch.setattr(gemm.Workspace, "allocate", lambda device, dtype, sizes: real_allocate("cpu", dtype, sizes))
+    reason = gemm.fp8_unsupported_reason("cuda:0", (9, 0))
+    assert reason.startswith("torch 2.4.0a0+07cecf4.nv24.5 has the pre-2.4 torch._scaled_mm API")
+    assert reason.endswith("fp8 needs torch >= 2.4") and "invalid combination of arguments" in reason
+
+
+def test_gpu_candidates_include_the_published_best_shapes_and_all_suit_fp8(monkeypatch):
+    """mamf-finder's best H100/H200 shapes (bf16 2048x2048x13312, the figure gpuvet judges bf16 against)
+    are scouted, and every default shape runs in fp8 (torch._scaled_mm: n and k multiples of 16)."""
+    props = types.SimpleNamespace(multi_processor_count=132)  # H100 / H200 SXM
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    candidates = gemm.default_candidates("cuda:0")
+    assert {Shape(2048, 2048, 13312), Shape(1024, 9216, 14336), Shape(1280, 4096, 12032)} <= set(candidates)
+    assert all(gemm.shape_unfit_reason("fp8", shape) is None for shape in candidates)
+    # Scouting gets half of a dtype's time: a few more candidates, each a fraction of a millisecond a
+    # call on a Hopper GPU, keep within it.
+    assert len(set(candidates)) <= 16
+
+
 def test_default_cpu_candidates_are_calls_of_10_to_60_ms():
     shapes = gemm.default_candidates("cpu")
     # ~150 GFLOPS on two cores: long enough that a preempted thread is an outlier, short enough for
@@ -478,3 +566,79 @@ def test_a_memory_limit_below_every_shape_skips_the_dtype(monkeypatch):
     monkeypatch.setattr(gemm, "free_memory_bytes", lambda device: 4 * 1000)
     with pytest.raises(Skip, match="quarter of free memory"):
         run_cpu(1.0, shapes=SMALL_SHAPES)
+
+
+# ---------------------------------------------------------------- fp8 shapes, failures of one dtype
+
+
+def fp8_on_the_cpu(monkeypatch):
+    """Let run() plan fp8 on the CPU (torch._scaled_mm runs there too), as a GPU would."""
+    monkeypatch.setattr(gemm, "unsupported_reason", lambda device, dtype: None)
+
+
+def test_fp8_leaves_out_shapes_torch_scaled_mm_refuses_and_says_why(monkeypatch):
+    fp8_on_the_cpu(monkeypatch)
+    shapes = [[256, 128, 512], [256, 120, 512], [256, 128, 500], [250, 128, 512]]  # m is free
+    by_name, _ = run_cpu(1.0, dtypes=["fp32", "fp8"], shapes=shapes)
+    fp8 = by_name["gemm.fp8"]["details"]
+    assert {tuple(row[:3]) for row in fp8["shapes_tried"]} <= {(256, 128, 512), (250, 128, 512)}
+    assert [256, 120, 512] in fp8["shapes_not_tried"] and [256, 128, 500] in fp8["shapes_not_tried"]
+    for shape in ("256x120x512", "256x128x500"):
+        assert "multiples of 16" in fp8["shapes_not_tried_why"][shape]
+    assert fp8["check"]["ok"]
+    assert "use_fast_accum=False" in fp8["accumulation"] and "use_fast_accum=False" in fp8["method"]
+    fp32 = by_name["gemm.fp32"]["details"]  # fp32 has no such limit
+    assert not any("multiples of 16" in why for why in fp32["shapes_not_tried_why"].values())
+    assert "accumulation" not in fp32
+
+
+def test_fp8_with_no_shape_it_can_take_is_skipped_with_the_reason(monkeypatch):
+    fp8_on_the_cpu(monkeypatch)
+    by_name, _ = run_cpu(0.5, dtypes=["fp32", "fp8"], shapes=[[256, 120, 500]])
+    d = by_name["gemm.fp32"]["details"]
+    assert "gemm.fp8" not in by_name and "multiples of 16" in d["skipped_dtypes"]["fp8"]
+
+
+def test_fp8_products_accumulate_in_full_fp32(monkeypatch):
+    """As mamf-finder measured the fp8 figures gpuvet compares with: not cuBLASLt's fast accumulation."""
+    seen = []
+    real_scaled_mm = torch._scaled_mm
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("use_fast_accum"))
+        return real_scaled_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    result = gemm.measure_dtype("cpu", "fp8", Budget(0.2), [Shape(256, 128, 512)])
+    assert seen and set(seen) == {False} and result.check["ok"]
+
+
+def test_an_error_in_one_dtype_keeps_the_other_dtypes_results(monkeypatch):
+    """A library error in one dtype (here fp8's "divisible by 16") is that dtype's error, not the end of the benchmark."""
+    fp8_on_the_cpu(monkeypatch)
+    real_multiply = gemm.multiply
+
+    def multiply(ops):
+        if ops.dtype == "fp8":
+            raise RuntimeError("Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (256x500).")
+        real_multiply(ops)
+
+    monkeypatch.setattr(gemm, "multiply", multiply)
+    by_name, _ = run_cpu(1.0, dtypes=["fp32", "fp8"], shapes=SMALL_SHAPES)
+    assert list(by_name) == ["gemm.fp32", "gemm.check_failures"]
+    assert by_name["gemm.fp32"]["value"] > 0 and by_name["gemm.fp32"]["details"]["check"]["ok"]
+    error = "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (256x500)."
+    assert by_name["gemm.fp32"]["details"]["failed_dtypes"] == {"fp8": error}
+    failures = by_name["gemm.check_failures"]["details"]
+    assert failures["errors"] == {"fp8": error} and failures["checked"] == ["fp32"]
+    assert by_name["gemm.check_failures"]["value"] == 0  # an error is not a wrong product
+    json.dumps(list(by_name.values()), allow_nan=False)
+
+
+def test_when_every_dtype_fails_the_benchmark_fails_rather_than_skips(monkeypatch):
+    def multiply(ops):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(gemm, "multiply", multiply)
+    with pytest.raises(RuntimeError, match="fp32: RuntimeError: CUDA error: an illegal memory access"):
+        run_cpu(0.5, shapes=SMALL_SHAPES)

@@ -164,6 +164,21 @@ def test_the_worker_numbers_gpus_in_bus_order_unless_the_user_chose_gpus_or_an_o
     assert plan.worker_env({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}) == {}
 
 
+def test_the_worker_measures_fp32_as_fp32_even_where_the_environment_forces_tf32(monkeypatch):
+    import psutil
+
+    monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")  # set by some containers for training speed
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    changes = plan.worker_env()
+    assert changes == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": None}
+    worker = Worker(env=changes)
+    try:
+        seen = psutil.Process(worker.proc.pid).environ()
+    finally:
+        worker.close()
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" not in seen and seen.get("CUDA_VISIBLE_DEVICES") == ""
+
+
 def test_a_ten_hour_soak_samples_once_a_second_so_the_whole_load_stays_in_the_record(monkeypatch):
     from gpuvet.facts import Gpu
 

@@ -227,6 +227,9 @@ class _FakeEvent:
     def synchronize(self):
         pass
 
+    def query(self):  # copies on the CPU stand-in are done when recorded
+        return True
+
 
 class _FakeStream:
     def __init__(self, device=None):
@@ -259,6 +262,9 @@ class _FakeCuda:
 
     def stream(self, stream):
         return contextlib.nullcontext()
+
+    def empty_cache(self):
+        pass
 
 
 class _CpuTorch:

@@ -209,6 +209,34 @@ def test_allreduce_busbw_against_nvlink_and_wrong_sums():
     assert results(m, bad, "gpu.allreduce", ["allreduce"])["machine"].status == "fail"
 
 
+def test_a_p2p_copy_that_hung_after_good_pairs_fails_the_machine():
+    m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    good = [Measurement("p2p.copy", 260.0, "GB/s", "gpu0", {"src": 0, "dst": j, "peer_access": True}) for j in (1, 2)]
+    hung = Measurement("bench.p2p", None, "", "machine", {"outcome": "failed", "reason": (
+        "copy gpu0->gpu3 did not finish in 9 s (copy): hung in the driver or the link; 2 pairs measured before it, 53 not run")})
+    f = results(m, good + [hung], "gpu.p2p", ["p2p"])["machine"]
+    assert f.status == "fail" and f.summary.startswith("a GPU-to-GPU copy failed: copy gpu0->gpu3 did not finish")
+    assert "gpu0->gpu1 260 GB/s" in f.evidence.measured
+
+
+def test_pairs_the_driver_could_not_map_warn_and_are_named():
+    m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    good = [Measurement("p2p.copy", 260.0, "GB/s", "gpu0", {"src": 0, "dst": 1, "peer_access": True})]
+    matrix = Measurement("p2p.matrix", 260.0, "GB/s", "machine", {"failed_pairs": [
+        {"src": 0, "dst": 9, "reason": "gpu0 already maps 8 peers, the most CUDA allows"}]})
+    f = results(m, good + [matrix], "gpu.p2p", ["p2p"])["machine"]
+    assert f.status == "warn" and f.summary.startswith("1 GPU pairs could not copy peer to peer (gpu0->gpu9)")
+
+
+def test_an_incomplete_allreduce_sweep_warns_instead_of_judging_a_small_size_against_nvlink():
+    m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    cut = [Measurement("allreduce.busbw", 40.0, "GB/s", "machine", {
+        "world_size": 8, "backend": "nccl", "check_ok": True, "outcome": "incomplete", "largest_bytes": 1 << 24,
+        "reason": "sweep incomplete: 20 s were not enough for every size"})]
+    f = results(m, cut, "gpu.allreduce", ["allreduce"])["machine"]
+    assert f.status == "warn" and f.summary.startswith("all-reduce sweep incomplete: 20 s were not enough for every size; bus bandwidth 40.0 GB/s")
+
+
 @pytest.mark.parametrize("hottest, status, words", [
     (88.0, "fail", "reached 88 C, 1 C from slowdown (about 89 C: 41 C when the facts were read + the 48 C margin"),
     (83.0, "warn", "reached 83 C, only 6 C from slowdown (about 89 C"),

@@ -1,17 +1,25 @@
 """B8: all-reduce latency and bus bandwidth with torch.distributed across local processes.
 
 One process per rank (NCCL with one GPU each on CUDA; gloo on the CPU) sums a float32 buffer of
-growing size. For each size: the time of one all-reduce (median over iterations of the slowest
-rank's time), algbw = bytes / time / 1e9 and busbw = algbw * 2(n-1)/n, the nccl-tests definitions,
-so busbw compares directly with what the slowest link (NVLink, PCIe) carries. The 1 MiB time is
-the latency figure; busbw at the largest size is the bandwidth figure. Every size is checked: each
-rank contributes rank+1, so every element must sum to n(n+1)/2.
+growing size. For each size, the time of one all-reduce is timed as nccl-tests does: over a batch
+of N back-to-back all-reduces (one start event, N all-reduces enqueued, one end event, divided by
+N; on CUDA a GPU sleep is enqueued first so that the host runs ahead and Python's launch cost is
+not what gets timed; on gloo the wall clock around N calls), the slowest rank's batch counting
+(max over ranks), median over a few batches. From it algbw = bytes / time / 1e9 and busbw =
+algbw * 2(n-1)/n, the nccl-tests definitions, so busbw compares directly with what the slowest link
+(NVLink, PCIe) carries. The 1 MiB time is the latency figure; busbw at the largest size measured is
+the bandwidth figure. Every size is checked: each rank contributes rank+1, so every element must
+sum to n(n+1)/2.
 
 The ranks are separate Python processes (`python -m gpuvet.bench.allreduce CONFIG`) in their own
-session. NCCL initialisation can hang for ever on a broken fabric, so the parent holds a hard
-deadline: when it passes, every rank is killed and the error names the ranks that hung and the
-step each was in. Ranks are also killed when the parent dies (PR_SET_PDEATHSIG) and end themselves
-shortly after the deadline, so none is ever left behind.
+session, meeting through a FileStore in a private folder (no TCP port to pick). Rank 0 rewrites
+its report after every size. A size whose estimated time (the last size's time per all-reduce,
+scaled by the size ratio, times the all-reduces a size needs) does not fit in the time left is
+skipped, with the larger ones. NCCL initialisation can hang for ever on a broken fabric, so the
+parent holds a hard deadline: when it passes, every rank is killed; if some sizes were measured
+they are kept and the sweep is reported incomplete, otherwise the error names the ranks that hung
+and the step each was in. Ranks are also killed when the parent dies (PR_SET_PDEATHSIG) and end
+themselves shortly after the deadline, so none is ever left behind.
 """
 
 from __future__ import annotations
@@ -38,12 +46,22 @@ LATENCY_BYTES = MiB
 CUDA_MAX_BYTES = 1024 * MiB
 CPU_MAX_BYTES = 4 * MiB
 SIZE_STEP = 4  # sizes grow 1, 4, 16, ... MiB
-MAX_ITERATIONS = 50
-MIN_ITERATIONS = 3
+MAX_ITERATIONS = 50  # all-reduces in one timed batch, at most
+MIN_ITERATIONS = 3  # ... and at least
+BATCHES = 5  # timed batches per size; the figure is their median
 WARMUP_ITERATIONS = 2
+CALIBRATION_ITERATIONS = 2  # one short timed batch that sizes the real ones
+# All-reduces of the buffer one size needs at the least: the sum check, warm-up, calibration, batches.
+COLLECTIVES_PER_SIZE = 1 + WARMUP_ITERATIONS + CALIBRATION_ITERATIONS + BATCHES * MIN_ITERATIONS
 TEARDOWN_S = 3.0  # kept free at the end of the deadline for destroy_process_group and exit
 RANK_GRACE_S = 10.0  # a rank ends itself this long after the deadline if nobody killed it
+REAP_S = 10.0  # after SIGKILL, how long the parent waits in all for the ranks to be reaped
 DTYPE = "float32"  # nccl-tests' default; sums of small integers are exact in it
+# The GPU sleep ahead of a timed batch: long enough for the host to enqueue the whole batch.
+HOST_AHEAD_BASE_S = 0.5e-3
+LAUNCH_ALLOWANCE_S = 50e-6  # per all-reduce enqueued from Python (~10-30 us in practice)
+HOST_AHEAD_MAX_S = 0.05
+ASSUMED_GPU_CLOCK_HZ = 2.0e9  # about the fastest boost clock: a slower GPU only sleeps longer
 
 
 @dataclass
@@ -54,12 +72,13 @@ class RankConfig:
     world_size: int
     backend: str  # "nccl" or "gloo"
     device: str  # "cuda:N" or "cpu"
-    port: int
     deadline: float  # time.monotonic() (system-wide on Linux) by which the rank must be done
-    workdir: str
+    workdir: str  # private to the run: the ranks' FileStore, reports and logs
     parent_pid: int
     max_bytes: int | None = None  # None: min(1 GiB, free GPU memory / 8), agreed between ranks
+    port: int = 0  # unused since the ranks meet through a FileStore; kept for callers that pass it
     hang: bool = False  # tests only: this rank never joins
+    stall_after_sizes: int | None = None  # tests only: stop for ever before measuring this many sizes
 
 
 class AllReduceHung(RuntimeError):
@@ -91,6 +110,41 @@ def sweep_sizes(max_bytes: int, start: int = LATENCY_BYTES, step: int = SIZE_STE
     return sizes + [max_bytes]
 
 
+def estimated_size_s(last_bytes: int, last_call_s: float, next_bytes: int,
+                     collectives: int = COLLECTIVES_PER_SIZE) -> float:
+    """Seconds the next size should take: the last size's time per all-reduce, scaled by the size
+    ratio (pessimistic: small sizes are latency-bound), times the all-reduces a size needs."""
+    return last_call_s * (next_bytes / last_bytes) * collectives
+
+
+def size_skip_reason(last_bytes: int, last_call_s: float, next_bytes: int, left_s: float,
+                     collectives: int = COLLECTIVES_PER_SIZE) -> str | None:
+    """Why the next size (and every larger one) is not run, or None when it fits in `left_s`."""
+    estimate = estimated_size_s(last_bytes, last_call_s, next_bytes, collectives)
+    if estimate <= left_s:
+        return None
+    return (f"{next_bytes} bytes and larger skipped: about {estimate:.1f} s needed ({collectives} all-reduces at "
+            f"{last_call_s * 1e6:.0f} us x {next_bytes / last_bytes:g}, from the {last_bytes}-byte size) "
+            f"but {max(0.0, left_s):.1f} s left")
+
+
+def host_ahead_cycles(calls: int, clock_hz: float = ASSUMED_GPU_CLOCK_HZ) -> int:
+    """GPU clock cycles to sleep ahead of a timed batch of `calls` all-reduces, so that the host has
+    enqueued them all before the first starts and the batch measures the fabric, not Python."""
+    seconds = min(HOST_AHEAD_MAX_S, HOST_AHEAD_BASE_S + calls * LAUNCH_ALLOWANCE_S)
+    return int(seconds * clock_hz)
+
+
+def timing_method(backend: str, host_ahead: bool) -> str:
+    per_batch = ("one CUDA event pair around N back-to-back all-reduces"
+                 + (" enqueued behind a GPU sleep (torch.cuda._sleep) so the host runs ahead" if host_ahead else "")
+                 if backend == "nccl" else "the wall clock around N back-to-back all-reduce calls")
+    return (f"per size: {BATCHES} timed batches of N all-reduces (N = {MIN_ITERATIONS}-{MAX_ITERATIONS}, "
+            f"to fit the time), ranks aligned by a small all-reduce before each; a batch is timed with {per_batch}, "
+            "divided by N; each batch counts as its slowest rank's (max over ranks); the figure is the median "
+            "over batches (nccl-tests' method)")
+
+
 # --- parent ----------------------------------------------------------------------------------
 
 
@@ -104,12 +158,17 @@ def run(ctx: BenchContext) -> list[dict]:
         raise Skip("no time left in the budget for the all-reduce")
     max_bytes = ctx.params.get("max_bytes", None if backend == "nccl" else CPU_MAX_BYTES)
     hang_rank = ctx.params.get("_test_hang_rank")  # tests: a rank that never joins
+    stall = ctx.params.get("_test_stall_after_sizes")  # tests: the ranks stop for ever after this many sizes
     ctx.progress(f"allreduce: {world_size} ranks ({backend})")
     started = time.monotonic()
     result = run_ranks(backend, devices, timeout_s, max_bytes=None if max_bytes is None else int(max_bytes),
-                       hang_rank=None if hang_rank is None else int(hang_rank))
+                       hang_rank=None if hang_rank is None else int(hang_rank),
+                       stall_after_sizes=None if stall is None else int(stall))
     result["wall_s"] = round(time.monotonic() - started, 3)
-    return _measurements(result, backend, world_size)
+    measurements = _measurements(result, backend, world_size)
+    if measurements[-1]["details"]["outcome"] == "incomplete":
+        ctx.progress(f"allreduce: {measurements[-1]['details']['reason']}")
+    return measurements
 
 
 def _placement(ctx: BenchContext) -> tuple[str, list[str]]:
@@ -118,8 +177,9 @@ def _placement(ctx: BenchContext) -> tuple[str, list[str]]:
         return "gloo", ["cpu"] * int(ctx.params.get("world_size", 2))
     import torch
 
-    count = torch.cuda.device_count()
-    gpus = [int(g) for g in ctx.params.get("gpus") or range(count)]
+    from .p2p import validate_gpus  # the same checks as the copies: each ordinal once, and visible
+
+    gpus = validate_gpus(ctx.params.get("gpus") or None, torch.cuda.device_count())
     world_size = int(ctx.params.get("world_size", len(gpus)))
     if world_size > len(gpus):
         raise Skip(f"all-reduce over {world_size} ranks needs {world_size} GPUs (one per rank); {len(gpus)} available")
@@ -127,27 +187,37 @@ def _placement(ctx: BenchContext) -> tuple[str, list[str]]:
 
 
 def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int | None = None,
-              hang_rank: int | None = None) -> dict[str, Any]:
-    """Start one process per device, wait at most `timeout_s`, return rank 0's report.
-    Raises AllReduceHung (deadline passed) or RankFailed (a rank exited with an error)."""
+              hang_rank: int | None = None, stall_after_sizes: int | None = None) -> dict[str, Any]:
+    """Start one process per device, wait at most `timeout_s`, return rank 0's report (with
+    "incomplete" set when the deadline passed after some sizes were measured).
+    Raises AllReduceHung (deadline passed, nothing measured) or RankFailed (a rank exited with an error)."""
     deadline = time.monotonic() + timeout_s
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="gpuvet-allreduce-") as workdir:
-        configs = [RankConfig(rank=r, world_size=len(devices), backend=backend, device=d, port=port,
+        configs = [RankConfig(rank=r, world_size=len(devices), backend=backend, device=d,
                               deadline=deadline, workdir=workdir, parent_pid=os.getpid(), max_bytes=max_bytes,
-                              hang=r == hang_rank) for r, d in enumerate(devices)]
+                              hang=r == hang_rank, stall_after_sizes=stall_after_sizes)
+                   for r, d in enumerate(devices)]
         procs: list[subprocess.Popen] = []
         try:
             for c in configs:
                 procs.append(_start_rank(c))
-            _wait(procs, deadline, timeout_s, Path(workdir))
-            return _read_result(Path(workdir), len(devices))
+            cut_short = _wait(procs, deadline, timeout_s, Path(workdir))
+            result = _read_result(Path(workdir), len(devices))
+            if cut_short:
+                result["incomplete"] = cut_short
+            return result
         finally:  # also on Ctrl-C and on errors: no rank may survive
             _kill_all(procs)
 
 
+def store_url(workdir: str | Path) -> str:
+    """The ranks' rendezvous: a FileStore in the run's private folder (one machine; no port to pick)."""
+    return f"file://{Path(workdir).resolve() / 'store'}"
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the store binds it a moment later; a race is unlikely)."""
+    """A TCP port free on 127.0.0.1 now (the store binds it a moment later; a race is unlikely).
+    The ranks here meet through a FileStore; the cross-node launcher still uses this."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -157,23 +227,31 @@ def _start_rank(config: RankConfig) -> subprocess.Popen:
     workdir = Path(config.workdir)
     config_path = workdir / f"rank{config.rank}.json"
     config_path.write_text(json.dumps(asdict(config)))
+    with open(workdir / f"rank{config.rank}.log", "wb") as log:
+        # Own session: Ctrl-C in the terminal reaches only the parent, which then kills the ranks.
+        return subprocess.Popen([sys.executable, "-m", "gpuvet.bench.allreduce", str(config_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=rank_env(config, os.environ), start_new_session=True)
+
+
+def rank_env(config: RankConfig, base: dict[str, str] | os._Environ) -> dict[str, str]:
+    """A rank's environment: the parent's, its place in the group, and NCCL_DEBUG=WARN unless the
+    user chose a level, so that a failed rank's log tail names NCCL's own reason."""
     package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds `gpuvet`
-    env = dict(os.environ)
+    env = dict(base)
     env.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(config.port),
         "RANK": str(config.rank), "WORLD_SIZE": str(config.world_size),
         "LOCAL_RANK": str(config.rank), "LOCAL_WORLD_SIZE": str(config.world_size),
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p),
         "PYTHONUNBUFFERED": "1",
     })
-    with open(workdir / f"rank{config.rank}.log", "wb") as log:
-        # Own session: Ctrl-C in the terminal reaches only the parent, which then kills the ranks.
-        return subprocess.Popen([sys.executable, "-m", "gpuvet.bench.allreduce", str(config_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+    env.setdefault("NCCL_DEBUG", "WARN")
+    return env
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, workdir: Path) -> None:
+def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, workdir: Path) -> str | None:
+    """Until every rank has exited, or the deadline. Returns None when the sweep finished, or why
+    it was cut short when the deadline passed after some sizes were measured (those are kept)."""
     while True:
         codes = [p.poll() for p in procs]
         failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
@@ -182,12 +260,19 @@ def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, work
                 f"rank {r} exited with {codes[r]} during '{last_step(workdir, r)}': {_log_tail(workdir, r)}"
                 for r in failed))
         if all(code == 0 for code in codes):
-            return
+            return None
         if time.monotonic() >= deadline:
             running = [r for r, code in enumerate(codes) if code is None]
-            if (workdir / "result.json").exists() and all(last_step(workdir, r) == "teardown" for r in running):
-                return  # measured and reported; only the process group's teardown is slow
+            report = _read_report(workdir)
+            if report and report.get("finished"):
+                return None  # measured and reported; only the process group's teardown is slow
             steps = "; ".join(f"rank {r} in '{last_step(workdir, r)}'" for r in running)
+            if report and report.get("rows"):  # a slow fabric, not a dead one: keep what it measured
+                done = [row["bytes"] for row in report["rows"]]
+                rest = [size for size in report.get("sizes", []) if size not in done]
+                return (f"sweep incomplete: {timeout_s:.0f} s were not enough for every size; measured "
+                        f"{', '.join(map(str, done))} bytes, not {', '.join(map(str, rest)) or 'the rest'} "
+                        f"(stopped with {steps})")
             raise AllReduceHung(f"all-reduce did not finish in {timeout_s:.0f} s: ranks "
                                 f"{', '.join(map(str, running))} hung ({steps})", running)
         try:
@@ -203,11 +288,22 @@ def _kill_all(procs: list[subprocess.Popen]) -> None:
                 os.killpg(p.pid, signal.SIGKILL)  # the rank leads its own group: helpers go too
             except ProcessLookupError:
                 pass
-    for p in procs:
+    reap(procs, REAP_S)
+
+
+def reap(procs: list[Any], total_s: float, clock: Any = time.monotonic) -> list[int]:
+    """Wait for the killed ranks, at most `total_s` for all of them together (not each: eight ranks
+    stuck in the driver must not hold the parent past the worker's own deadline and lose the
+    message that says what hung). Returns the indices of those not reaped; the kernel reaps them
+    eventually."""
+    until = clock() + total_s
+    left = []
+    for i, p in enumerate(procs):
         try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # stuck in the driver; the kernel reaps it eventually
-            pass
+            p.wait(timeout=max(0.0, until - clock()))
+        except subprocess.TimeoutExpired:
+            left.append(i)
+    return left
 
 
 def last_step(workdir: Path, rank: int) -> str:
@@ -219,12 +315,25 @@ def last_step(workdir: Path, rank: int) -> str:
 
 
 def _log_tail(workdir: Path, rank: int, lines: int = 3) -> str:
+    """The rank's last lines, led by NCCL's last warning (NCCL_DEBUG=WARN) when the traceback
+    after it would push it out: that line names NCCL's own cause."""
     try:
         text = (workdir / f"rank{rank}.log").read_text(errors="replace")
     except OSError:
         return "no output"
-    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    kept = [line for line in text.splitlines() if line.strip()]
+    tail = kept[-lines:]
+    warnings = [line.strip() for line in kept[:-lines] if "NCCL WARN" in line]
+    if warnings:
+        return (warnings[-1][:300] + " | " + " | ".join(tail)[-300:])
     return " | ".join(tail)[-600:] or "no output"
+
+
+def _read_report(workdir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((workdir / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _read_result(workdir: Path, world_size: int) -> dict[str, Any]:
@@ -232,6 +341,8 @@ def _read_result(workdir: Path, world_size: int) -> dict[str, Any]:
         result = json.loads((workdir / "result.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise RankFailed(f"all-reduce ranks exited without a report ({err}): {_log_tail(workdir, 0)}") from None
+    if not result.get("rows"):
+        raise RankFailed(f"all-reduce ranks exited without measuring a size: {_log_tail(workdir, 0)}")
     result["devices"] = [_read_text(workdir / f"rank{r}.device") for r in range(world_size)]
     return result
 
@@ -248,15 +359,24 @@ def _measurements(result: dict[str, Any], backend: str, world_size: int) -> list
     largest = rows[-1]
     check_ok = all(row["wrong"] == 0 for row in rows)
     common = {"world_size": world_size, "backend": backend, "dtype": result["dtype"], "devices": result["devices"]}
+    method = result.get("method") or timing_method(backend, backend == "nccl")
     latency_row = next((row for row in rows if row["bytes"] == LATENCY_BYTES), rows[0])
     latency = measurement(
         "allreduce.latency_1mb", latency_row["time_us"], "us", "machine", bytes=latency_row["bytes"],
-        iterations=latency_row["iterations"], summary=latency_row["summary_us"], **common,
-        measures="median over iterations of the slowest rank's time for one all-reduce")
+        iterations=latency_row["iterations"], batches=latency_row.get("batches"), summary=latency_row["summary_us"],
+        **common, measures="time of one all-reduce: a batch's time divided by its all-reduces, slowest rank, "
+                           "median over batches", method=method)
+    measured = [row["bytes"] for row in rows]
+    not_measured = [size for size in result.get("sizes", measured) if size not in measured]
+    reason = result.get("incomplete") or result.get("skip_reason")
+    if not_measured and not reason:
+        reason = "sweep incomplete: sizes not measured"
     busbw = measurement(
         "allreduce.busbw", largest["busbw_gbps"], "GB/s", "machine", largest_bytes=largest["bytes"],
         algbw_gbps=largest["algbw_gbps"], time_us=largest["time_us"], sizes=rows, check_ok=check_ok,
         expected_sum=world_size * (world_size + 1) // 2, wall_s=result.get("wall_s"), **common,
+        outcome="incomplete" if not_measured else "complete", sizes_not_measured=not_measured,
+        **({"reason": reason} if not_measured else {}), method=method,
         formula="algbw = bytes / time / 1e9; busbw = algbw * 2(n-1)/n (nccl-tests)")
     return [latency, busbw]
 
@@ -301,7 +421,8 @@ def rank_main(config_path: str) -> None:
     rank.step("init_process_group")
     # Past the parent's deadline: the parent, not a collective's timeout, decides what hung.
     timeout = datetime.timedelta(seconds=max(1.0, config.deadline - time.monotonic()) + RANK_GRACE_S)
-    dist.init_process_group(config.backend, rank=config.rank, world_size=config.world_size, timeout=timeout)
+    dist.init_process_group(config.backend, init_method=store_url(config.workdir), rank=config.rank,
+                            world_size=config.world_size, timeout=timeout)
     _sweep(rank)
     rank.step("teardown")
     dist.barrier()
@@ -309,18 +430,52 @@ def rank_main(config_path: str) -> None:
 
 
 def _sweep(rank: _Rank) -> None:
+    """Every size in turn, rank 0 rewriting its report after each (a kill at the deadline loses
+    nothing measured); a size that cannot fit in the time left is skipped with the larger ones."""
     config = rank.config
     sizes = sweep_sizes(_agreed_max_bytes(rank))
-    for left, nbytes in zip(range(len(sizes), 0, -1), sizes):
+    report: dict[str, Any] = {"rows": rank.rows, "dtype": DTYPE, "sizes": sizes, "finished": False,
+                              "skipped": [], "skip_reason": None,
+                              "method": timing_method(config.backend, _host_ahead(rank) is not None)}
+    for index, nbytes in enumerate(sizes):
+        if rank.rows:
+            reason = _agreed_skip(rank, nbytes)
+            if reason is not None:
+                report["skipped"], report["skip_reason"] = sizes[index:], reason
+                break
         rank.step(f"all_reduce of {nbytes} bytes")
-        size_deadline = time.monotonic() + (config.deadline - TEARDOWN_S - time.monotonic()) / left
+        if config.stall_after_sizes is not None and index >= config.stall_after_sizes:
+            threading.Event().wait()  # tests: a fabric too slow to finish this size in time
+        size_deadline = time.monotonic() + (config.deadline - TEARDOWN_S - time.monotonic()) / (len(sizes) - index)
         rank.rows.append(_measure_size(rank, nbytes, size_deadline))
+        _write_report(rank, report)
+    report["finished"] = True
+    _write_report(rank, report)
+
+
+def _write_report(rank: _Rank, report: dict[str, Any]) -> None:
+    if rank.config.rank != 0:
+        return
+    path = Path(rank.config.workdir) / "result.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report))
+    tmp.replace(path)  # the parent never reads half a report
+
+
+def _agreed_skip(rank: _Rank, nbytes: int) -> str | None:
+    """Rank 0 decides whether `nbytes` still fits in the time left (every rank must run the same
+    collectives) and tells the others; the reason is only known to rank 0, which reports it."""
+    torch, config = rank.torch, rank.config
+    last = rank.rows[-1]
+    reason = None
     if config.rank == 0:
-        report = {"rows": rank.rows, "dtype": DTYPE}
-        path = Path(config.workdir) / "result.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report))
-        tmp.replace(path)  # the parent never reads half a report
+        left_s = config.deadline - TEARDOWN_S - time.monotonic()
+        reason = size_skip_reason(last["bytes"], last["time_us"] / 1e6, nbytes, left_s)
+    flag = torch.tensor([0 if reason is None else 1], dtype=torch.int64, device=rank.device)
+    rank.dist.broadcast(flag, src=0)
+    if int(flag.item()) == 0:
+        return None
+    return reason or "skipped by rank 0: not enough time left"
 
 
 def _agreed_max_bytes(rank: _Rank) -> int:
@@ -338,18 +493,19 @@ def _agreed_max_bytes(rank: _Rank) -> int:
 
 
 def _measure_size(rank: _Rank, nbytes: int, size_deadline: float) -> dict[str, Any]:
+    """One size: the sum check, then BATCHES timed batches; `iterations` is the all-reduces per batch."""
     torch, dist, n = rank.torch, rank.dist, rank.config.world_size
     buffer = torch.empty(nbytes // 4, dtype=torch.float32, device=rank.device)
     wrong = _check(rank, buffer)
     buffer.zero_()  # sums of zeros stay zero: no overflow however many iterations run
     for _ in range(WARMUP_ITERATIONS):
         dist.all_reduce(buffer)
-    (one,) = _timed(rank, buffer, 1)
+    (one,) = _timed(rank, buffer, CALIBRATION_ITERATIONS, batches=1)
     iterations = _agreed_iterations(rank, size_deadline - time.monotonic(), one)
-    times = _timed(rank, buffer, iterations)
+    times = _timed(rank, buffer, iterations, batches=BATCHES)
     median_s = statistics.median(times)
     algbw = algbw_gbps(nbytes, median_s)
-    return {"bytes": nbytes, "iterations": iterations, "time_us": round(median_s * 1e6, 3),
+    return {"bytes": nbytes, "iterations": iterations, "batches": len(times), "time_us": round(median_s * 1e6, 3),
             "algbw_gbps": algbw, "busbw_gbps": busbw_gbps(algbw, n), "wrong": wrong,
             "summary_us": summary([t * 1e6 for t in times])}
 
@@ -364,37 +520,70 @@ def _check(rank: _Rank, buffer: Any) -> int:
     return int(wrong.item())
 
 
+def batch_iterations(seconds: float, one: float, batches: int = BATCHES) -> int:
+    """All-reduces per timed batch so that `batches` batches fill `seconds`, within the bounds."""
+    if one <= 0:
+        return MIN_ITERATIONS
+    return max(MIN_ITERATIONS, min(MAX_ITERATIONS, int(seconds / (one * batches))))
+
+
 def _agreed_iterations(rank: _Rank, seconds: float, one: float) -> int:
     """Rank 0 decides (all ranks must run the same number of collectives) and tells the others."""
     torch = rank.torch
-    mine = MIN_ITERATIONS if one <= 0 else max(MIN_ITERATIONS, min(MAX_ITERATIONS, int(seconds / one)))
+    mine = batch_iterations(seconds, one)
     count = torch.tensor([mine], dtype=torch.int64, device=rank.device)
     rank.dist.broadcast(count, src=0)
     return int(count.item())
 
 
-def _timed(rank: _Rank, buffer: Any, iterations: int) -> list[float]:
-    """Seconds per all-reduce, each the slowest rank's: the operation ends when all ranks have it."""
+def _timed(rank: _Rank, buffer: Any, iterations: int, batches: int = BATCHES) -> list[float]:
+    """Seconds per all-reduce, one figure per batch: the batch's time divided by `iterations`,
+    each batch the slowest rank's (the operation ends when all ranks have it).
+
+    Timing each call alone would measure Python's launch cost (~10-30 us, as long as a 1 MiB
+    all-reduce over NVSwitch), so a batch is timed as a whole, as nccl-tests does."""
     torch, dist = rank.torch, rank.dist
-    if rank.config.backend == "nccl":
-        # all_reduce makes the current stream wait for NCCL's, so events on it bracket the collective
-        stream = torch.cuda.current_stream(rank.device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iterations)]
-        for start, end in events:
+    nccl = rank.config.backend == "nccl"
+    sleep = _host_ahead(rank)
+    mine = []
+    for _ in range(batches):
+        _align(rank)  # all ranks start the batch together: no rank's time holds another's lateness
+        if nccl:
+            # all_reduce makes the current stream wait for NCCL's, so events on it bracket the batch
+            stream = torch.cuda.current_stream(rank.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if sleep is not None:
+                sleep(host_ahead_cycles(iterations))  # the GPU waits while the host enqueues the batch
             start.record(stream)
-            dist.all_reduce(buffer)
+            for _ in range(iterations):
+                dist.all_reduce(buffer)
             end.record(stream)
-        stream.synchronize()
-        mine = [start.elapsed_time(end) / 1000.0 for start, end in events]
-    else:
-        mine = []
-        for _ in range(iterations):
+            end.synchronize()
+            mine.append(start.elapsed_time(end) / 1000.0 / iterations)
+        else:
             t0 = time.perf_counter()
-            dist.all_reduce(buffer)
-            mine.append(time.perf_counter() - t0)
+            for _ in range(iterations):
+                dist.all_reduce(buffer)
+            mine.append((time.perf_counter() - t0) / iterations)
     slowest = torch.tensor(mine, dtype=torch.float64, device=rank.device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return slowest.tolist()
+
+
+def _host_ahead(rank: _Rank) -> Any:
+    """torch.cuda._sleep on NCCL (a private PyTorch helper: None where it is missing), else None."""
+    if rank.config.backend != "nccl":
+        return None
+    return getattr(rank.torch.cuda, "_sleep", None)
+
+
+def _align(rank: _Rank) -> None:
+    """A barrier that works on NCCL and gloo alike and returns to the host only when all ranks
+    have reached it."""
+    flag = rank.torch.zeros(1, device=rank.device)
+    rank.dist.all_reduce(flag)
+    if rank.config.backend == "nccl":
+        rank.torch.cuda.synchronize(rank.device)
 
 
 def _die_with_parent(parent_pid: int) -> None:

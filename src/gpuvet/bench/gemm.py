@@ -21,12 +21,13 @@ figure being the median over the calls of their calm blocks.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -88,6 +89,11 @@ class Shape:
 # fed with fewer output tiles.
 CUDA_SQUARES = tuple(range(2048, 16384 + 1, 2048))
 CUDA_LONG_K = (Shape(4096, 4096, 16384), Shape(8192, 8192, 16384))
+# The best shapes mamf-finder published for the GPUs whose figures gpuvet judges against (stas00
+# ml-engineering, compute/accelerator: H100 SXM bf16, "H200 is the same"; H100 and H200 SXM fp8):
+# none of the shapes above is near them, and a figure meant to reach that best needs its shape. They
+# are small (0.1-0.3 TFLOP a call), so scouting them costs little of the time.
+PUBLISHED_BEST = (Shape(2048, 2048, 13312), Shape(1024, 9216, 14336), Shape(1280, 4096, 12032))
 # CPUs: calls of 10 ms and more. Shorter ones (512^3 takes ~1.5 ms on two cores) are bimodal on a
 # shared VM: when a co-tenant preempts one OpenMP thread, every call waits a scheduler slice (~16 ms).
 # Past ~768 the rate hardly depends on the shape (two-core AVX2 VM, MKL: every shape from 768^3 to
@@ -120,7 +126,7 @@ def default_candidates(device: str) -> list[Shape]:
     if not device.startswith("cuda"):
         return [Shape(s, s, s) for s in CPU_SQUARES] + list(CPU_LONG_K)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    return [Shape(s, s, s) for s in CUDA_SQUARES] + list(CUDA_LONG_K) + wave_filling_shapes(sm_count)
+    return [Shape(s, s, s) for s in CUDA_SQUARES] + list(CUDA_LONG_K) + list(PUBLISHED_BEST) + wave_filling_shapes(sm_count)
 
 
 @dataclass
@@ -157,6 +163,17 @@ def parse_shapes(requested: Any) -> list[Shape] | None:
     return [Shape(int(m), int(n), int(k)) for m, n, k in requested]
 
 
+FP8_MULTIPLE = 16  # torch._scaled_mm (cuBLASLt) refuses a k or n that is not a multiple of this
+
+
+def shape_unfit_reason(dtype: str, shape: Shape) -> str | None:
+    """Why `shape` cannot be multiplied in `dtype` at all, or None. (m is free: only mat1's trailing
+    dimension and both of mat2's are checked, "Expected trailing dimension of mat1 to be divisible by 16".)"""
+    if dtype == "fp8" and (shape.n % FP8_MULTIPLE or shape.k % FP8_MULTIPLE):
+        return f"fp8 (torch._scaled_mm) needs n and k to be multiples of {FP8_MULTIPLE}"
+    return None
+
+
 # ---------------------------------------------------------------- which dtypes run here
 
 
@@ -177,8 +194,42 @@ def unsupported_reason(device: str, dtype: str) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if dtype in ("tf32", "bf16") and (major, minor) < (8, 0):
         return f"{dtype} needs compute capability 8.0 or newer; this GPU is {major}.{minor}"
+    overridden = tf32_override_reason(dtype, (major, minor), os.environ)
+    if overridden:
+        return overridden
     if dtype == "fp8":
         return fp8_unsupported_reason(device, (major, minor))
+    return None
+
+
+def tf32_override_reason(dtype: str, capability: tuple[int, int], environ: Mapping[str, str]) -> str | None:
+    """Why the environment makes `dtype` measure the other fp32 math mode on a CUDA GPU, or None.
+
+    Both variables are read once by the libraries, beneath torch's allow_tf32 setting, so gpuvet
+    cannot undo them: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (torch reads exactly "1"; NVIDIA's PyTorch
+    containers set it) makes cuBLAS run fp32 matmuls in TF32, whose error (~1e-3) fails the fp32
+    check; NVIDIA_TF32_OVERRIDE=0 turns TF32 off in every NVIDIA library, so "tf32" is fp32."""
+    if dtype == "fp32" and capability >= (8, 0) and environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1":
+        return ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 in the environment makes cuBLAS run fp32 matmuls in TF32 "
+                "whatever torch's allow_tf32 says, so fp32 would measure TF32 (and fail the fp32 accuracy check); "
+                "to measure fp32, run gpuvet with it unset: `env -u TORCH_ALLOW_TF32_CUBLAS_OVERRIDE gpuvet ...`")
+    if dtype == "tf32" and environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return ("NVIDIA_TF32_OVERRIDE=0 in the environment turns TF32 off in every NVIDIA library, so tf32 "
+                "would measure plain fp32; to measure tf32, run gpuvet with it unset: "
+                "`env -u NVIDIA_TF32_OVERRIDE gpuvet ...`")
+    return None
+
+
+def scaled_mm_api_reason(version: str) -> str | None:
+    """Why torch `version` cannot run gpuvet's fp8 product, or None (unknown: the probe decides).
+    Before 2.4 torch._scaled_mm took its scales as keywords and returned (out, amax) (pytorch#128683)."""
+    parts = version.split("+")[0].split(".")
+    try:  # "2.3.1+cu121", "2.4.0a0+07cecf4.nv24.05", "2.10.0.dev20250916+cu130"
+        major, minor = int(parts[0]), int(parts[1][: len(parts[1]) - len(parts[1].lstrip("0123456789"))])
+    except (ValueError, IndexError):
+        return None
+    if (major, minor) < (2, 4):
+        return f"torch {version} has the pre-2.4 torch._scaled_mm API: fp8 needs torch >= 2.4"
     return None
 
 
@@ -187,13 +238,23 @@ def fp8_unsupported_reason(device: str, capability: tuple[int, int]) -> str | No
         return f"fp8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); this GPU is {capability[0]}.{capability[1]}"
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return f"torch {torch.__version__} has no fp8 matmul (torch._scaled_mm)"
+    old_api = scaled_mm_api_reason(torch.__version__)
+    if old_api:
+        return old_api
     try:  # builds against an old CUDA, or ROCm, lack the e4m3 kernels: try one
         workspace = Workspace.allocate(device, "fp8", BufferSizes(16 * 16, 16 * 16, 16 * 16))
         multiply(workspace.operands(Shape(16, 16, 16)))
         synchronize(device)
+    except TypeError as error:  # a 2.4 pre-release from before the API change (e.g. 2.4.0a0 in NGC 24.05)
+        return (f"torch {torch.__version__} has the pre-2.4 torch._scaled_mm API ({first_line(error)}): "
+                "fp8 needs torch >= 2.4")
     except Exception as error:  # whatever breaks the probe means no fp8 GEMM here
-        return f"torch._scaled_mm does not run here: {(str(error).strip().splitlines() or [type(error).__name__])[0]}"
+        return f"torch._scaled_mm does not run here: {first_line(error)}"
     return None
+
+
+def first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def plan_dtypes(device: str, requested: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -304,10 +365,18 @@ class Operands:
     scale: torch.Tensor | None  # fp8: the tensor-wise scale of a and of b (float32, 1.0)
 
 
+# fp8 products accumulate in full fp32 (torch's default), as mamf-finder measured the best fp8 figures
+# gpuvet judges against (its _scaled_mm call leaves use_fast_accum at False). Hopper's fast
+# accumulation is 10-20% faster (pytorch/ao#2377) and less accurate; SuperBench's cuBLASLt fp8 GEMM
+# uses it, so its fp8 figures are not comparable with these.
+FP8_FAST_ACCUM = False
+
+
 def multiply(ops: Operands) -> None:
     """ops.out = ops.a @ ops.b.T in the dtype's arithmetic. (The tests replace it to corrupt products.)"""
     if ops.dtype == "fp8":
-        torch._scaled_mm(ops.a, ops.b.t(), ops.scale, ops.scale, out_dtype=torch.bfloat16, out=ops.out)
+        torch._scaled_mm(ops.a, ops.b.t(), ops.scale, ops.scale, out_dtype=torch.bfloat16,
+                         use_fast_accum=FP8_FAST_ACCUM, out=ops.out)
     else:
         torch.mm(ops.a, ops.b.t(), out=ops.out)
 
@@ -599,8 +668,9 @@ class DtypeResult:
     device: str
     scouted: list[ShapeRun]
     confirmed: list[ShapeRun]  # the finalists, timed longer and checked
-    not_tried: list[Shape] = field(default_factory=list)
+    not_tried: list[Shape] = field(default_factory=list)  # the time ran out before them
     wall_s: float = 0.0
+    left_out: dict[Shape, str] = field(default_factory=dict)  # candidates this dtype could not take, and why
 
     @property
     def best(self) -> ShapeRun:
@@ -761,31 +831,45 @@ def run(ctx: BenchContext) -> list[dict]:
         memory_limit = free_memory_bytes(ctx.device) // 4 - flush_bytes  # never more than a quarter of free memory
         candidates = parse_shapes(ctx.params.get("shapes")) or default_candidates(ctx.device)
         results: list[DtypeResult] = []
+        errors: dict[str, str] = {}
         flush = cache_flush(ctx.device)
         try:
             for index, dtype in enumerate(plan):
-                result = measure_in_turn(ctx, dtype, plan[index:], candidates, memory_limit, flush, skipped)
+                result = measure_in_turn(ctx, dtype, plan[index:], candidates, memory_limit, flush, skipped, errors)
                 if result is not None:
                     results.append(result)
         finally:
+            # No torch.cuda.empty_cache() here: it empties the caches of every GPU of the process, and its
+            # cudaFree waits for each GPU's queued work, so this GPU's thread would stall behind the GEMMs
+            # of the others. The blocks stay cached for the worker's next job on this GPU to reuse, and the
+            # allocator frees this GPU's cache alone if an allocation there needs the room.
             del flush
-            if ctx.is_cuda:
-                torch.cuda.empty_cache()
     if not results:
-        reasons = "; ".join(f"{d}: {skipped[d]}" for d in plan)
+        reasons = "; ".join(f"{d}: {errors.get(d) or skipped[d]}" for d in plan)
+        if errors:  # a failing GEMM is a finding, not a dtype that does not apply here
+            raise RuntimeError(f"no GEMM could be measured on {ctx.device}: {reasons}")
         if ctx.budget.expired():
             raise OutOfTime(f"the time budget ran out before any GEMM was measured ({reasons})")
         raise Skip(f"no GEMM could be measured on {ctx.device}: {reasons}")
-    return [dtype_measurement(result, ctx.subject, skipped) for result in results] + [check_failures(results, ctx.subject)]
+    return ([dtype_measurement(result, ctx.subject, skipped, errors) for result in results]
+            + [check_failures(results, ctx.subject, errors)])
 
 
 def measure_in_turn(ctx: BenchContext, dtype: str, dtypes_left: list[str], candidates: list[Shape], memory_limit: int,
-                    flush: Callable[[], Any] | None, skipped: dict[str, str]) -> DtypeResult | None:
-    """One dtype with its share of what is left of the time; None (and the reason in `skipped`) if it cannot run."""
-    shapes = fitting_shapes(candidates, dtype, memory_limit)
+                    flush: Callable[[], Any] | None, skipped: dict[str, str], errors: dict[str, str]) -> DtypeResult | None:
+    """One dtype with its share of what is left of the time; None if it cannot run (the reason in
+    `skipped`) or failed (the error in `errors`: the other dtypes keep their results)."""
+    left_out = {shape: why for shape in candidates if (why := shape_unfit_reason(dtype, shape))}
+    usable = [shape for shape in candidates if shape not in left_out]
+    if not usable:
+        skipped[dtype] = f"no candidate shape suits it: {'; '.join(sorted(set(left_out.values())))}"
+        return None
+    shapes = fitting_shapes(usable, dtype, memory_limit)
     if not shapes:
         skipped[dtype] = f"no candidate shape fits in a quarter of free memory ({memory_limit / 2**30:.1f} GiB)"
         return None
+    memory_words = f"does not fit in a quarter of free memory ({memory_limit / 2**30:.1f} GiB) with the smaller shapes"
+    left_out.update({shape: memory_words for shape in usable if shape not in shapes})
     with math_mode(dtype, ctx.budget.remaining()) as held:
         if not held:
             skipped[dtype] = "the time ran out waiting for other GPUs to finish with the other fp32 math mode"
@@ -796,10 +880,16 @@ def measure_in_turn(ctx: BenchContext, dtype: str, dtypes_left: list[str], candi
             skipped[dtype] = "the time budget was spent before its turn"
             return None
         try:
-            return measure_dtype(ctx.device, dtype, budget, shapes, flush, ctx.progress)
+            result = measure_dtype(ctx.device, dtype, budget, shapes, flush, ctx.progress)
         except torch.cuda.OutOfMemoryError as error:  # someone else took the memory meanwhile
-            skipped[dtype] = f"out of memory: {str(error).splitlines()[0]}"
+            skipped[dtype] = f"out of memory: {first_line(error)}"
             return None
+        except RuntimeError as error:  # a library refusing a shape, or a CUDA error: this dtype's finding
+            errors[dtype] = f"{type(error).__name__}: {first_line(error)}"
+            ctx.progress(f"gemm.{dtype} failed: {errors[dtype]}")
+            return None
+    result.left_out = {shape: left_out[shape] for shape in candidates if shape in left_out}
+    return result
 
 
 def timing_words(device: str) -> str:
@@ -808,9 +898,16 @@ def timing_words(device: str) -> str:
     return "wall clock around each call (synchronised); nothing flushed"
 
 
-def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]) -> dict[str, Any]:
+def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str],
+                      errors: dict[str, str] | None = None) -> dict[str, Any]:
     best = result.best
     rates = best.tflops
+    not_tried = {shape: "not reached in the time (or it would have overrun it)" for shape in result.not_tried}
+    not_tried.update(result.left_out)
+    extra: dict[str, Any] = {"failed_dtypes": dict(errors)} if errors else {}
+    if result.dtype == "fp8":
+        extra["accumulation"] = ("fp32 (torch._scaled_mm use_fast_accum=True)" if FP8_FAST_ACCUM else
+                                 "fp32, not fast (torch._scaled_mm use_fast_accum=False, as mamf-finder)")
     return measurement(
         f"gemm.{result.dtype}", statistics.median(rates), "TFLOPS", subject,
         dtype=result.dtype,
@@ -819,14 +916,17 @@ def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]
         summary=summary(rates),
         shapes_tried=[[*run.shape.as_list(), run.median_tflops] for run in result.scouted],
         finalists=[[*run.shape.as_list(), run.median_tflops] for run in result.confirmed],
-        shapes_not_tried=[shape.as_list() for shape in result.not_tried],
+        shapes_not_tried=[shape.as_list() for shape in not_tried],
+        shapes_not_tried_why={str(shape): why for shape, why in not_tried.items()},
         check=result.check,
         skipped_dtypes=dict(skipped),
         timing=timing_words(result.device),
-        method="A @ B.T on normal random inputs (fp8: torch._scaled_mm, e4m3 inputs, scales 1.0, bf16 output); "
-               "value = median of the per-call rates of the best shape" + method_words(result.device),
+        method="A @ B.T on normal random inputs (fp8: torch._scaled_mm, e4m3 inputs, scales 1.0, bf16 output, "
+               f"use_fast_accum={FP8_FAST_ACCUM}); value = median of the per-call rates of the best shape"
+               + method_words(result.device),
         wall_s=result.wall_s,
         **noise_details(result),
+        **extra,
     )
 
 
@@ -849,13 +949,14 @@ def noise_details(result: DtypeResult) -> dict[str, Any]:
     return details
 
 
-def check_failures(results: list[DtypeResult], subject: str) -> dict[str, Any]:
+def check_failures(results: list[DtypeResult], subject: str, errors: dict[str, str] | None = None) -> dict[str, Any]:
     failed = [result.dtype for result in results if not result.check["ok"]]
     return measurement(
         "gemm.check_failures", len(failed), "count", subject,
         failed=failed,
         checked=[result.dtype for result in results],
         checks={result.dtype: result.check for result in results},
+        errors=dict(errors or {}),  # dtypes whose GEMM raised instead of giving a product to check
         method="two 64x64 blocks against a float64 CPU reference, a Freivalds checksum of the whole product, "
                "NaN/Inf, and the last call against the first",
     )

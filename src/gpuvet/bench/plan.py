@@ -39,14 +39,22 @@ TELEMETRY_INTERVAL_S = 0.1
 TELEMETRY_MAX_SAMPLES = 36_000
 
 
-def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """cuda:N numbered as nvidia-smi numbers GPUs (PCI bus order), unless the user chose an order or
-    a CUDA_VISIBLE_DEVICES list: its numbers mean their order (the default puts the fastest first),
-    so forcing ours would pick other GPUs on a host with mixed models."""
+# Switches that make cuBLAS run fp32 matmuls as TF32 (or TF32 ones as fp32) whatever torch asks:
+# set in some containers and launchers for training speed. The worker measures the hardware, so it
+# runs without them; the user's own jobs keep them.
+TF32_OVERRIDES = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE")
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str | None]:
+    """The worker's environment changes (None: removed). cuda:N numbered as nvidia-smi numbers GPUs
+    (PCI bus order), unless the user chose an order or a CUDA_VISIBLE_DEVICES list: its numbers mean
+    their order (the default puts the fastest first), so forcing ours would pick other GPUs on a
+    host with mixed models."""
     environ = os.environ if environ is None else environ
-    if "CUDA_DEVICE_ORDER" in environ or "CUDA_VISIBLE_DEVICES" in environ:
-        return {}
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    changes: dict[str, str | None] = {name: None for name in TF32_OVERRIDES if name in environ}
+    if "CUDA_DEVICE_ORDER" not in environ and "CUDA_VISIBLE_DEVICES" not in environ:
+        changes["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return changes
 
 
 @dataclass

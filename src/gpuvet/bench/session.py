@@ -39,7 +39,14 @@ class WorkerError(Exception):
 
 
 class Worker:
-    def __init__(self, env: dict[str, str] | None = None, start_timeout_s: float = START_TIMEOUT_S):
+    def __init__(self, env: dict[str, str | None] | None = None, start_timeout_s: float = START_TIMEOUT_S):
+        """`env`: variables set for the worker on top of gpuvet's environment; None removes one."""
+        environ = dict(os.environ)
+        for name, value in (env or {}).items():
+            if value is None:
+                environ.pop(name, None)
+            else:
+                environ[name] = value
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuvet.bench.worker"],
@@ -47,7 +54,7 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=environ,
             start_new_session=True,  # its own process group: killing it ends its children too
         )
         self.ended = False  # the process group has been killed

@@ -112,7 +112,19 @@ def serve(requests: TextIO, replies: TextIO) -> None:
             continue
         job = json.loads(line)
         run_parallel(job["parallel"] if "parallel" in job else [job], emit, job.get("id"))
+        _release_cached_memory(torch)
         emit({"id": job.get("id"), "done": True})
+
+
+def _release_cached_memory(torch: Any) -> None:
+    """Give the GPUs back the memory the jobs' tensors left in torch's cache, once every thread of
+    the group is done (empty_cache empties every GPU's cache, so no job does it while others run):
+    the next benchmark sizes itself from free memory, and all-reduce ranks and fresh processes need it."""
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # a sick GPU: the next job will say so
+        traceback.print_exc(file=sys.stderr)
 
 
 def _jsonable(value: Any) -> Any:

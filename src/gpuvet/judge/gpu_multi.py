@@ -67,6 +67,11 @@ def check_p2p(ctx: Context) -> list[Finding]:
     median = values[len(values) // 2]
     measured_text = "; ".join(rows[:12]) + (f"; ... {len(rows) - 12} more pairs" if len(rows) > 12 else "")
     remedy = "compare `nvidia-smi topo -m` and `nvidia-smi topo -p2p r`; ask the provider whether P2P is disabled (ACS, IOMMU, VM)"
+    broken = _broken_pairs(ctx)
+    if broken:  # a copy that hung after good pairs: the measured ones do not clear the machine
+        status, words = broken
+        return [finding("gpu.p2p", "machine", status, words, measured=measured_text,
+                        expected="every pair copies and finishes", remedy=f"`sudo dmesg | grep -i xid`; {remedy}")]
     if slow:
         status = FAIL if slow[0][0] < 0.3 else WARN
         return [finding("gpu.p2p", "machine", status, f"{len(slow)} of {len(pairs)} GPU pairs copy slowly; slowest: {slow[0][1]}",
@@ -76,6 +81,20 @@ def check_p2p(ctx: Context) -> list[Finding]:
         return [finding("gpu.p2p", "machine", WARN, f"no peer access between {len(no_peer)} pairs (copies staged through host memory)",
                         measured=measured_text, remedy=remedy)]
     return [finding("gpu.p2p", "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text)]
+
+
+def _broken_pairs(ctx: Context) -> tuple[str, str] | None:
+    """A pair that hung (the bench.p2p note) FAILs; pairs the driver could not map (more peers than
+    CUDA allows one GPU) WARN."""
+    note = next((m for m in measured(ctx, "bench.p2p") if m.details.get("outcome") == "failed"), None)
+    if note is not None:
+        return FAIL, f"a GPU-to-GPU copy failed: {note.details.get('reason', 'no reason given')}"
+    matrix = next(iter(measured(ctx, "p2p.matrix")), None)
+    failed = (matrix.details.get("failed_pairs") or []) if matrix else []
+    if failed:
+        names = ", ".join(f"gpu{f.get('src')}->gpu{f.get('dst')}" for f in failed[:6]) + (" ..." if len(failed) > 6 else "")
+        return WARN, f"{len(failed)} GPU pairs could not copy peer to peer ({names}): {failed[0].get('reason', '')}"
+    return None
 
 
 def check_allreduce(ctx: Context) -> list[Finding]:
@@ -93,6 +112,14 @@ def check_allreduce(ctx: Context) -> list[Finding]:
                         measured=measured_text, expected="every rank holds n(n+1)/2",
                         remedy="rerun `gpuvet bench allreduce`; test pairs with `gpuvet bench p2p`; ask for another node")]
     expected, over = _allreduce_expectation(ctx)
+    if d.get("outcome") == "incomplete":  # busbw from a smaller size than asked: not judged against the links
+        return [finding("gpu.allreduce", "machine", WARN,
+                        f"all-reduce sweep incomplete: {(d.get('reason') or 'sizes not measured').removeprefix('sweep incomplete: ')}; bus bandwidth "
+                        f"{busbw.value:.1f} GB/s at the largest size measured",
+                        measured=measured_text, expected="every size of the sweep within its time",
+                        source="nccl-tests busbw = algbw x 2(n-1)/n",
+                        remedy="rerun `gpuvet bench allreduce`; `NCCL_DEBUG=INFO` shows the transport NCCL chose; "
+                               "check gpu.nvlink and gpu.p2p")]
     if expected is None:
         return [finding("gpu.allreduce", "machine", PASS, f"bus bandwidth {busbw.value:.1f} GB/s (no link figure to compare with)",
                         measured=measured_text)]
