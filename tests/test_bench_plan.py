@@ -250,3 +250,29 @@ def test_a_gpu_in_prohibited_compute_mode_is_not_loaded_and_says_why():
     assert plan._targets(m, Info(), "cuda", False, outcome, ["gemm"]) == []
     (note,) = outcome.measurements
     assert note["subject"] == "gpu0" and note["details"]["reason"] == "compute mode Prohibited: no process may run CUDA on this GPU"
+
+
+def test_the_link_under_load_is_the_one_held_while_the_pinned_copies_ran():
+    """A link that trains to Gen5 x16 and drops to Gen3 x8 during the copies must show the drop; the
+    setup before the copies (context, buffers) reads other values and is left out."""
+    from gpuvet.facts import Gpu
+    from gpuvet.telemetry import Sample
+
+    def judged(samples, window):
+        gpu = Gpu(index=0)
+        gpu.pcie.readings = []
+        plan._add_loaded_link(gpu, samples, window)
+        (loaded,) = gpu.pcie.readings
+        assert loaded.under_load and loaded.source == "nvml"
+        return loaded.current_gen, loaded.current_width
+
+    setup = [Sample(t=100.0 + i * 0.1, pcie_gen=5, pcie_width=16) for i in range(5)]
+    copies = [Sample(t=101.0 + i * 0.1, pcie_gen=3 if i > 1 else 5, pcie_width=8 if i > 1 else 16) for i in range(10)]
+    assert judged(setup + copies, (101.0, 102.0)) == (3, 8)
+    # without a window (no pinned copies), the fastest reading: idle moments read a power-saving downshift
+    assert judged([Sample(t=1.0, pcie_gen=1, pcie_width=16), Sample(t=1.1, pcie_gen=4, pcie_width=16)], None) == (4, 16)
+
+    runner = plan._Runner(Machine(), None, [], plan.Outcome(measurements=[
+        {"name": "pcie.h2d_pinned", "subject": "gpu0", "value": 50.0, "unit": "GB/s",
+         "details": {"load_window": [101.0, 102.0]}}]), lambda m: None, None, {})
+    assert runner._load_window("gpu0") == (100.999, 102.001) and runner._load_window("gpu1") is None

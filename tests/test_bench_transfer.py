@@ -266,6 +266,19 @@ class _FakeCuda:
     def empty_cache(self):
         pass
 
+    def cudart(self):
+        return _FakeCudart()
+
+
+class _FakeCudart:
+    """Pins nothing: the CPU stand-in's host buffer is plain memory."""
+
+    def cudaHostRegister(self, ptr, size, flags):
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        return 0
+
 
 class _CpuTorch:
     """torch, with `cuda` replaced and tensor factories that ignore device and pinning."""

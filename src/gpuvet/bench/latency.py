@@ -8,7 +8,9 @@ before cuInit to a synchronised primary context, the one the CUDA runtime and Py
 
 Kernel launch latency is the host time per launch of a tiny kernel (a 1-element `add_`, PyTorch's
 dispatch included) when launches are queued back to back, plus the round trip of a launch followed
-by a synchronize. SuperBench's A100 reference: 5.7 us between events, 9.6 us wall clock.
+by a synchronize of the current stream. Both are host-side figures of PyTorch calls: not comparable
+with GPU-side event timings of an empty CUDA kernel such as SuperBench's kernel-launch benchmark.
+Everything runs with the GPU as the current device, so no call pays a device switch.
 """
 
 from __future__ import annotations
@@ -215,50 +217,52 @@ def _explained(error: str) -> str:
 def measure_kernel_launch(device: str, subject: str, budget: Budget | None = None) -> dict:
     if not device.startswith("cuda"):
         raise Skip("kernel launch latency needs a CUDA GPU")
-    x = torch.zeros(1, device=device)
-    launches, rounds = LAUNCHES_PER_ROUND, LAUNCH_ROUNDS
-    _queued_launch_seconds(x, device, 200)  # warm-up: the add kernel loaded, the caches hot
-    if budget is not None:  # a slow virtualised launch (50 us) must still fit
-        one = _queued_launch_seconds(x, device, 200) / 200
-        launches = max(100, min(LAUNCHES_PER_ROUND, int(budget.remaining() * 0.3 / rounds / max(one, 1e-7))))
-    per_launch_us = [_queued_launch_seconds(x, device, launches) / launches * 1e6 for _ in range(rounds)]
-    roundtrip_us = _roundtrip_us(x, device, ROUNDTRIPS)
-    dispatch_us = _queued_launch_seconds(torch.zeros(1), "cpu", launches) / launches * 1e6
+    # The GPU current for the whole measurement: on cuda:1, launches outside this block would switch
+    # the current device, and torch.cuda.synchronize(device) would enter a device context each time.
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream()
+        x = torch.zeros(1, device=device)
+        launches, rounds = LAUNCHES_PER_ROUND, LAUNCH_ROUNDS
+        _queued_launch_seconds(x, stream, 200)  # warm-up: the add kernel loaded, the caches hot
+        if budget is not None:  # a slow virtualised launch (50 us) must still fit
+            one = _queued_launch_seconds(x, stream, 200) / 200
+            launches = max(100, min(LAUNCHES_PER_ROUND, int(budget.remaining() * 0.3 / rounds / max(one, 1e-7))))
+        per_launch_us = [_queued_launch_seconds(x, stream, launches) / launches * 1e6 for _ in range(rounds)]
+        roundtrip_us = _roundtrip_us(x, stream, ROUNDTRIPS)
+    dispatch_us = _queued_launch_seconds(torch.zeros(1), None, launches) / launches * 1e6
     return measurement(
         "latency.kernel_launch", statistics.median(per_launch_us), "us", subject,
         summary=summary(per_launch_us), launches_per_round=launches, rounds=rounds,
         sync_roundtrip_us=round(statistics.median(roundtrip_us), 3), sync_roundtrip_summary=summary(roundtrip_us),
         cpu_dispatch_us=round(dispatch_us, 3),
         measures="host time per launch of a 1-element add_ queued back to back (PyTorch dispatch included; "
-                 "cpu_dispatch_us is the same call on a CPU tensor); sync_roundtrip_us: one launch plus "
-                 "torch.cuda.synchronize, wall clock",
+                 "cpu_dispatch_us is the same call on a CPU tensor); sync_roundtrip_us: one launch plus a "
+                 "synchronize of the current stream, wall clock; the GPU is the current device throughout",
     )
 
 
-def _queued_launch_seconds(x: torch.Tensor, device: str, launches: int) -> float:
+def _queued_launch_seconds(x: torch.Tensor, stream, launches: int) -> float:
     """Host time to queue `launches` tiny kernels; the final synchronize is outside the clock so the
-    figure is the launch cost, not the GPU's execution."""
-    _synchronize(device)
+    figure is the launch cost, not the GPU's execution. `stream`: the current CUDA stream (None for
+    a CPU tensor)."""
+    if stream is not None:
+        stream.synchronize()
     t0 = time.perf_counter()
     for _ in range(launches):
         x.add_(1)
     elapsed = time.perf_counter() - t0
-    _synchronize(device)
+    if stream is not None:
+        stream.synchronize()
     return elapsed
 
 
-def _roundtrip_us(x: torch.Tensor, device: str, count: int) -> list[float]:
+def _roundtrip_us(x: torch.Tensor, stream, count: int) -> list[float]:
+    """One launch and a synchronize of the stream it went to, each timed on the wall clock."""
     times = []
-    _synchronize(device)
+    stream.synchronize()
     for _ in range(count):
         t0 = time.perf_counter()
         x.add_(1)
-        torch.cuda.synchronize(device)
+        stream.synchronize()
         times.append((time.perf_counter() - t0) * 1e6)
     return times
-
-
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-

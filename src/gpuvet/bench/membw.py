@@ -40,12 +40,11 @@ def run(ctx: BenchContext) -> list[dict]:
     size = buffer_bytes(ctx.device, ctx.params.get("buffer_bytes"))
     if size < MIN_BUFFER_BYTES:
         raise Skip(f"not enough free memory on {ctx.device} for two copy buffers ({size} bytes each)")
+    # No torch.cuda.empty_cache() here: it frees the cached blocks of every GPU, and the other
+    # GPUs' jobs run side by side in other threads, so their timed copies would wait on cudaFree.
+    # The worker empties the caches once every job of the group is done (worker._release_cached_memory).
     with torch.cuda.device(ctx.device) if ctx.is_cuda else nullcontext():
-        try:
-            times = time_copies(ctx, size)
-        finally:
-            if ctx.is_cuda:
-                torch.cuda.empty_cache()
+        times = time_copies(ctx, size)
     rates = [2 * size / t / 1e9 for t in times if t > 0]
     if not rates:
         raise OutOfTime("no copy could be timed")

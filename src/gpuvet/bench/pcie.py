@@ -10,30 +10,38 @@ bytes, as nvbandwidth counts them.
 - pageable: the driver stages through its own pinned buffer on the calling thread, so the figure
   is what a plain `tensor.to("cuda")` costs: a blocking copy timed by the wall clock.
 
-The orchestrator reads the link's generation and width with NVML while the copies run (an idle
-link downshifts and must not be judged). `LOAD_PHASE` is announced through `ctx.progress` just
-before the pinned host-to-device copies start, and they then keep the link busy for at least
-`load_window_s(params)` seconds.
+The orchestrator reads the link's generation and width with NVML while the job runs (an idle link
+downshifts and must not be judged). `LOAD_PHASE` is announced through `ctx.progress` just before
+the pinned host-to-device copies start; they then keep the link busy for at least
+`load_window_s(params)` seconds, and that measurement's details give the phase's span on the
+host's clock as `load_window: [start, end]` (epoch seconds, time.time()), so the parent can keep
+only the link readings taken under load.
 
 When `params["cpu_affinity"]` lists the CPUs of the GPU's NUMA node, the calling thread is bound to
-them before the host buffers are allocated and touched, so that the kernel's first-touch policy
-places the buffers on that node; the previous affinity is restored afterwards. Only the calling
-thread is bound, because the worker runs other jobs in other threads of the same process.
+them for the whole job, and the previous affinity is restored afterwards. Only the calling thread is
+bound, because the worker runs other jobs in other threads of the same process. Bound, the thread
+makes the job's first CUDA call (creating the context when `gpuvet bench pcie` runs alone) and gets
+its host buffers: fresh pages it writes first, which the kernel's first-touch policy places on its
+node; the pinned one is then locked where it lies with cudaHostRegister (see `pinned_host_buffer`).
+Pinning does not move pages, and writing to pages already pinned would not either: placement is
+decided when the pages are first touched. The time budget counts the copies only: it starts once
+the context and the buffers are ready.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import mmap
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
-from .common import BenchContext, Skip, free_memory_bytes, measurement, summary
+from .common import BenchContext, Budget, Skip, free_memory_bytes, measurement, summary
 
 MiB = 1024 * 1024
 DEFAULT_BUFFER_BYTES = 256 * MiB
@@ -55,17 +63,22 @@ def load_window_s(params: dict[str, Any]) -> float:
 def run(ctx: BenchContext) -> list[dict]:
     if not ctx.is_cuda:
         raise Skip("host<->device copies need a CUDA GPU")
-    nbytes = buffer_bytes(
-        requested=int(ctx.params.get("bytes", DEFAULT_BUFFER_BYTES)),
-        gpu_free=free_memory_bytes(ctx.device),
-        host_available=free_memory_bytes("cpu"),
-    )
+    copies_s = ctx.budget.remaining()
+    setup_started = time.perf_counter()
     with bound_to_cpus(ctx.params.get("cpu_affinity")) as numa:
+        # The job's first CUDA call, made from the bound thread: when `gpuvet bench pcie` runs alone
+        # it creates the GPU's context here, so the driver's own threads and buffers start near it.
+        gpu_free = free_memory_bytes(ctx.device)
+        nbytes = buffer_bytes(
+            requested=int(ctx.params.get("bytes", DEFAULT_BUFFER_BYTES)),
+            gpu_free=gpu_free,
+            host_available=free_memory_bytes("cpu"),
+        )
         try:
-            return _measure(ctx, nbytes, numa)
+            return _measure(ctx, nbytes, numa, copies_s, setup_started)
         finally:
-            # Pinned blocks stay cached in PyTorch's host allocator; the next GPU's run must get
-            # fresh pages on its own NUMA node, not these.
+            # When the pinned buffer came from PyTorch's allocator (no cudaHostRegister), it went
+            # back to PyTorch's cache as _measure returned: the next GPU's run must not get it.
             _release_cached_pinned_memory()
 
 
@@ -108,65 +121,93 @@ class _Phase:
     pinned: bool
 
 
-def _measure(ctx: BenchContext, nbytes: int, numa: dict[str, Any]) -> list[dict]:
+@dataclass
+class PinnedBuffer:
+    """The pinned host buffer, or why there is none; `numa` overrides the binding's details for the
+    pinned copies when the buffer's placement cannot be vouched for."""
+
+    tensor: Any  # torch.Tensor | None
+    via: str | None = None  # how it was pinned, for the details
+    error: str | None = None
+    numa: dict[str, Any] = field(default_factory=dict)
+
+
+def _measure(ctx: BenchContext, nbytes: int, numa: dict[str, Any], copies_s: float, setup_started: float) -> list[dict]:
     device = torch.device(ctx.device)
-    with torch.cuda.device(device):
+    with torch.cuda.device(device), pinned_host_buffer(nbytes, numa) as pinned:
         stream = torch.cuda.Stream(device)
         gpu_buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        pageable = _touched(torch.empty(nbytes, dtype=torch.uint8))
-        pinned, pinned_error = _pinned_buffer(nbytes)
+        pageable = fresh_host_buffer(nbytes)
+        pinned_details = {**numa, **pinned.numa, "pinned_via": pinned.via}
+        host = pinned.tensor
         phases = [
             _Phase("pcie.h2d_pageable", lambda: gpu_buffer.copy_(pageable), pinned=False),
             _Phase("pcie.d2h_pageable", lambda: pageable.copy_(gpu_buffer), pinned=False),
         ]
-        if pinned is not None:
+        if host is not None:
             phases[:0] = [
-                _Phase("pcie.h2d_pinned", lambda: gpu_buffer.copy_(pinned, non_blocking=True), pinned=True),
-                _Phase("pcie.d2h_pinned", lambda: pinned.copy_(gpu_buffer, non_blocking=True), pinned=True),
+                _Phase("pcie.h2d_pinned", lambda: gpu_buffer.copy_(host, non_blocking=True), pinned=True),
+                _Phase("pcie.d2h_pinned", lambda: host.copy_(gpu_buffer, non_blocking=True), pinned=True),
             ]
+        # The budget is for the copies: it starts once the context and the buffers are ready, so a
+        # first context (up to a second under vGPU) does not cut the load window short.
+        budget = Budget(max(copies_s, 0.0))
+        setup_s = round(time.perf_counter() - setup_started, 3)
         results = []
         with torch.cuda.stream(stream):
             for left, phase in zip(range(len(phases), 0, -1), phases):
-                if ctx.budget.expired():
+                details = pinned_details if phase.pinned else numa
+                if budget.expired():
                     results.append(measurement(phase.name, None, "GB/s", ctx.subject, bytes=nbytes,
-                                               reason="the time budget ran out before this copy", **numa))
+                                               reason="the time budget ran out before this copy", **details))
                     continue
-                results.append(_run_phase(ctx, phase, stream, nbytes, left, numa))
-        if pinned is None:
+                results.append(_run_phase(ctx, budget, phase, stream, nbytes, left, details, setup_s))
+        if host is None:
             for name in ("pcie.h2d_pinned", "pcie.d2h_pinned"):
                 results.append(measurement(name, None, "GB/s", ctx.subject, bytes=nbytes,
-                                           reason=f"pinned host memory could not be allocated: {pinned_error}", **numa))
+                                           reason=f"pinned host memory could not be allocated: {pinned.error}",
+                                           **pinned_details))
         return results
 
 
-def _run_phase(ctx: BenchContext, phase: _Phase, stream: torch.cuda.Stream, nbytes: int,
-               phases_left: int, numa: dict[str, Any]) -> dict:
+def _run_phase(ctx: BenchContext, budget: Budget, phase: _Phase, stream: torch.cuda.Stream, nbytes: int,
+               phases_left: int, details: dict[str, Any], setup_s: float) -> dict:
     timer = _time_on_stream if phase.pinned else _time_blocking
     timer(stream, phase.copy, 1)  # warm-up: first use of the buffers and of this copy path
     (one,) = timer(stream, phase.copy, 1)
-    seconds = min(PHASE_CAP_S, ctx.budget.remaining() / phases_left)
+    seconds = min(PHASE_CAP_S, budget.remaining() / phases_left)
     is_load_phase = phase.name == LOAD_PHASE
     if is_load_phase:
-        seconds = min(max(seconds, load_window_s(ctx.params)), max(ctx.budget.remaining(), 0.0))
+        seconds = min(max(seconds, load_window_s(ctx.params)), max(budget.remaining(), 0.0))
         ctx.progress(LOAD_PHASE)
     at_most = MAX_REPEATS if phase.pinned else MAX_PAGEABLE_REPEATS
+    window_start = time.time()  # the host's clock, as the parent's link samples are stamped
     started = time.perf_counter()
     times = timer(stream, phase.copy, repeats_for(seconds, one, at_most))
     # Steady copies can beat the calibration copy: top up until the load window is really held.
-    while is_load_phase and len(times) < at_most and not ctx.budget.expired():
+    while is_load_phase and len(times) < at_most and not budget.expired():
         short = seconds - (time.perf_counter() - started)
         if short <= 0:
             break
         times += timer(stream, phase.copy, min(at_most - len(times), repeats_for(short, one, at_most)))
-    extra = {"load_s": round(time.perf_counter() - started, 3)} if is_load_phase else {}
+    extra = {}
+    if is_load_phase:  # every copy queued in the window has finished: the timer synchronised
+        extra = {"load_s": round(time.perf_counter() - started, 3),
+                 "load_window": load_window(window_start, time.time()), "setup_s": setup_s}
     rates = [nbytes / t / 1e9 for t in times if t > 0]
     stats = summary(rates)
     return measurement(
         phase.name, stats.get("median"), "GB/s", ctx.subject,
         bytes=nbytes, iterations=len(times), summary=stats,
         timing="CUDA events on a side stream" if phase.pinned else "wall clock around a blocking copy",
-        **numa, **extra,
+        **details, **extra,
     )
+
+
+def load_window(start: float, end: float) -> list[float]:
+    """The load phase as `[start, end]` in epoch seconds (time.time()), to the millisecond: the
+    parent keeps the link readings it took inside it."""
+    return [round(start, 3), round(end, 3)]
 
 
 def repeats_for(seconds: float, one_copy_s: float, at_most: int) -> int:
@@ -199,27 +240,128 @@ def _time_blocking(stream: torch.cuda.Stream, copy: Callable[[], Any], repeats: 
     return times
 
 
-def _touched(host: torch.Tensor) -> torch.Tensor:
-    """Write every page from this thread (not PyTorch's thread pool, which is not bound), so the
-    kernel places the pages on this thread's NUMA node."""
-    ctypes.memset(host.data_ptr(), 1, host.numel() * host.element_size())
+# --- host buffers ----------------------------------------------------------------------------
+
+# Buffers whose pages the driver may still hold locked (unregistering failed): never unmapped, so
+# the process cannot reuse pages a DMA engine might still reach.
+_KEPT: list[Any] = []
+
+
+def fresh_host_buffer(nbytes: int) -> torch.Tensor:
+    """`nbytes` of pageable host memory in pages no one has touched (a private anonymous mapping,
+    not the heap, which can hand back pages another thread placed), each then written from the
+    calling thread so that the kernel's first-touch policy puts them on its NUMA node. The pages
+    are written by this thread, not PyTorch's thread pool, which is not bound."""
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_DONTFORK"):  # a child forked meanwhile must not share pages the GPU reads
+        mapping.madvise(mmap.MADV_DONTFORK)
+    host = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
+    ctypes.memset(host.data_ptr(), 1, nbytes)
     return host
 
 
-def _pinned_buffer(nbytes: int) -> tuple[torch.Tensor | None, str | None]:
-    _release_cached_pinned_memory()  # a cached block could sit on another GPU's node
+@contextmanager
+def pinned_host_buffer(nbytes: int, numa: dict[str, Any]) -> Iterator[PinnedBuffer]:
+    """A pinned buffer on the bound thread's NUMA node, for the block's duration. Call it with the
+    GPU as the current device.
+
+    Preferred: fresh pages touched by this thread, then locked in place with cudaHostRegister, which
+    pins the pages where they are and keeps PyTorch's pinned-memory cache out of it: that cache
+    would hand the next GPU's run this GPU's buffer, on this GPU's node, and torch 2.0-2.4 has no
+    call to empty it. Otherwise PyTorch's allocator (cudaHostAlloc, which places the pages from the
+    calling thread), after emptying its cache where this torch can; where it cannot, the pinned
+    copies say `numa_bound: False` and why. That buffer returns to PyTorch's cache when the caller
+    drops it: the caller empties the cache then."""
+    cudart = _cudart()
+    why = "this PyTorch does not expose cudaHostRegister"
+    if cudart is not None:
+        host = fresh_host_buffer(nbytes)
+        code = _call(cudart.cudaHostRegister, host.data_ptr(), nbytes, 0)  # 0: cudaHostRegisterDefault
+        if code == 0:
+            try:
+                yield PinnedBuffer(host, via="cudaHostRegister")
+            finally:
+                _unregister(cudart, host)
+            return
+        why = f"cudaHostRegister failed ({_error_name(cudart, code)})"
+        _clear_last_error()
+        del host
+    emptied = _release_cached_pinned_memory()
+    yield _allocated_pinned(nbytes, numa, why, emptied)  # the caller empties the cache once it lets go
+
+
+def _allocated_pinned(nbytes: int, numa: dict[str, Any], why: str, emptied: bool) -> PinnedBuffer:
+    via = f"PyTorch's pinned allocator ({why})"
     try:
-        return _touched(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)), None
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     except RuntimeError as err:  # containers can cap locked memory
-        return None, str(err).splitlines()[0]
+        return PinnedBuffer(None, via=via, error=str(err).splitlines()[0])
+    if numa.get("numa_bound") and not emptied:
+        return PinnedBuffer(host, via=via, numa={
+            "numa_bound": False,
+            "numa_note": "this PyTorch cannot empty its pinned-memory cache, so the buffer may be one an "
+                         "earlier GPU's run left there, on that GPU's NUMA node"})
+    return PinnedBuffer(host, via=via)
 
 
-def _release_cached_pinned_memory() -> None:
+def _cudart() -> Any:
+    """PyTorch's CUDA runtime bindings, when they can register host memory."""
+    get = getattr(torch.cuda, "cudart", None)
+    if get is None:
+        return None
+    try:
+        cudart = get()
+    except Exception:  # noqa: BLE001 - no runtime bindings in this build
+        return None
+    if hasattr(cudart, "cudaHostRegister") and hasattr(cudart, "cudaHostUnregister"):
+        return cudart
+    return None
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> int:
+    """A cudart binding's result as an int (the bindings return a cudaError enum)."""
+    return int(fn(*args))
+
+
+def _error_name(cudart: Any, code: int) -> str:
+    try:
+        return f"{cudart.cudaGetErrorString(cudart.cudaError(code))}, error {code}"
+    except Exception:  # noqa: BLE001 - the enum names only cudaSuccess
+        return f"cudaError {code}"
+
+
+def _unregister(cudart: Any, host: torch.Tensor) -> None:
+    try:
+        torch.cuda.synchronize()  # no copy may still be reading or writing the pages
+        code = _call(cudart.cudaHostUnregister, host.data_ptr())
+    except RuntimeError:
+        code = -1
+    if code != 0:
+        _KEPT.append(host)
+        _clear_last_error()
+
+
+def _clear_last_error() -> None:
+    """A failed cudart call stays the thread's "last error", and PyTorch's check after its next
+    kernel launch would raise it as that kernel's failure. Launching one tiny kernel reads it, and
+    reading it clears it."""
+    for _ in range(2):
+        try:
+            torch.ones(1, device=torch.cuda.current_device())
+            return
+        except RuntimeError:
+            continue
+
+
+def _release_cached_pinned_memory() -> bool:
+    """Empty PyTorch's cache of pinned host blocks; False where this torch has no call for it."""
     empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)  # torch >= 2.9
     if empty is None:
-        empty = getattr(torch._C, "_host_emptyCache", None)  # older releases
-    if empty is not None:
-        try:
-            empty()
-        except RuntimeError:
-            pass
+        empty = getattr(torch._C, "_host_emptyCache", None)  # some older releases; 2.0-2.4 have neither
+    if empty is None:
+        return False
+    try:
+        empty()
+    except RuntimeError:
+        return False
+    return True

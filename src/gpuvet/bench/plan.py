@@ -315,7 +315,17 @@ class _Runner:
             self._jobs([self._job(name, target, **params)], name)
         finally:
             if sampler is not None:
-                _add_loaded_link(target.gpu, sampler.stop().get(target.gpu.index, []))
+                samples = sampler.stop().get(target.gpu.index, [])
+                _add_loaded_link(target.gpu, samples, self._load_window(target.subject))
+
+    def _load_window(self, subject: str) -> tuple[float, float] | None:
+        """When the pinned copies held the link busy (epoch seconds, from the pcie job's details)."""
+        pinned = next((m for m in self.outcome.measurements if m.get("name") == "pcie.h2d_pinned"
+                       and m.get("subject") == subject), None)
+        window = (pinned or {}).get("details", {}).get("load_window")
+        if not (isinstance(window, list) and len(window) == 2 and all(isinstance(t, (int, float)) for t in window)):
+            return None
+        return window[0] - 0.001, window[1] + 0.001  # the job rounds to the millisecond
 
     def _multi_gpu(self, name: str) -> None:
         gpus = [t for t in self.targets if t.gpu is not None]
@@ -392,12 +402,19 @@ def _numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:
     return [c for c in cpus if c in allowed]
 
 
-def _add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample]) -> None:
-    """The fastest link seen while copies ran is the link as trained under load."""
+def _add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample], window: tuple[float, float] | None = None) -> None:
+    """The link as it held while the pinned copies kept it busy: the reading seen most in that window,
+    so a link that trains up and then drops under load shows the drop. Without the window (no pinned
+    copies), the fastest reading of the job: idle moments in it read a power-saving downshift."""
+    if window is not None:
+        samples = [s for s in samples if window[0] <= s.t <= window[1]]
     readings = [(s.pcie_gen, s.pcie_width) for s in samples if s.pcie_gen and s.pcie_width]
     if gpu is None or not readings:
         return
-    gen, width = max(readings)
+    if window is not None:
+        gen, width = max(set(readings), key=lambda r: (readings.count(r), r))
+    else:
+        gen, width = max(readings)
     idle = next((r for r in gpu.pcie.readings if r.source in ("nvml", "nvidia-smi")), None)
     gpu.pcie.readings.insert(0, PcieLink(current_gen=gen, max_gen=idle.max_gen if idle else None, current_width=width,
                                          max_width=idle.max_width if idle else None, source="nvml", under_load=True))
