@@ -58,6 +58,19 @@ def test_every_dtype_with_a_best_figure_is_judged_and_the_worst_decides():
     assert results(m, healthy, "gpu.gemm", ["gemm"])["gpu0"].status == "pass"
 
 
+@pytest.mark.parametrize("error, status", [
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "fail"),
+    ("RuntimeError: Expected trailing dimension of mat1 to be divisible by 16", "warn"),
+])
+def test_a_dtype_whose_gemm_raised_is_not_passed_as_checked(error, status):
+    m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
+    figures = [Measurement("gemm.bf16", 780.0, "TFLOPS", "gpu0", {"shape": [8192, 8192, 8192]}),
+               Measurement("gemm.check_failures", 0, "count", "gpu0", {"failed": [], "errors": {"fp8": error}})]
+    f = results(m, figures, "gpu.correctness", ["gemm"])["gpu0"]
+    assert f.status == status
+    assert f.summary == f"GEMM failed to run in fp8 (fp8: {error}); bf16 matched a float64 reference"
+
+
 def synthetic_h100_pcie():
     """Synthetic: the real H100 SXM VM capture renamed to an H100 PCIe (no real PCIe capture here);
     the reference has no measured best for that model."""

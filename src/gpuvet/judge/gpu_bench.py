@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..facts import Gpu
 from ..record import Finding
-from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
+from .bench_common import _MACHINE_TROUBLE, against_box, box_median, measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_links import _GBS_PER_LANE
 from . import reference
@@ -179,6 +179,17 @@ def check_correctness(ctx: Context) -> list[Finding]:
         else:
             checked = ", ".join(x.name.removeprefix("gemm.") for x in ctx.measurements
                                 if x.subject == s and x.unit == "TFLOPS" and x.name.startswith("gemm."))
+            errors = m.details.get("errors") or {}
+            if errors:  # a dtype whose GEMM raised: nothing of it was checked
+                said = "; ".join(f"{dtype}: {error}" for dtype, error in errors.items())
+                trouble = any(word in said for word in _MACHINE_TROUBLE)
+                findings.append(finding(
+                    "gpu.correctness", s, FAIL if trouble else WARN,
+                    f"GEMM failed to run in {', '.join(errors)} ({said})" + (f"; {checked} matched a float64 reference" if checked else ""),
+                    measured=said, expected="every dtype the GPU supports runs and matches a float64 reference",
+                    source="gpuvet GEMM check against a CPU float64 product",
+                    remedy=f"rerun `gpuvet bench gemm`; `sudo dmesg | grep -i xid`; `nvidia-smi -q -i {gpu.index} -d ECC`"))
+                continue
             findings.append(finding("gpu.correctness", s, PASS, f"GEMM results match a float64 reference ({checked})"))
     return findings
 
