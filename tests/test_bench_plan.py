@@ -203,9 +203,9 @@ def test_a_ten_hour_soak_samples_once_a_second_so_the_whole_load_stays_in_the_re
 
 
 def test_in_an_exclusive_compute_mode_fresh_process_benchmarks_get_a_worker_that_holds_no_gpu(monkeypatch):
-    """One context per GPU: after gemm the worker holds it, so context start-up, the all-reduce ranks and
-    the workload's resume would be refused. The plan restarts the worker first; the workload, whose own
-    training holds the GPU, is told to skip its resume with the reason."""
+    """One context per GPU: after gemm the worker holds it, so context start-up and the all-reduce ranks
+    would be refused. The plan restarts the worker first; the workload, whose own training holds the
+    GPU, is told to skip its resume with the reason."""
     from gpuvet.facts import Gpu
 
     started, sent = [], []
@@ -228,7 +228,7 @@ def test_in_an_exclusive_compute_mode_fresh_process_benchmarks_get_a_worker_that
     runner = plan._Runner(Machine(gpus=gpus), FakeWorker(), targets, plan.Outcome(), lambda m: None, None, {})
     for name in ("gemm", "latency", "membw", "workload"):
         runner.run(name)
-    assert [(worker, job["module"]) for worker, job in sent] == [(0, "gemm"), (1, "latency"), (1, "membw"), (2, "workload")]
+    assert [(worker, job["module"]) for worker, job in sent] == [(0, "gemm"), (1, "latency"), (1, "membw"), (1, "workload")]
     assert sent[-1][1]["params"]["exclusive_mode"] == "Exclusive_Process"
 
     default = [Gpu(index=0, compute_mode="Default")]

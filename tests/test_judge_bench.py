@@ -61,6 +61,7 @@ def test_every_dtype_with_a_best_figure_is_judged_and_the_worst_decides():
 @pytest.mark.parametrize("error, status", [
     ("RuntimeError: CUDA error: an illegal memory access was encountered", "fail"),
     ("RuntimeError: Expected trailing dimension of mat1 to be divisible by 16", "warn"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasLtMatmul(...)`", "warn"),
 ])
 def test_a_dtype_whose_gemm_raised_is_not_passed_as_checked(error, status):
     m = machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt")
@@ -241,13 +242,26 @@ def test_pairs_the_driver_could_not_map_warn_and_are_named():
     assert f.status == "warn" and f.summary.startswith("1 GPU pairs could not copy peer to peer (gpu0->gpu9)")
 
 
-def test_an_incomplete_allreduce_sweep_warns_instead_of_judging_a_small_size_against_nvlink():
+@pytest.mark.parametrize("busbw, status", [(200.0, "warn"), (40.0, "fail")])
+def test_an_allreduce_sweep_cut_short_for_time_is_still_judged_against_the_links(busbw, status):
     m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
-    cut = [Measurement("allreduce.busbw", 40.0, "GB/s", "machine", {
+    cut = [Measurement("allreduce.busbw", busbw, "GB/s", "machine", {
         "world_size": 8, "backend": "nccl", "check_ok": True, "outcome": "incomplete", "largest_bytes": 1 << 24,
-        "reason": "sweep incomplete: 20 s were not enough for every size"})]
+        "reason": "268435456 bytes and larger skipped: about 9.1 s needed but 3.0 s left"})]
     f = results(m, cut, "gpu.allreduce", ["allreduce"])["machine"]
-    assert f.status == "warn" and f.summary.startswith("all-reduce sweep incomplete: 20 s were not enough for every size; bus bandwidth 40.0 GB/s")
+    assert f.status == status  # never a PASS: the large sizes were not run
+    assert f.summary.endswith("(sweep incomplete: 268435456 bytes and larger skipped: about 9.1 s needed but 3.0 s left; "
+                              "judged at the largest size measured)")
+
+
+def test_an_allreduce_that_hung_after_some_sizes_fails_and_says_where():
+    m = machine("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")
+    reason = ("all-reduce hung: ranks 3 did not finish 16777216 bytes by the 20 s deadline (rank 3 in 'all_reduce of "
+              "16777216 bytes'); measured 1048576, 4194304 bytes before it")
+    hung = [Measurement("allreduce.busbw", 150.0, "GB/s", "machine", {
+        "world_size": 8, "backend": "nccl", "check_ok": True, "outcome": "hung", "largest_bytes": 4194304, "reason": reason})]
+    f = results(m, hung, "gpu.allreduce", ["allreduce"])["machine"]
+    assert f.status == "fail" and f.summary == reason
 
 
 @pytest.mark.parametrize("hottest, status, words", [

@@ -16,9 +16,9 @@ session, meeting through a FileStore in a private folder (no TCP port to pick). 
 its report after every size. A size whose estimated time (the last size's time per all-reduce,
 scaled by the size ratio, times the all-reduces a size needs) does not fit in the time left is
 skipped, with the larger ones. NCCL initialisation can hang for ever on a broken fabric, so the
-parent holds a hard deadline: when it passes, every rank is killed; if some sizes were measured
-they are kept and the sweep is reported incomplete, otherwise the error names the ranks that hung
-and the step each was in. Ranks are also killed when the parent dies (PR_SET_PDEATHSIG) and end
+parent holds a hard deadline: when it passes, every rank is killed and the ranks that hung are
+named with the step each was in; the sizes measured before it are kept (outcome "hung"). A sweep
+whose larger sizes were skipped for time is "incomplete". Ranks are also killed when the parent dies (PR_SET_PDEATHSIG) and end
 themselves shortly after the deadline, so none is ever left behind.
 """
 
@@ -47,7 +47,7 @@ CUDA_MAX_BYTES = 1024 * MiB
 CPU_MAX_BYTES = 4 * MiB
 SIZE_STEP = 4  # sizes grow 1, 4, 16, ... MiB
 MAX_ITERATIONS = 50  # all-reduces in one timed batch, at most
-MIN_ITERATIONS = 3  # ... and at least
+MIN_ITERATIONS = 1  # ... and at least (a large size on a slow PCIe box takes ~0.2 s a call: one is enough)
 BATCHES = 5  # timed batches per size; the figure is their median
 WARMUP_ITERATIONS = 2
 CALIBRATION_ITERATIONS = 2  # one short timed batch that sizes the real ones
@@ -166,7 +166,7 @@ def run(ctx: BenchContext) -> list[dict]:
                        stall_after_sizes=None if stall is None else int(stall))
     result["wall_s"] = round(time.monotonic() - started, 3)
     measurements = _measurements(result, backend, world_size)
-    if measurements[-1]["details"]["outcome"] == "incomplete":
+    if measurements[-1]["details"]["outcome"] != "complete":
         ctx.progress(f"allreduce: {measurements[-1]['details']['reason']}")
     return measurements
 
@@ -189,7 +189,7 @@ def _placement(ctx: BenchContext) -> tuple[str, list[str]]:
 def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int | None = None,
               hang_rank: int | None = None, stall_after_sizes: int | None = None) -> dict[str, Any]:
     """Start one process per device, wait at most `timeout_s`, return rank 0's report (with
-    "incomplete" set when the deadline passed after some sizes were measured).
+    "hung" set, saying where, when the deadline passed after some sizes were measured).
     Raises AllReduceHung (deadline passed, nothing measured) or RankFailed (a rank exited with an error)."""
     deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryDirectory(prefix="gpuvet-allreduce-") as workdir:
@@ -201,10 +201,10 @@ def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int
         try:
             for c in configs:
                 procs.append(_start_rank(c))
-            cut_short = _wait(procs, deadline, timeout_s, Path(workdir))
+            hung = _wait(procs, deadline, timeout_s, Path(workdir))
             result = _read_result(Path(workdir), len(devices))
-            if cut_short:
-                result["incomplete"] = cut_short
+            if hung:
+                result["hung"] = hung
             return result
         finally:  # also on Ctrl-C and on errors: no rank may survive
             _kill_all(procs)
@@ -267,12 +267,14 @@ def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, work
             if report and report.get("finished"):
                 return None  # measured and reported; only the process group's teardown is slow
             steps = "; ".join(f"rank {r} in '{last_step(workdir, r)}'" for r in running)
-            if report and report.get("rows"):  # a slow fabric, not a dead one: keep what it measured
+            if report and report.get("rows"):
+                # Rank 0 only starts a size that its estimate says fits, so a size still running at
+                # the deadline is stuck (a dead link, an NCCL hang): a hang, with the sizes before it kept.
                 done = [row["bytes"] for row in report["rows"]]
                 rest = [size for size in report.get("sizes", []) if size not in done]
-                return (f"sweep incomplete: {timeout_s:.0f} s were not enough for every size; measured "
-                        f"{', '.join(map(str, done))} bytes, not {', '.join(map(str, rest)) or 'the rest'} "
-                        f"(stopped with {steps})")
+                return (f"all-reduce hung: ranks {', '.join(map(str, running))} did not finish "
+                        f"{rest[0] if rest else 'the next'} bytes by the {timeout_s:.0f} s deadline ({steps}); "
+                        f"measured {', '.join(map(str, done))} bytes before it")
             raise AllReduceHung(f"all-reduce did not finish in {timeout_s:.0f} s: ranks "
                                 f"{', '.join(map(str, running))} hung ({steps})", running)
         try:
@@ -368,14 +370,15 @@ def _measurements(result: dict[str, Any], backend: str, world_size: int) -> list
                            "median over batches", method=method)
     measured = [row["bytes"] for row in rows]
     not_measured = [size for size in result.get("sizes", measured) if size not in measured]
-    reason = result.get("incomplete") or result.get("skip_reason")
+    reason = result.get("hung") or result.get("skip_reason")
     if not_measured and not reason:
         reason = "sweep incomplete: sizes not measured"
+    outcome = "hung" if result.get("hung") else "incomplete" if not_measured else "complete"
     busbw = measurement(
         "allreduce.busbw", largest["busbw_gbps"], "GB/s", "machine", largest_bytes=largest["bytes"],
         algbw_gbps=largest["algbw_gbps"], time_us=largest["time_us"], sizes=rows, check_ok=check_ok,
         expected_sum=world_size * (world_size + 1) // 2, wall_s=result.get("wall_s"), **common,
-        outcome="incomplete" if not_measured else "complete", sizes_not_measured=not_measured,
+        outcome=outcome, sizes_not_measured=not_measured,
         **({"reason": reason} if not_measured else {}), method=method,
         formula="algbw = bytes / time / 1e9; busbw = algbw * 2(n-1)/n (nccl-tests)")
     return [latency, busbw]

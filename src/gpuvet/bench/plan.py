@@ -30,9 +30,10 @@ SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline mus
 # The sustained load runs for exactly its duration (BUDGET_S's figure, or --soak); its budget adds
 # this for allocating the matrices and timing the first calls.
 SUSTAINED_SETUP_S = 2.0
-# Benchmarks that start fresh processes on a GPU (context start-up, all-reduce ranks, the workload's
-# resume): in an exclusive compute mode they need a worker that has not opened the GPU yet.
-FRESH_PROCESS = ("latency", "allreduce", "workload")
+# Benchmarks that start fresh processes on a GPU (context start-up, all-reduce ranks): in an exclusive
+# compute mode they need a worker that has not opened the GPU yet. (The workload trains in the worker
+# itself, so its fresh-process resume cannot run there and says so.)
+FRESH_PROCESS = ("latency", "allreduce")
 TELEMETRY_INTERVAL_S = 0.1
 # A long soak samples less often, so the whole load stays in the record (the sampler keeps at most
 # about an hour at 10 Hz per GPU) and the record stays a few MB.

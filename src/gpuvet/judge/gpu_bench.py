@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..facts import Gpu
 from ..record import Finding
-from .bench_common import _MACHINE_TROUBLE, against_box, box_median, measured, not_measured, one, planned, worst
+from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_links import _GBS_PER_LANE
 from . import reference
@@ -23,6 +23,10 @@ PRIMARY = ("bf16", "fp16", "tf32", "fp32")  # the dtype training runs on decides
 # Against the best achievable figure a healthy GPU lands within a few percent; a 10% shortfall
 # must show. Against the dense peak only, healthy GPUs land anywhere from 60% to 90%.
 BEST_WARN, BEST_FAIL = 0.92, 0.80
+# Words of a GEMM error that mean the GPU faulted; anything else (a library refusing a shape,
+# CUBLAS_STATUS_NOT_SUPPORTED, out of memory) is a limit of the software, not the hardware.
+_GPU_FAULTS = ("illegal memory access", "illegal instruction", "ECC", "Xid", "unspecified launch failure",
+               "misaligned address", "uncorrectable", "hardware", "launch timed out")
 # A model without a measured best gets one estimated from a model of the same chip that has one
 # (its best/peak ratio times this model's peak): an estimate, so judged with more room.
 ESTIMATE_WARN, ESTIMATE_FAIL = 0.90, 0.75
@@ -182,7 +186,7 @@ def check_correctness(ctx: Context) -> list[Finding]:
             errors = m.details.get("errors") or {}
             if errors:  # a dtype whose GEMM raised: nothing of it was checked
                 said = "; ".join(f"{dtype}: {error}" for dtype, error in errors.items())
-                trouble = any(word in said for word in _MACHINE_TROUBLE)
+                trouble = any(word in said for word in _GPU_FAULTS)
                 findings.append(finding(
                     "gpu.correctness", s, FAIL if trouble else WARN,
                     f"GEMM failed to run in {', '.join(errors)} ({said})" + (f"; {checked} matched a float64 reference" if checked else ""),
