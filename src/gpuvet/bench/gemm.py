@@ -206,8 +206,8 @@ def tf32_override_reason(dtype: str, capability: tuple[int, int], environ: Mappi
     """Why the environment makes `dtype` measure the other fp32 math mode on a CUDA GPU, or None.
 
     Both variables are read once by the libraries, beneath torch's allow_tf32 setting, so gpuvet
-    cannot undo them: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (torch reads exactly "1"; NVIDIA's PyTorch
-    containers set it) makes cuBLAS run fp32 matmuls in TF32, whose error (~1e-3) fails the fp32
+    cannot undo them: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (torch reads exactly "1"; some containers
+    and launchers set it for training speed; gpuvet's own worker runs without it) makes cuBLAS run fp32 matmuls in TF32, whose error (~1e-3) fails the fp32
     check; NVIDIA_TF32_OVERRIDE=0 turns TF32 off in every NVIDIA library, so "tf32" is fp32."""
     if dtype == "fp32" and capability >= (8, 0) and environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1":
         return ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 in the environment makes cuBLAS run fp32 matmuls in TF32 "
