@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import shutil
 import subprocess
+import warnings
+import zlib
 
 import pytest
 
@@ -86,6 +89,9 @@ def test_resume_in_a_fresh_process_continues_the_same_state(healthy):
     assert d["from_step"] == TINY["steps"] and d["steps"] == TINY["resume_steps"]
     assert d["losses_resumed"] == d["losses_uninterrupted"]  # fp32 on the CPU: exactly
     assert d["update_rel_diff"] == 0.0
+    # the same bytes restored in this process repeat the run exactly too: no noise, the floor holds
+    assert d["noise"]["update"] == 0.0 and d["noise"]["loss"] == 0.0 and d["noise"]["losses"] == d["losses_uninterrupted"]
+    assert d["rtol"] == workload.RESUME_RTOL["cpu"] and "reason" not in d
 
 
 def test_the_checkpoint_files_are_removed(healthy):
@@ -100,8 +106,10 @@ def test_a_resumed_run_with_another_seed_is_not_the_same_state(tmp_path):
     by_name, _series = run_cpu(path=str(tmp_path), _tamper="seed", keep_checkpoint=True)
     resume = by_name["workload.resume_ok"]
     assert resume["value"] == 0.0
-    assert "did not continue from the same state" in resume["details"]["reason"]
+    assert "did not continue from the same state: in the fresh process: " in resume["details"]["reason"]
     assert resume["details"]["update_rel_diff"] > workload.RESUME_RTOL["cpu"]["update"]
+    # restored here from the same bytes it did continue: the fault is the fresh process's, not the checkpoint's
+    assert resume["details"]["failed_in"] == ["fresh process"] and resume["details"]["noise"]["update"] == 0.0
     # keep_checkpoint leaves it, whole: what the fresh process restored from
     (kept,) = os.listdir(tmp_path)
     state = torch.load(tmp_path / kept, weights_only=True)
@@ -237,3 +245,165 @@ def test_batch_shrinks_to_fit_gpu_memory():
     cfg = workload.Config(**{**{k: v for k, v in workload.SIZES["cuda"].items()}})
     assert workload._batch_that_fits(cfg, 80 << 30) == cfg.batch
     assert 1 <= workload._batch_that_fits(cfg, 6 << 30) < cfg.batch
+    for free in (6 << 30, 12 << 30, 24 << 30):  # what is chosen fits the 60% share
+        assert workload.memory_estimate(cfg, workload._batch_that_fits(cfg, free)) <= 0.6 * free
+    # the default GPU model: ~1.5 GB of weights and AdamW state, ~0.5 GB of activations and logits per sequence
+    assert 7e9 < workload.memory_estimate(cfg, 16) < 10e9
+
+
+# ---------------------------------------------------------------- the GPU's resume tolerance, on the CPU
+#
+# compare_runs as it judges a CUDA device, with the runs' figures written here: a weight-update
+# sketch of 400 numbers and four losses, moved by a chosen relative amount. The magnitudes are
+# the estimates in bench/workload.py: benign noise of flash attention's atomics ~1e-4..1e-3 of the
+# update, a wrong RNG or data position ~5e-2 and more.
+
+GPU = BenchContext("cuda:0", "gpu0", Budget(1))
+GPU_CFG = workload.Config(**workload.SIZES["cuda"], dtype="bfloat16")
+LOSSES = [3.2, 3.19, 3.18, 3.18]
+
+
+def _sketch(seed=0, n=400):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g, dtype=torch.float64).tolist()
+
+
+UPDATE = _sketch()
+
+
+def moved(rel: float, seed: int = 1, loss_rel: float = 0.0):
+    """A run whose update lies `rel` (relative L2) from UPDATE, its later losses `loss_rel` off."""
+    direction = torch.tensor(_sketch(seed), dtype=torch.float64)
+    ref = torch.tensor(UPDATE, dtype=torch.float64)
+    update = ref + direction / direction.norm() * ref.norm() * rel
+    return [LOSSES[0], *(x * (1 + loss_rel) for x in LOSSES[1:])], update.tolist()
+
+
+def gpu_resume(child, replay=None):
+    replay_report = None if replay is None else {"ok": True, "losses": replay[0], "update_sketch": replay[1], "seconds": 1.0}
+    return workload.compare_runs(GPU, GPU_CFG, 50, (LOSSES, UPDATE), child, replay_report)
+
+
+def test_on_a_gpu_benign_noise_passes_and_the_noise_is_recorded():
+    resume = gpu_resume(moved(8e-4, seed=1, loss_rel=1e-6), replay=moved(1e-3, seed=2, loss_rel=1e-6))
+    d = resume["details"]
+    assert resume["value"] == 1.0 and "reason" not in d
+    assert d["update_rel_diff"] == pytest.approx(8e-4) and d["noise"]["update"] == pytest.approx(1e-3)
+    assert d["rtol"] == {"loss": 2e-3, "update": 5e-3}  # 5 x 1e-3 noise: the floor
+
+
+def test_on_a_noisier_gpu_the_measured_noise_widens_the_tolerance():
+    # Atomics a little noisier than estimated: with the floor alone this healthy GPU would fail.
+    child, replay = moved(9e-3, seed=1), moved(3e-3, seed=2)
+    assert gpu_resume(child)["value"] == 0.0  # noise not measured: the floor (5e-3) applies
+    resume = gpu_resume(child, replay)
+    assert resume["value"] == 1.0 and resume["details"]["rtol"]["update"] == pytest.approx(1.5e-2)
+
+
+@pytest.mark.parametrize("noise", [1e-4, 1e-3, 1.5e-2])
+def test_on_a_gpu_a_wrong_state_fails_whatever_noise_was_measured(noise):
+    resume = gpu_resume(moved(5e-2, seed=1), replay=moved(noise, seed=2))  # a wrong RNG state, estimated
+    d = resume["details"]
+    assert resume["value"] == 0.0 and d["failed_in"] == ["fresh process"]
+    assert d["rtol"]["update"] <= workload.RESUME_RTOL_MAX["cuda"]["update"] < 5e-2
+    assert "in the fresh process: the weight update differs by 5.00e-02" in d["reason"]
+
+
+def test_on_a_gpu_a_state_the_checkpoint_does_not_hold_fails_in_both_processes():
+    # Both restored runs drift alike: the checkpoint (or the GPU) is at fault, not the fresh process.
+    resume = gpu_resume(moved(0.3, seed=1, loss_rel=3e-2), replay=moved(0.3, seed=2, loss_rel=3e-2))
+    d = resume["details"]
+    assert resume["value"] == 0.0 and d["failed_in"] == ["fresh process", "this process"]
+    assert "restored in this process from the same bytes it drifted too" in d["reason"]
+    assert "does not hold the whole training state" in d["reason"]
+
+
+def test_nan_is_never_a_small_difference():
+    losses, update = moved(1e-4)
+    resume = gpu_resume((losses, [math.nan, *update[1:]]), replay=moved(1e-4, seed=2))
+    assert resume["value"] == 0.0 and "not finite" in resume["details"]["reason"]
+    assert resume["details"]["update_rel_diff"] is None  # not a number that looks small
+    # NaN in the noise run: no widening from it, and it fails on its own
+    resume = gpu_resume(moved(1e-4), replay=(LOSSES, [math.nan] * len(UPDATE)))
+    assert resume["value"] == 0.0 and resume["details"]["rtol"] == workload.RESUME_RTOL["cuda"]
+    assert resume["details"]["failed_in"] == ["this process"]
+    # NaN in the uninterrupted run: nothing to compare against
+    unknown = workload.compare_runs(GPU, GPU_CFG, 50, ([math.nan] * 4, UPDATE), moved(1e-4), None)
+    assert unknown["value"] is None and "not finite" in unknown["details"]["reason"]
+
+
+def test_a_resumed_run_of_another_length_fails():
+    resume = gpu_resume((LOSSES[:3], UPDATE), replay=moved(1e-4, seed=2))
+    assert resume["value"] == 0.0 and "different number of steps" in resume["details"]["reason"]
+
+
+# ---------------------------------------------------------------- the fresh process's device and errors
+
+
+def test_the_fresh_process_must_compute_on_the_same_gpu():
+    h100 = {"device": "cuda:0", "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa", "capability": "9.0"}
+    other = {**h100, "uuid": "GPU-bbbb"}
+    assert workload.same_device(h100, dict(h100)) is True and workload.same_device(h100, other) is False
+    no_uuid = {**h100, "uuid": None}
+    assert workload.same_device(no_uuid, no_uuid) is True  # same model, same kernels
+    assert workload.same_device(no_uuid, {**no_uuid, "name": "NVIDIA A100-SXM4-80GB", "capability": "8.0"}) is False
+    assert workload.same_device({"device": "cpu"}, {"device": "cpu"}) is None
+    child = {"ok": True, "bytes": 1000, "read_s": 0.001, "losses": LOSSES, "update_sketch": UPDATE,
+             "device_identity": other}
+    read, resume = workload._after_resume(GPU, {"path": "/data", "path_given": True}, GPU_CFG, 50,
+                                          (LOSSES, UPDATE), child, None, h100)
+    assert read["value"] == pytest.approx(1.0)  # 1000 bytes in 1 ms: the read still counts
+    assert resume["value"] is None and resume["details"]["stage"] == "device"
+    assert "GPU-bbbb" in resume["details"]["reason"] and "not on the training GPU" in resume["details"]["reason"]
+
+
+def test_a_fresh_process_that_cannot_train_keeps_its_read_figures(tmp_path, monkeypatch):
+    cfg, _default = workload.config_for(BenchContext("cpu", "cpu", Budget(1), params=dict(TINY)))
+    blob = workload.serialize(workload.Trainer(cfg, "cpu").checkpoint())
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(blob)
+
+    def out_of_memory(self, steps):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(workload.Trainer, "continue_training", out_of_memory)
+    report = workload.resume_main(argparse.Namespace(resume=str(path), crc32=zlib.crc32(blob), device="cpu", steps=2,
+                                                     tamper=None))
+    assert report["ok"] is False and report["stage"] == "train" and report["crc_match"] is True
+    read, resume = workload._after_resume(BenchContext("cpu", "cpu", Budget(1)), {"path": str(tmp_path), "path_given": True},
+                                          cfg, 0, ([], []), report)
+    assert read["value"] > 0 and read["details"]["bytes"] == len(blob)
+    assert resume["value"] is None and "restored the checkpoint but could not train: RuntimeError: CUDA out of memory" \
+        in resume["details"]["reason"]
+
+
+def test_a_replay_that_fails_leaves_the_noise_unmeasured_with_the_reason():
+    replay = workload.replay_in_process(b"not a checkpoint", "cpu", 2)
+    assert replay["ok"] is False and replay["error"]
+    resume = workload.compare_runs(GPU, GPU_CFG, 50, (LOSSES, UPDATE), moved(1e-4), replay)
+    assert resume["value"] == 1.0 and resume["details"]["noise_not_measured"] == replay["error"]
+    assert resume["details"]["rtol"] == workload.RESUME_RTOL["cuda"]
+
+
+# ---------------------------------------------------------------- non-finite losses, older torch
+
+
+def test_a_nan_loss_is_counted_and_kept_out_of_the_figures():
+    cfg, _default = workload.config_for(BenchContext("cpu", "cpu", Budget(1), params=dict(TINY)))
+    trainer = workload.Trainer(cfg, "cpu")
+    run = workload.TrainingRun(losses=[6.0, 5.0, math.nan, math.inf], boundaries=[0.0, 0.1, 0.2, 0.3, 0.4],
+                               warmup_steps=1, started=0.0)
+    ctx = BenchContext("cpu", "cpu", Budget(1))
+    by_name = {m["name"]: m for m in workload.throughput_measurements(ctx, trainer, run, False)}
+    d = by_name["workload.tokens_per_s"]["details"]
+    assert d["nonfinite_losses"] == 2 and d["loss_first"] == 6.0 and d["loss_last"] is None
+    assert [row[1] for row in workload.loss_series(ctx, run)["rows"]] == [6.0, 5.0, None, None]
+
+
+def test_without_torch_amp_grad_scaler_the_cuda_one_is_used(monkeypatch):
+    # torch before 2.3 has torch.cuda.amp.GradScaler only (fp16 training: GPUs before Ampere)
+    monkeypatch.delattr(torch.amp, "GradScaler")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in new torch; no CUDA here
+        scaler = workload._grad_scaler()
+    assert isinstance(scaler, torch.cuda.amp.GradScaler)

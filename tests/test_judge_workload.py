@@ -110,6 +110,14 @@ def test_a_custom_model_shape_is_reported_not_judged():
     assert f.status == "pass" and "custom model shape" in f.summary
 
 
+def test_a_run_without_a_warm_up_step_is_reported_not_judged():
+    found = synthetic_throughput(model_tflops=40.0)  # `--steps 2`: the first step's start-up in the average
+    for m in found:
+        m.details.update(warmup_steps=0, timed_steps=2)
+    f = judged(h100(), found)["workload.throughput"]
+    assert f.status == "pass" and "the first step, with CUDA's start-up, is timed; not judged" in f.summary
+
+
 def test_on_the_cpu_figures_pass_without_a_reference():
     f = judged(Machine(), synthetic_throughput(subject="cpu", with_mfu=False, dtype="float32"), device="cpu")["workload.throughput"]
     assert f.subject == "cpu" and f.status == "pass" and "no reference" in f.summary and "MFU" not in f.summary
@@ -182,7 +190,61 @@ def test_resume_from_the_same_state_passes():
 def test_resume_from_another_state_fails():
     f = judged(h100(), synthetic_checkpoint(resume_ok=0.0))["workload.resume"]
     assert f.status == "fail" and f.summary.startswith("training did not continue from the same state")
+    assert f.summary.count("did not continue") == 1  # the reason's own opening is not repeated
     assert "3.25" in f.evidence.measured and "optimizer, step, RNG states and data position" in f.remedy
+
+
+def with_noise(found, noise_update, failed_in=None, **changes):
+    """The resume measurement as bench/workload.py writes it once the run-to-run noise was measured."""
+    resume = found[2]
+    resume.details.update({"noise": {"loss": 1e-6, "update": noise_update, "losses": [3.2, 3.19, 3.18, 3.18]},
+                           "rtol": {"loss": 2e-3, "update": max(5e-3, 5 * noise_update)},
+                           "rtol_floor": {"loss": 2e-3, "update": 5e-3}, "rtol_max": {"loss": 1e-2, "update": 2e-2},
+                           "noise_factor": 5.0, **changes})
+    if failed_in:
+        resume.details["failed_in"] = failed_in
+    return found
+
+
+def test_a_passing_resume_shows_the_noise_it_was_judged_against():
+    f = judged(h100(), with_noise(synthetic_checkpoint(), 2e-4))["workload.resume"]
+    assert f.status == "pass"
+    assert "restored again in the training process: update differs by 2.00e-04" in f.evidence.measured
+    assert "5x the run-to-run noise, at least" in f.evidence.expected
+
+
+def test_a_resume_that_drifts_in_the_training_process_too_points_at_the_state_not_the_storage():
+    found = with_noise(synthetic_checkpoint(resume_ok=0.0), 0.6, failed_in=["fresh process", "this process"])
+    f = judged(h100(), found)["workload.resume"]
+    assert f.status == "fail" and "restored in this process from the same bytes drifted too" in f.remedy
+    assert "--path /tmp" not in f.remedy  # the storage is not the suspect: the bytes were the same
+    only_fresh = judged(h100(), with_noise(synthetic_checkpoint(resume_ok=0.0), 1e-4, failed_in=["fresh process"]))
+    assert "--path /tmp" in only_fresh["workload.resume"].remedy
+
+
+def test_a_resume_with_nan_is_reported_without_a_crash():
+    found = synthetic_checkpoint(resume_ok=0.0)
+    found[2].details.update({"max_rel_diff": None, "update_rel_diff": None,
+                             "reason": "training did not continue from the same state: losses or weights are not finite"})
+    f = judged(h100(), found)["workload.resume"]
+    assert f.status == "fail" and "weight update differs by n/a" in f.evidence.measured
+
+
+def test_a_fresh_process_on_another_gpu_is_not_verified_and_says_which():
+    found = synthetic_checkpoint()
+    found[2] = Measurement("workload.resume_ok", None, "bool", "gpu0",
+                           {"stage": "device", "reason": "not verified: the fresh process computed on cuda:0 "
+                                                         "(NVIDIA H100 80GB HBM3, GPU-bbbb), not on the training GPU"})
+    f = judged(h100(), found)["workload.resume"]
+    assert f.status == "skip" and "GPU-bbbb" in f.summary and "see workload.checkpoint" not in f.summary
+
+
+def test_a_nan_training_loss_fails_the_throughput():
+    found = synthetic_throughput()
+    for m in found:
+        m.details["nonfinite_losses"] = 3
+    f = judged(h100(), found)["workload.throughput"]
+    assert f.status == "fail" and "NaN or inf at 3 of 150 steps" in f.summary and "gpu.correctness" in f.remedy
 
 
 # ---------------------------------------------------------------- when it did not run
