@@ -216,6 +216,29 @@ if wall:
 else:
     print("default gpuvet run: OPEN, not run")
 
+def resume(name):
+    """workload.resume_ok of a standalone workload run (the JSON is its last stdout line)."""
+    for line in reversed(text(name).splitlines()):
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        return next((m for m in report.get("measurements", []) if m.get("name") == "workload.resume_ok"), None)
+    return None
+
+
+healthy, tampered = resume("workload-healthy.json"), resume("workload-seed.json")
+if healthy:
+    d = healthy.get("details", {})
+    print(f"workload resume (healthy): ok={healthy.get('value')} update diff {d.get('update_rel_diff')} "
+          f"vs run-to-run noise {(d.get('noise') or {}).get('update')}, tolerance {(d.get('rtol') or {}).get('update')}")
+if tampered:
+    d = tampered.get("details", {})
+    print(f"workload resume (wrong RNG seed, must fail): ok={tampered.get('value')} update diff {d.get('update_rel_diff')} "
+          f"(tolerance {(d.get('rtol') or {}).get('update')}; the margin issue 3's tolerances rest on)")
+if not healthy and not tampered:
+    print("workload resume: OPEN, not run (see notes.txt)")
+
 if record:
     statuses = {}
     for f in record.get("findings", []):
