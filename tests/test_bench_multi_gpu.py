@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from gpuvet.bench import allreduce, p2p
-from gpuvet.bench.common import BenchContext, Budget
+from gpuvet.bench.common import STUCK_ON_GPU, BenchContext, Budget
+from cuda_stand_in import CpuTorch
 
 MiB = 1024 * 1024
 
@@ -76,29 +77,15 @@ class _Cuda:
         self.emptied += 1
 
 
-class _Torch:
-    def __init__(self, cuda: _Cuda):
-        self.cuda = cuda
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def empty(self, *shape, device=None, **kw):
-        return torch.empty(*shape, **kw)
-
-    def ones(self, *shape, device=None, **kw):
-        return torch.ones(*shape, **kw)
-
-
 @pytest.fixture
 def gpus(monkeypatch):
     def install(count: int = 3, **behaviour) -> _Cuda:
         cuda = _Cuda(count, **behaviour)
-        monkeypatch.setattr(p2p, "torch", _Torch(cuda))
+        monkeypatch.setattr(p2p, "torch", CpuTorch(cuda))
         monkeypatch.setattr(p2p, "free_memory_bytes", lambda device: 64 << 30)
         return cuda
     yield install
-    p2p._STUCK_BUFFERS.clear()
+    STUCK_ON_GPU.clear()
 
 
 def p2p_ctx(budget_s: float = 30.0, progress=None, **params) -> BenchContext:
@@ -118,7 +105,7 @@ def test_p2p_names_each_pair_before_it_runs_and_frees_its_buffers(gpus):
     assert len(results) == 7 and results[-1]["details"]["failed_pairs"] == []
     assert cuda.queries > 0  # waited by polling, never by blocking (the stand-in refuses to block)
     assert cuda.emptied == 1  # the ~768 MiB per GPU goes back before all-reduce and the workload
-    assert p2p._STUCK_BUFFERS == []
+    assert STUCK_ON_GPU == []
 
 
 def test_p2p_hung_copy_names_the_pair_and_keeps_the_pairs_measured(gpus, monkeypatch):
@@ -137,7 +124,7 @@ def test_p2p_hung_copy_names_the_pair_and_keeps_the_pairs_measured(gpus, monkeyp
     assert note["subject"] == "machine" and note["details"]["outcome"] == "failed"
     assert "gpu1->gpu2 did not finish" in note["details"]["reason"] and "1 pairs measured" in note["details"]["reason"]
     # cudaFree would wait for the stuck copy for ever, and the copy may still write the buffers
-    assert cuda.emptied == 0 and len(p2p._STUCK_BUFFERS) == 1
+    assert cuda.emptied == 0 and len(STUCK_ON_GPU) == 1
 
 
 def test_p2p_too_many_peers_is_recorded_for_that_pair_and_the_rest_go_on(gpus):

@@ -22,23 +22,13 @@ from gpuvet.bench.common import BenchContext, Budget
 from gpuvet.judge import judge
 from gpuvet.probe import capture
 from gpuvet.record import Measurement
+from cuda_stand_in import CpuTorch, HostClockEvent
 
 MiB = 1024 * 1024
 affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
 
 
 # --- the stand-in ----------------------------------------------------------------------------
-
-
-class FakeEvent:
-    def __init__(self, enable_timing: bool = False):
-        self.at = None
-
-    def record(self, stream=None):
-        self.at = time.perf_counter()
-
-    def elapsed_time(self, end: "FakeEvent") -> float:
-        return (end.at - self.at) * 1000.0
 
 
 class FakeStream:
@@ -74,7 +64,7 @@ class FakeCudart:
 
 
 class FakeCuda:
-    Event = FakeEvent
+    Event = HostClockEvent
 
     def __init__(self, cudart: bool = True, fail_with: int = 0):
         self.log: list[tuple] = []
@@ -125,7 +115,7 @@ def _cudart_getter(cuda: FakeCuda):
     return cudart
 
 
-class FakeTorch:
+class FakeTorch(CpuTorch):
     """torch with `cuda` replaced; tensor factories keep tensors on the CPU and log pinned
     allocations and kernel launches."""
 
@@ -140,18 +130,15 @@ class FakeTorch:
         self.accelerator = SimpleNamespace(empty_host_cache=empty) if host_cache == "accelerator" else SimpleNamespace()
         self._C = SimpleNamespace()
 
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
     def empty(self, *shape, device=None, pin_memory=False, **kw):
         if pin_memory:
             self.pinned_allocations += 1
-        return torch.empty(*shape, **kw)
+        return super().empty(*shape, **kw)
 
     def ones(self, *shape, device=None, **kw):
         if device is not None:
             self.cuda.launch()
-        return torch.ones(*shape, **kw)
+        return super().ones(*shape, **kw)
 
 
 @pytest.fixture

@@ -160,7 +160,7 @@ def test_a_worker_that_dies_mid_reply_is_a_failed_job_not_a_crash_of_gpuvet():
 def test_a_worker_left_with_a_stuck_gpu_copy_sends_its_results_then_exits_for_a_fresh_one():
     """After p2p keeps the buffers of a hung copy, the worker's GPUs cannot run anything more; it must
     not wait for ever freeing them: the parent gets the results, then the worker's exit."""
-    start = ("import gpuvet.bench.p2p as p2p; p2p._STUCK_BUFFERS.append(({}, {}));"
+    start = ("from gpuvet.bench.common import STUCK_ON_GPU; STUCK_ON_GPU.append(({}, {}));"
              "from gpuvet.bench import worker; worker.main()")
     proc = subprocess.Popen([sys.executable, "-c", start], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})

@@ -13,10 +13,10 @@ import time
 
 import psutil
 import pytest
-import torch
 
 from gpuvet.bench import allreduce, latency, p2p, pcie
 from gpuvet.bench.common import BenchContext, Budget, Skip
+from cuda_stand_in import CpuTorch, HostClockEvent
 
 MiB = 1024 * 1024
 
@@ -214,23 +214,6 @@ def test_p2p_buffer_fits_the_fullest_gpu():
 # control flow (budgets, the load window, what is reported), not CUDA semantics.
 
 
-class _FakeEvent:
-    def __init__(self, enable_timing: bool = False):
-        self.at = None
-
-    def record(self, stream=None):
-        self.at = time.perf_counter()
-
-    def elapsed_time(self, end: "_FakeEvent") -> float:
-        return (end.at - self.at) * 1000.0
-
-    def synchronize(self):
-        pass
-
-    def query(self):  # copies on the CPU stand-in are done when recorded
-        return True
-
-
 class _FakeStream:
     def __init__(self, device=None):
         pass
@@ -240,7 +223,7 @@ class _FakeStream:
 
 
 class _FakeCuda:
-    Event, Stream = _FakeEvent, _FakeStream
+    Event, Stream = HostClockEvent, _FakeStream
 
     def __init__(self, gpus: int):
         self.gpus = gpus
@@ -280,28 +263,9 @@ class _FakeCudart:
         return 0
 
 
-class _CpuTorch:
-    """torch, with `cuda` replaced and tensor factories that ignore device and pinning."""
-
-    def __init__(self, gpus: int):
-        self.cuda = _FakeCuda(gpus)
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def empty(self, *shape, device=None, pin_memory=False, **kw):
-        return torch.empty(*shape, **kw)
-
-    def ones(self, *shape, device=None, **kw):
-        return torch.ones(*shape, **kw)
-
-    def zeros(self, *shape, device=None, **kw):
-        return torch.zeros(*shape, **kw)
-
-
 @pytest.fixture
 def fake_gpus(monkeypatch):
-    stand_in = _CpuTorch(gpus=3)
+    stand_in = CpuTorch(_FakeCuda(gpus=3))
     for module in (pcie, p2p, latency):
         monkeypatch.setattr(module, "torch", stand_in)
     monkeypatch.setattr(pcie, "free_memory_bytes", lambda device: 64 << 30)

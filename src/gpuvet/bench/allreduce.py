@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -76,7 +75,6 @@ class RankConfig:
     workdir: str  # private to the run: the ranks' FileStore, reports and logs
     parent_pid: int
     max_bytes: int | None = None  # None: min(1 GiB, free GPU memory / 8), agreed between ranks
-    port: int = 0  # unused since the ranks meet through a FileStore; kept for callers that pass it
     hang: bool = False  # tests only: this rank never joins
     stall_after_sizes: int | None = None  # tests only: stop for ever before measuring this many sizes
 
@@ -213,14 +211,6 @@ def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int
 def store_url(workdir: str | Path) -> str:
     """The ranks' rendezvous: a FileStore in the run's private folder (one machine; no port to pick)."""
     return f"file://{Path(workdir).resolve() / 'store'}"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the store binds it a moment later; a race is unlikely).
-    The ranks here meet through a FileStore; the cross-node launcher still uses this."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_rank(config: RankConfig) -> subprocess.Popen:

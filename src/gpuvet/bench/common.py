@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
+# Work a benchmark left on a GPU that will not finish (a hung copy): its buffers, kept for the life
+# of the worker so they are never freed or reused. The worker exits after such a job: nothing more
+# can run on that GPU's streams, and freeing memory there would wait for ever.
+STUCK_ON_GPU: list[Any] = []
+
+
 class Skip(Exception):
     """This benchmark does not apply here (no CUDA, dtype unsupported...); the message says why."""
 

@@ -207,8 +207,9 @@ def tf32_override_reason(dtype: str, capability: tuple[int, int], environ: Mappi
 
     Both variables are read once by the libraries, beneath torch's allow_tf32 setting, so gpuvet
     cannot undo them: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (torch reads exactly "1"; some containers
-    and launchers set it for training speed; gpuvet's own worker runs without it) makes cuBLAS run fp32 matmuls in TF32, whose error (~1e-3) fails the fp32
-    check; NVIDIA_TF32_OVERRIDE=0 turns TF32 off in every NVIDIA library, so "tf32" is fp32."""
+    and launchers set it for training speed; gpuvet's own worker runs without it) makes cuBLAS run
+    fp32 matmuls in TF32, whose error (~1e-3) fails the fp32 check; NVIDIA_TF32_OVERRIDE=0 turns
+    TF32 off in every NVIDIA library, so "tf32" is fp32."""
     if dtype == "fp32" and capability >= (8, 0) and environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1":
         return ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 in the environment makes cuBLAS run fp32 matmuls in TF32 "
                 "whatever torch's allow_tf32 says, so fp32 would measure TF32 (and fail the fp32 accuracy check); "
@@ -906,8 +907,7 @@ def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]
     not_tried.update(result.left_out)
     extra: dict[str, Any] = {"failed_dtypes": dict(errors)} if errors else {}
     if result.dtype == "fp8":
-        extra["accumulation"] = ("fp32 (torch._scaled_mm use_fast_accum=True)" if FP8_FAST_ACCUM else
-                                 "fp32, not fast (torch._scaled_mm use_fast_accum=False, as mamf-finder)")
+        extra["accumulation"] = f"fp32 (torch._scaled_mm use_fast_accum={FP8_FAST_ACCUM}, as mamf-finder)"
     return measurement(
         f"gemm.{result.dtype}", statistics.median(rates), "TFLOPS", subject,
         dtype=result.dtype,

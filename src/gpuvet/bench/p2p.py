@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from .common import BenchContext, Skip, free_memory_bytes, measurement, summary
+from .common import STUCK_ON_GPU, BenchContext, Skip, free_memory_bytes, measurement, summary
 
 MiB = 1024 * 1024
 DEFAULT_BUFFER_BYTES = 256 * MiB
@@ -38,8 +38,6 @@ DEFAULT_REPEATS = 5
 PAIR_TIMEOUT_FLOOR_S = 5.0  # a pair may always take this long (256 MiB staged through the host: ~0.2 s)
 POLL_S = 0.0005  # how often the host looks at a pending event
 TOO_MANY_PEERS = ("peer mapping resources exhausted", "cudaerrortoomanypeers", "too many peers")
-# Buffers a hung copy may still write into, kept for the life of the process.
-_STUCK_BUFFERS: list[tuple[dict, dict]] = []
 
 
 class PairHung(RuntimeError):
@@ -93,7 +91,7 @@ def run(ctx: BenchContext) -> list[dict]:
         completed = True
     finally:
         if hung is not None:  # a stuck copy may still write them: never hand them back for reuse
-            _STUCK_BUFFERS.append((sources.copy(), targets.copy()))
+            STUCK_ON_GPU.append((sources.copy(), targets.copy()))
         sources.clear()
         targets.clear()
         if hung is None:  # cudaFree waits for the device: with a copy stuck it would never return

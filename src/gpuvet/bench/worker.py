@@ -28,7 +28,7 @@ import threading
 import traceback
 from typing import Any, TextIO
 
-from .common import BenchContext, Budget, OutOfTime, Skip
+from .common import STUCK_ON_GPU, BenchContext, Budget, OutOfTime, Skip
 
 MODULES = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
 
@@ -112,18 +112,12 @@ def serve(requests: TextIO, replies: TextIO) -> None:
             continue
         job = json.loads(line)
         run_parallel(job["parallel"] if "parallel" in job else [job], emit, job.get("id"))
-        if _gpu_stuck():  # its streams wait behind a copy that never ends: nothing more can run here
+        if STUCK_ON_GPU:  # a GPU's streams wait behind a copy that never ends: nothing more can run here
             print("a GPU copy is stuck: the worker exits so that gpuvet can start a fresh one", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)  # not a clean exit: freeing the stuck buffers would wait for ever
         _release_cached_memory(torch)
         emit({"id": job.get("id"), "done": True})
-
-
-def _gpu_stuck() -> bool:
-    """A benchmark left work on a GPU that will not finish (p2p keeps the buffers of a hung copy)."""
-    p2p = sys.modules.get("gpuvet.bench.p2p")
-    return bool(getattr(p2p, "_STUCK_BUFFERS", None))
 
 
 def _release_cached_memory(torch: Any) -> None:

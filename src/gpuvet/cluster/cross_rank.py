@@ -130,7 +130,7 @@ def _allreduce_sweep(plan: Plan, rank: int, world_size: int, device: Any, report
     from ..bench.allreduce import DTYPE, RankConfig, _agreed_max_bytes, _measure_size, _Rank
 
     # On GPUs: no larger than 1/8 of the free memory of the fullest GPU, agreed by every rank.
-    config = RankConfig(rank=rank, world_size=world_size, backend=plan.backend, device=str(device), port=0,
+    config = RankConfig(rank=rank, world_size=world_size, backend=plan.backend, device=str(device),
                         deadline=until, workdir=str(report.path.parent), parent_pid=os.getppid(),
                         max_bytes=None if plan.device == "cuda" else plan.allreduce_max_bytes)
     measuring = _Rank(config, torch, dist, device, report.path.parent / f"{report.path.stem}.steps")
