@@ -7,9 +7,13 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
 os.environ.setdefault("NO_COLOR", "1")
 
 # Runs made by the tests are stored in a throw-away history, never the user's.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-os.environ["GPUVET_DB"] = os.path.join(tempfile.mkdtemp(prefix="gpuvet-test-"), "runs.sqlite3")
+_HISTORY_DIR = tempfile.mkdtemp(prefix="gpuvet-test-")
+os.environ["GPUVET_DB"] = os.path.join(_HISTORY_DIR, "runs.sqlite3")
+atexit.register(shutil.rmtree, _HISTORY_DIR, ignore_errors=True)  # no /tmp/gpuvet-test-* left behind
 
 
 import pytest  # noqa: E402

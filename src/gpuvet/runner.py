@@ -132,6 +132,8 @@ def rejudge(record: RunRecord, expect: str | None = None) -> RunRecord:
 def saved_json_kind(path: str) -> str | None:
     """"record" for a gpuvet run record, "export" for a `gpuvet export` file (a list of them),
     None for anything else, judged from the file's first bytes."""
+    if not os.path.isfile(path):  # a FIFO or a device: never a saved record, and opening one may block
+        return None
     try:
         with open(path, "rb") as f:
             head = f.read(512).lstrip()

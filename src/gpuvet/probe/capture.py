@@ -16,6 +16,7 @@ from datetime import datetime
 from ..facts import Driver, Gpu, Machine, PcieLink, Topology
 from . import lspci, nvlink_status, proc_version, smi_csv, smi_table, smi_text, smi_xml, topo
 from . import values as v
+from .bounded_read import MAX_CAPTURE_BYTES, check_gpu_count, check_size, read_bounded
 from .errors import CaptureError
 
 # nvidia-smi prints these instead of a report when it cannot talk to the driver.
@@ -71,19 +72,26 @@ STDIN_NAME = "stdin"  # how messages and the record name a capture read from std
 def read_captures(path: str) -> list[Capture]:
     """Every capture in the file at `path` ("-": standard input); a bundle holds several."""
     if path == STDIN:
-        text = decode(sys.stdin.buffer.read(), STDIN_NAME)
-        return _bundle_captures(text, STDIN_NAME) if _is_bundle(text) else [parse_capture(text, STDIN_NAME)]
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except IsADirectoryError:
-        raise CaptureError(f"{path}: is a directory; give the capture files themselves") from None
-    except OSError as err:
-        raise CaptureError(f"{path}: cannot read it ({err.strerror or err})") from None
+        path = STDIN_NAME
+        if _stdin_fd() is not None:
+            data = read_bounded(path, fd=_stdin_fd())
+        else:
+            data = sys.stdin.buffer.read(MAX_CAPTURE_BYTES + 1)
+            check_size(len(data), path)
+    else:
+        data = read_bounded(path)
     text = decode(data, path)
     if _is_bundle(text):
         return _bundle_captures(text, path)
     return [parse_capture(text, path)]
+
+
+def _stdin_fd() -> int | None:
+    """The descriptor of stdin, or None when it has none (an in-memory stream in tests, embedding)."""
+    try:
+        return sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
 
 
 def detect_kind(text: str) -> str | None:
@@ -123,8 +131,16 @@ def parse_capture(text: str, path: str, phase: str = "") -> Capture:
     return capture
 
 
+_SMI_TEXT_GPU = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:", re.M)
+
+
 def _fill(capture: Capture, text: str) -> None:
     kind = capture.kind
+    # Counted before parsing: parsing thousands of GPUs (then judging them) is the unbounded part.
+    if kind == "smi-xml":
+        check_gpu_count(text.count("<gpu id="), f"this {kind} capture")
+    elif kind == "smi-text":
+        check_gpu_count(len(_SMI_TEXT_GPU.findall(text)), f"this {kind} capture")
     if kind == "smi-xml":
         capture.driver, capture.gpus = smi_xml.parse_smi_xml(text)
         capture.attached = smi_xml.attached_gpus(text)
@@ -158,6 +174,7 @@ def _fill(capture: Capture, text: str) -> None:
             capture.note = "no NVIDIA GPU in this lspci output"
     elif kind == "proc-version":
         capture.kernel_module_version = proc_version.parse_kernel_module_version(text)
+    check_gpu_count(len(capture.gpus), f"this {kind} capture")
     if not capture.gpus and kind in ("smi-xml", "smi-text", "smi-csv", "smi-table"):
         raise CaptureError(f"the {kind} capture lists no GPU")
 

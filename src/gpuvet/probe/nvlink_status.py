@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuvet.facts import NvLink
+from gpuvet.probe.bounded_read import check_gpu_count, check_gpu_index
 from gpuvet.probe.errors import CaptureError
 
 _GPU_LINE = re.compile(r"^GPU (\d+): (.*?)\s*\(UUID: ([^)]+)\)\s*$")
@@ -62,7 +63,9 @@ def parse_nvlink_status(text: str) -> list[NvlinkStatus]:
             continue
         gpu = _GPU_LINE.match(line)
         if gpu:
+            check_gpu_index(int(gpu.group(1)), "this `nvlink -s` output")
             gpus.append(NvlinkStatus(index=int(gpu.group(1)), name=gpu.group(2), uuid=gpu.group(3)))
+            check_gpu_count(len(gpus), "this `nvlink -s` output")
         elif gpus:
             _read_gpu_line(line, gpus[-1])
     if not gpus:

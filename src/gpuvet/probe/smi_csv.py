@@ -75,7 +75,11 @@ def _field_name(cell: str) -> str:
 
 def _data_rows(text: str) -> list[list[str]]:
     lines = text.lstrip("\ufeff\r\n \t").splitlines()[1:]
-    return [cells for cells in csv.reader(lines, skipinitialspace=True) if any(c.strip() for c in cells)]
+    reader = csv.reader(lines, skipinitialspace=True)
+    try:
+        return [cells for cells in reader if any(c.strip() for c in cells)]
+    except csv.Error as err:  # a field over csv's 131,072-character limit, a stray quote...
+        raise CaptureError(f"a --query-gpu CSV that nvidia-smi did not write: data line {reader.line_num}: {err}") from None
 
 
 def _row(header: list[str], cells: list[str]) -> Row:

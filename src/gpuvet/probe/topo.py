@@ -21,6 +21,7 @@ import re
 
 from gpuvet.facts import Topology
 from gpuvet.probe import values
+from gpuvet.probe.bounded_read import check_gpu_count, check_gpu_index
 from gpuvet.probe.errors import CaptureError
 
 # nvidia-smi underlines the header with ESC[4m ... ESC[0m even when its output is piped.
@@ -65,6 +66,7 @@ def parse_topo(text: str, source: str = "") -> Topology:
             f"'GPU0  X ...'); found {_describe(text)}"
         )
     devices, gpu_columns = _split_header(lines[header_at])
+    _check_device_names(devices)
     topology = Topology(devices=devices, source=source)
 
     rows = _matrix_rows(lines[header_at + 1 :])
@@ -108,6 +110,18 @@ def _find_header(lines: list[str]) -> int | None:
         ):
             return i
     return None
+
+
+_GPU_LABEL = re.compile(r"GPU(\d+)")
+
+
+def _check_device_names(devices: list[str]) -> None:
+    """A matrix is devices squared, and a GPU label's number becomes a GPU index: bound both."""
+    check_gpu_count(len(devices), "this topo matrix")
+    for device in devices:
+        label = _GPU_LABEL.fullmatch(device)
+        if label:
+            check_gpu_index(int(label.group(1)), "this topo matrix")
 
 
 def _split_header(line: str) -> tuple[list[str], list[str]]:

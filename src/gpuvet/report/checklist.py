@@ -153,7 +153,7 @@ def subject_range(subjects: list[str]) -> str:
     numbers = [re.fullmatch(r"gpu(\d+)", s) for s in subjects]
     if subjects and all(numbers):
         idx = sorted(int(m.group(1)) for m in numbers)
-        if idx == list(range(idx[0], idx[-1] + 1)):
+        if idx[-1] - idx[0] + 1 == len(set(idx)) == len(idx):  # consecutive; never sized by an index's value
             return f"gpu{idx[0]}-{idx[-1]}"
         return "gpu" + ",".join(str(i) for i in idx)
     return ",".join(dict.fromkeys(subjects))
