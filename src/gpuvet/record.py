@@ -12,6 +12,7 @@ from typing import Any
 
 from . import __version__
 from .facts import Machine, from_dict, to_dict
+from .untrusted_text import clean_strings
 
 SCHEMA = "gpuvet.run/1"
 
@@ -82,6 +83,7 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        data = clean_strings(data)  # a record file or store row may hold escape sequences (a hostname, a label)
         schema = data.get("schema")
         if schema != SCHEMA:
             raise ValueError(f"not a gpuvet run record (schema {schema!r}, expected {SCHEMA!r})")

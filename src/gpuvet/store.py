@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from .compare import gpu_summary, key_figures
 from .facts import Machine
 from .record import SCHEMA, RunRecord
+from .untrusted_text import clean_strings
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0  # a writer waits this long for another one to finish before giving up
@@ -161,8 +162,9 @@ _LISTED = "id, started_at, label, price_per_hour, gpus, verdict, figures, machin
 
 
 def _summary(row: sqlite3.Row) -> RunSummary:
-    return RunSummary(row["id"], row["started_at"], row["label"], row["price_per_hour"], row["gpus"], row["verdict"],
-                      json.loads(row["figures"]), row["machine_key"], row["machine_basis"], row["hostname"])
+    r = clean_strings(dict(row))  # the store file may have been edited elsewhere: no escapes shown
+    return RunSummary(r["id"], r["started_at"], r["label"], r["price_per_hour"], r["gpus"], r["verdict"],
+                      json.loads(r["figures"]), r["machine_key"], r["machine_basis"], r["hostname"])
 
 
 @dataclass

@@ -112,11 +112,12 @@ def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool, redact:
     import json
 
     from ..cluster import rejudge_cluster
+    from ..untrusted_text import clean_strings
     from ..report import cluster_view
 
     try:
         with open(path, encoding="utf-8") as f:
-            data = rejudge_cluster(json.load(f))
+            data = rejudge_cluster(clean_strings(json.load(f)))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UsageProblem(f"{path}: not a readable gpuvet cluster record ({err})") from None
     if redact:

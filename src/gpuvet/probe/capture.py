@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..facts import Driver, Gpu, Machine, PcieLink, Topology
+from ..untrusted_text import clean_document
 from . import lspci, nvlink_status, proc_version, smi_csv, smi_table, smi_text, smi_xml, topo
 from . import values as v
 from .bounded_read import MAX_CAPTURE_BYTES, check_gpu_count, check_size, read_bounded
@@ -59,10 +60,12 @@ def decode(data: bytes, path: str) -> str:
         raise CaptureError(f"{path}: the file is empty; expected {KINDS}")
     for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
         if data.startswith(bom):
-            return data.decode(codec, errors="replace")
+            return clean_document(data.decode(codec, errors="replace"))
     if b"\x00" in data[:4096]:
         raise CaptureError(f"{path}: this is a binary file, not a text capture; expected {KINDS}")
-    return data.decode("utf-8", errors="replace")
+    # Escape sequences and control characters go here, once, before a parser copies any text
+    # (a GPU name, a legend line) into the facts a renderer shows.
+    return clean_document(data.decode("utf-8", errors="replace"))
 
 
 STDIN = "-"  # `ssh host nvidia-smi -q -x | gpuvet inspect -`

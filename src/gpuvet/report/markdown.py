@@ -38,8 +38,18 @@ def render_markdown(record: RunRecord) -> str:
 
 # -- escaping --------------------------------------------------------------------------------------
 
+# What starts a Markdown block when it opens a line: a heading, a quote, a list, a rule, a table.
+_BLOCK_START = re.compile(r"^(\s*)(?=#{1,6}(?:\s|$)|[-+*](?:\s|$)|[>|=]|[-*_]{3,}\s*$)")
+_ORDERED_LIST_START = re.compile(r"^(\s*\d{1,9})(?=[.)](?:\s|$))")
+
+
 def text(value: str) -> str:
-    """Free text for Markdown: HTML-looking parts escaped outside `code spans`, which stay as written."""
+    """Free text for Markdown, on one line: a field's newlines become spaces (so a GPU name or a
+    label cannot start a heading or an image line of its own), a block marker at its start is
+    escaped, and HTML-looking parts and link syntax are escaped outside `code spans`, which stay
+    as written."""
+    value = re.sub(r"\s*[\r\n]+\s*", " ", value)
+    value = _ORDERED_LIST_START.sub(r"\1\\", _BLOCK_START.sub(r"\1\\", value, count=1), count=1)
     pieces = value.split("`")
     if len(pieces) % 2 == 0:  # an unpaired backtick: nothing is code
         return _plain(value)
@@ -50,6 +60,7 @@ def _plain(value: str) -> str:
     # Only what a Markdown renderer would take for HTML: "<tag", "</", "&name;". Arrows like
     # "host<->GPU" stay readable in the raw text a support agent may see.
     value = re.sub(r"&(?=#?\w+;)", "&amp;", value)
+    value = value.replace("](", "]\\(")  # no link or image: "![x](http://...)" stays text
     return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", value)
 
 

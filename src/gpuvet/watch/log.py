@@ -14,6 +14,7 @@ from .. import __version__
 from ..facts import Gpu, Host
 from ..judge.diagnose import Diagnosis
 from ..telemetry import COLUMNS, to_series
+from ..untrusted_text import clean_strings
 from .snapshot import GpuView, Snapshot
 
 LOG_SCHEMA = "gpuvet.watch/1"
@@ -214,7 +215,7 @@ def _lines(path: str, notes: list[str] | None) -> list[dict[str, Any]]:
             continue
         if not isinstance(obj, dict):
             raise ValueError(f"line {number}: not a JSON object")
-        objects.append(obj)
+        objects.append(clean_strings(obj))  # a log may come from elsewhere: no escape sequences shown
     return objects
 
 
