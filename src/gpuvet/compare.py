@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from .facts import Machine
-from .record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from .record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 
 TOKENS = "workload.tokens_per_s"
 SUSTAINED = "sustained.tflops"
@@ -73,7 +73,7 @@ LOWER_IS_BETTER_UNITS = {"ms", "us", "µs", "s", "count"}
 # sustained load is equally unsteady (the CPU's warm-up shows as a large negative decay).
 CLOSER_TO_ZERO_NAMES = {"sustained.decay_pct"}
 LOWER_IS_BETTER_NAMES = CLOSER_TO_ZERO_NAMES | {STEAL}
-_STATUS_RANK = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
+_STATUS_RANK = {PASS: 0, SKIP: 0, MEASURED: 0, WARN: 1, FAIL: 2}
 
 
 # -- one run's figures ------------------------------------------------------------------------

@@ -17,8 +17,11 @@ from .untrusted_text import clean_strings
 SCHEMA = "gpuvet.run/1"
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-STATUSES = (PASS, WARN, FAIL, SKIP)
-_SEVERITY = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
+# Measured, not judged: a figure was taken but there is nothing real to hold it against (no
+# reference for this workload, both ends of a network test on one machine). Never a PASS.
+MEASURED = "measured"
+STATUSES = (PASS, WARN, FAIL, SKIP, MEASURED)
+_SEVERITY = {PASS: 0, SKIP: 0, MEASURED: 0, WARN: 1, FAIL: 2}
 
 
 @dataclass
@@ -32,7 +35,7 @@ class Evidence:
 class Finding:
     check: str  # stable id, e.g. "gpu.power_limit"
     subject: str  # "gpu0", "host", "machine", ...
-    status: str  # pass / warn / fail / skip
+    status: str  # pass / warn / fail / skip / measured
     summary: str  # one line a person reads
     evidence: Evidence = field(default_factory=Evidence)
     remedy: str | None = None  # the command that fixes or confirms it

@@ -113,6 +113,9 @@ def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
     machine = capture.merge(captures)
     judge.annotate_references(machine)
     record = RunRecord(machine=machine, started_at=started, options=options)
+    for loop in capture.loop_series(captures):  # `nvidia-smi dmon`, `--query-gpu ... -l 5`
+        record.series.append(loop)
+        record.measurements.append(Measurement("capture.telemetry", len(loop["rows"]), "samples", loop["subject"], loop))
     record.findings = judge.judge(machine, record.measurements, options)
     record.duration_s = time.monotonic() - t0
     return record

@@ -21,6 +21,7 @@ from . import (
     gpu_multi,
     gpu_power,
     gpu_sustained,
+    gpu_trend,
     host,
     host_io,
     reference,
@@ -42,6 +43,7 @@ RULES: dict[str, Rule] = {
     "gpu.throttle": gpu_power.check_throttle,
     "gpu.temperature": gpu_power.check_temperature,
     "gpu.ecc": gpu_health.check_ecc,
+    "gpu.trend": gpu_trend.check_trend,  # monitoring loops given to `inspect` (dmon, --query-gpu -l)
     # Benchmarks: only when the run planned them (record.options["benchmarks"]).
     "gpu.gemm": gpu_bench.check_gemm,
     "gpu.correctness": gpu_bench.check_correctness,

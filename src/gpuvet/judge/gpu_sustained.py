@@ -10,6 +10,7 @@ from ..facts import Gpu
 from ..record import Finding
 from .bench_common import against_box, box_median, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
+from .gpu_power import slowdown_threshold
 
 DECAY_WARN_PCT, DECAY_FAIL_PCT = 7.0, 15.0
 FAULT_SHARE = 0.05  # a slowdown reason active in more than 5% of the samples is not a blip
@@ -120,29 +121,20 @@ def _sampling(telemetry: dict) -> str:
 
 def _heat(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     hottest = (telemetry.get("temp_c") or {}).get("max")
-    slowdown, how = _slowdown_c(gpu)
-    if hottest is None or slowdown is None:
+    return heat_problems(gpu, hottest)
+
+
+def heat_problems(gpu: Gpu, hottest: float | None) -> list[tuple[str, str]]:
+    """The hottest reading under load against the slowdown threshold (reported, or assumed)."""
+    if hottest is None:
         return []
+    slowdown, how, _source = slowdown_threshold(gpu)
     margin = slowdown - hottest
     if margin <= HOT_MARGIN_C:
-        return [(FAIL, f"reached {hottest:.0f} C, {_degrees_from(margin)} slowdown ({how})")]
+        return [(FAIL, f"reached {hottest:.0f} C, {_degrees_from(margin)} slowdown at {how}")]
     if margin < HOT_WARN_MARGIN_C:
-        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown ({how})")]
+        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown at {how}")]
     return []
-
-
-def _slowdown_c(gpu: Gpu) -> tuple[float | None, str]:
-    """The slowdown temperature and how it is known. Recent drivers on H100/H200 report only
-    T.Limit-relative values: then it is the temperature when the facts were read plus the margin
-    the driver gave at that moment."""
-    t = gpu.thermal
-    if t.slowdown_c is not None:
-        return t.slowdown_c, f"{t.slowdown_c:.0f} C"
-    if t.gpu_c is not None and t.slowdown_margin_c is not None:
-        estimate = t.gpu_c + t.slowdown_margin_c
-        return estimate, (f"about {estimate:.0f} C: {t.gpu_c:.0f} C when the facts were read "
-                          f"+ the {t.slowdown_margin_c:.0f} C margin to slowdown the driver reported (T.Limit)")
-    return None, ""
 
 
 def _degrees_from(margin: float) -> str:

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from ..facts import Driver, Gpu, Machine, PcieLink, Topology
 from ..untrusted_text import clean_document
-from . import lspci, nvlink_status, proc_version, smi_csv, smi_table, smi_text, smi_xml, topo
+from . import lspci, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
 from . import values as v
 from .bounded_read import MAX_CAPTURE_BYTES, check_gpu_count, check_size, read_bounded
 from .errors import CaptureError
@@ -52,6 +52,8 @@ class Capture:
     attached: int | None = None  # GPUs on the machine by the report's header (more than `gpus` with `-i N`)
     timestamp: datetime | None = None  # when nvidia-smi wrote the report ("Timestamp" / <timestamp>)
     note: str | None = None
+    # A monitoring loop (`--query-gpu ... -l 5`, dmon): GPU index -> its samples, oldest first.
+    series: dict[int, list[dict]] = field(default_factory=dict)
 
 
 def decode(data: bytes, path: str) -> str:
@@ -155,12 +157,17 @@ def _fill(capture: Capture, text: str) -> None:
         capture.note = _fewer_than_attached(capture.attached, len(capture.gpus))
         capture.timestamp = _timestamp(text)
     elif kind == "smi-csv":
-        capture.driver, capture.gpus = smi_csv.parse_smi_csv(text)
+        capture.driver, capture.gpus, capture.series, capture.note = smi_csv.parse_smi_csv_loop(text)
+        if capture.series:
+            capture.note = _loop_note("--query-gpu loop", capture.series, capture.note)
     elif kind == "smi-table":
         capture.driver, capture.gpus = smi_table.parse_smi_table(text)
     elif kind == "smi-dmon":
-        capture.gpus = _gpus_from_dmon(smi_table.parse_dmon(text))
-        capture.note = "nvidia-smi dmon samples: only power, temperature and clocks"
+        samples = smi_table.parse_dmon(text)
+        capture.gpus = _gpus_from_dmon(samples)
+        capture.series = smi_table.dmon_series(samples)
+        capture.note = _loop_note("nvidia-smi dmon", capture.series,
+                                  "only power, temperature, clocks and utilization; each GPU's last sample gives its facts")
     elif kind == "topo":
         capture.topology = topo.parse_topo(text, source=capture.path)
     elif kind == "nvlink-status":
@@ -234,6 +241,28 @@ def _gpus_from_dmon(samples: list[dict]) -> list[Gpu]:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+def _loop_note(what: str, series: dict[int, list[dict]], extra: str | None) -> str:
+    """ "nvidia-smi dmon: 1 GPU, 5 samples each (...)" """
+    counts = sorted({len(rows) for rows in series.values()})
+    each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{what}: {len(series)} GPU{'s' if len(series) != 1 else ''}, {each} samples each, judged as a time series by gpu.trend" \
+        + (f"; {extra}" if extra else "")
+
+
+def loop_series(captures: list[Capture]) -> list[dict]:
+    """Each monitoring loop's samples per GPU, as run-record series ("capture.telemetry", plotted
+    like a sustained load's): t is seconds from the first sample, or the sample's number when
+    the capture has no times ("timed": false)."""
+    out = []
+    for c in captures:
+        for index, samples in sorted(c.series.items()):
+            timed = all(s["t"] is not None for s in samples)
+            rows = [[s["t"] if timed else n] + [s[k] for k in smi_series.SAMPLE_FIELDS[1:]] for n, s in enumerate(samples)]
+            out.append({"name": "capture.telemetry", "subject": f"gpu{index}", "source": c.path, "kind": c.kind,
+                        "timed": timed, "interval_s": None, "columns": list(smi_series.SAMPLE_FIELDS), "rows": rows})
+    return out
 
 
 # -- capture bundles (nvidia_gpu_exporter's collect.sh: sections between '#####' banners) ----

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import re
 from ..facts import Driver, Gpu, reasons_from_mask
+from . import smi_series
 from . import values as v
 from .errors import CaptureError
 from .smi_common import REASON_KEYS, Paths, build_gpu
@@ -32,6 +33,14 @@ def looks_like_smi_csv(text: str) -> bool:
 
 
 def parse_smi_csv(text: str) -> tuple[Driver, list[Gpu]]:
+    driver, gpus, _series, _note = parse_smi_csv_loop(text)
+    return driver, gpus
+
+
+def parse_smi_csv_loop(text: str) -> tuple[Driver, list[Gpu], dict[int, list[dict]], str | None]:
+    """The GPUs of a --query-gpu CSV, and, when it is a monitoring loop (`-l 5`, `-lms 500`: the
+    same GPU in several rows), each GPU's samples oldest first (smi_series.SAMPLE_FIELDS) with a
+    note on how the rows were told apart. A GPU's facts are its last row's."""
     first = _first_line(text)
     header = _header_fields(first)
     if header is None:
@@ -42,16 +51,75 @@ def parse_smi_csv(text: str) -> tuple[Driver, list[Gpu]]:
         )
     data = _data_rows(text)
     if data and len(data[-1]) < len(header):
-        raise CaptureError(
-            f"truncated --query-gpu CSV: its last row has {len(data[-1])} of {len(header)} values; "
-            "capture it again with the same `nvidia-smi --query-gpu=... --format=csv > gpus.csv`"
-        )
+        if len(data) > 1:
+            data = data[:-1]  # a loop stopped by Ctrl-C mid-row: the earlier samples stand
+        else:
+            raise CaptureError(
+                f"truncated --query-gpu CSV: its last row has {len(data[-1])} of {len(header)} values; "
+                "capture it again with the same `nvidia-smi --query-gpu=... --format=csv > gpus.csv`"
+            )
     rows = [_row(header, cells) for cells in data]
     if not rows:
         raise CaptureError("the --query-gpu CSV has a header but no GPU rows")
     driver = _driver(rows[0])
-    gpus = [_gpu(row, position) for position, row in enumerate(rows)]
-    return driver, gpus
+    keys, note = _gpu_keys(header, rows)
+    by_gpu: dict[object, list[Row]] = {}
+    for key, row in zip(keys, rows):
+        by_gpu.setdefault(key, []).append(row)
+    if all(len(group) == 1 for group in by_gpu.values()):  # a snapshot: one row per GPU
+        return driver, [_gpu(row, position) for position, row in enumerate(rows)], {}, None
+    gpus, series = [], {}
+    for position, group in enumerate(by_gpu.values()):
+        gpu = _gpu(group[-1], position)
+        gpus.append(gpu)
+        samples = [_sample(row) for row in group]
+        timed = smi_series.relative_times(samples)
+        series[gpu.index] = samples
+        if not timed:
+            note = (note + "; " if note else "") + "no timestamp column: the interval between samples is not known"
+    return driver, gpus, series, note
+
+
+_IDENTITY = ("pci.bus_id", "uuid", "index", "serial")
+# Fields a monitoring loop samples; a header of only these names no GPU (the seeds' own
+# `--query-gpu=temperature.gpu,power.draw,clocks.gr --format=csv -l 5`).
+_SAMPLED = {"timestamp", "temperature.gpu", "temperature.memory", "power.draw", "power.draw.average",
+            "power.draw.instant", "clocks.current.graphics", "clocks.current.sm", "clocks.current.memory",
+            "clocks.current.video", "utilization.gpu", "utilization.memory", "memory.used", "memory.free",
+            "fan.speed", "pstate", "clocks_event_reasons.active", "clocks_throttle_reasons.active"}
+
+
+def _gpu_keys(header: list[str], rows: list[Row]) -> tuple[list[object], str | None]:
+    """Which GPU each row is: by bus id, UUID, index or serial; without any of them, rows of
+    only sampled fields are one GPU's loop (said in the note), else one GPU per row."""
+    for name in _IDENTITY:
+        if name in header and all(v.text(row.get(name)) and not _zeroed(row[name]) for row in rows):
+            if name == "index":
+                return [smi_series.gpu_index(row[name], "--query-gpu CSV") for row in rows], None
+            return [row[name] for row in rows], None
+    if set(header) <= _SAMPLED and len(rows) > 1:
+        return [0] * len(rows), ("rows read as samples of one GPU: the query names no GPU (add index to it, "
+                                 "e.g. --query-gpu=index,timestamp,...; on a machine with several GPUs their rows interleave)")
+    return list(range(len(rows))), None
+
+
+def _zeroed(raw: str) -> bool:
+    return raw.startswith("GPU-00000000-0000") or set(raw) <= {"0"}  # redacted before sharing
+
+
+def _sample(row: Row) -> dict:
+    def first(*names: str) -> float | None:
+        return next((x for x in (smi_series.reading(row.get(n)) for n in names) if x is not None), None)
+    return {
+        "t": smi_series.timestamp(row.get("timestamp")),
+        "temp_c": first("temperature.gpu"),
+        "power_w": first("power.draw", "power.draw.average", "power.draw.instant"),
+        "power_limit_w": first("enforced.power.limit", "power.limit"),
+        "sm_mhz": first("clocks.current.sm", "clocks.current.graphics"),
+        "mem_mhz": first("clocks.current.memory"),
+        "util_pct": first("utilization.gpu"),
+        "mem_used_mib": first("memory.used"),
+    }
 
 
 # -- reading the CSV -------------------------------------------------------------------------
@@ -168,7 +236,7 @@ def _driver(row: Row) -> Driver:
 
 
 def _gpu(row: Row, position: int) -> Gpu:
-    index = v.integer(row.get("index"))
+    index = smi_series.gpu_index(row["index"], "--query-gpu CSV") if v.text(row.get("index")) else None
     gpu = build_gpu(position if index is None else index, _RowReport(row), PATHS)
     if gpu.clocks.event_reasons is None:  # a query that asked only for the bitmask
         mask = v.hex_or_int(row.get("clocks_event_reasons.active") or row.get("clocks_throttle_reasons.active"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
+from . import smi_series
 from . import values as v
 from .errors import CaptureError
 
@@ -291,14 +292,17 @@ def looks_like_dmon(text: str) -> bool:
 
 
 def parse_dmon(text: str) -> list[dict]:
-    """One dict per sample row: {"gpu": 0, "pwr": 69, "gtemp": 41, "mtemp": None, ...}."""
+    """One dict per sample row: {"gpu": 0, "pwr": 69.0, "gtemp": 41.0, "mtemp": None, ...}.
+
+    A metric the GPU does not report ("-", "N/A", nan, 0x7fffffff) is None; the GPU index is
+    bounded (smi_series.gpu_index); `dmon -o DT` adds "date" and "time" columns, kept as text."""
     names: list[str] | None = None
     samples: list[dict] = []
     for line in text.splitlines():
         if not line.strip():
             continue
         if line.startswith("#"):
-            tokens = line.lstrip("#").split()
+            tokens = [t.lower() for t in line.lstrip("#").split()]
             if names is None and "gpu" in tokens:
                 names = tokens
             continue  # the units line, or the header dmon repeats every few screens
@@ -306,18 +310,38 @@ def parse_dmon(text: str) -> list[dict]:
             break
         tokens = line.split()
         if len(tokens) == len(names):  # a row cut short at the end of a capture is dropped
-            samples.append({name: _dmon_value(token) for name, token in zip(names, tokens)})
+            sample = {name: token if name in _DMON_TEXT else smi_series.reading(token) for name, token in zip(names, tokens)}
+            sample["gpu"] = smi_series.gpu_index(tokens[names.index("gpu")], "nvidia-smi dmon")
+            samples.append(sample)
     if names is None:
         raise CaptureError("expected `nvidia-smi dmon` output starting with a '# gpu ...' header line")
     return samples
 
 
-def _dmon_value(token: str) -> int | float | str | None:
-    if token == "-":  # the GPU does not report this metric
+_DMON_TEXT = {"date", "time"}  # `dmon -o DT`; every other column is a number or "-"
+
+
+def dmon_series(samples: list[dict]) -> dict[int, list[dict]]:
+    """Each GPU's dmon rows as telemetry-like samples, oldest first ("t": seconds from the first
+    row when `-o DT` or `-o T` gave times, else None: dmon's interval, 1 s by default, is not
+    in its output)."""
+    series: dict[int, list[dict]] = {}
+    for row in samples:
+        when = " ".join(str(row[k]) for k in ("date", "time") if row.get(k))
+        t = smi_series.timestamp(when) if "date" in row else _seconds_of_day(row.get("time"))
+        series.setdefault(row["gpu"], []).append({
+            "t": t, "temp_c": row.get("gtemp"), "power_w": row.get("pwr"), "power_limit_w": None,
+            "sm_mhz": row.get("pclk"), "mem_mhz": row.get("mclk"), "util_pct": row.get("sm"),
+            "mem_used_mib": row.get("fb"),
+        })
+    for rows in series.values():
+        smi_series.relative_times(rows)
+    return series
+
+
+def _seconds_of_day(raw: object) -> float | None:
+    parts = str(raw or "").split(":")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
         return None
-    for convert in (int, float):
-        try:
-            return convert(token)
-        except ValueError:
-            pass
-    return token  # the date and time columns of `dmon -o DT`
+    h, m, s = (int(p) for p in parts)
+    return float(h * 3600 + m * 60 + s)

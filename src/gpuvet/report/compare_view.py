@@ -15,11 +15,11 @@ from rich.table import Table
 
 from ..compare import KEY_FIGURES, Comparison, FindingRow, Row, Trend
 from .numbers import number
-from ..record import FAIL, PASS, SKIP, WARN
+from ..record import FAIL, MEASURED, PASS, SKIP, WARN
 from ..store import RunSummary
 
 SCHEMA = "gpuvet.compare/1"
-STATUS_STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim"}
+STATUS_STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim", MEASURED: "cyan"}
 
 
 # -- formatting shared by the terminal and Markdown ------------------------------------------
@@ -66,6 +66,8 @@ def _status_text(status: str | None) -> str:
     there, which is neither a pass nor a disagreement."""
     if status is None:
         return "not checked"
+    if status == MEASURED:
+        return "measured, not judged"
     return "not checked (skip)" if status == SKIP else status.upper()
 
 

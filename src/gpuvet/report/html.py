@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..facts import Gpu, Machine, to_dict
-from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from .numbers import number
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
 from .markdown import general_remedy, same_problems
@@ -82,7 +82,8 @@ def _banner(record: RunRecord) -> str:
     counts = status_counts(record)
     warnings = "warning" if counts[WARN] == 1 else "warnings"
     pills = "".join(f'<span class="pill {s}">{counts[s]} {label}</span>'
-                    for s, label in ((FAIL, "failed"), (WARN, warnings), (PASS, "passed"), (SKIP, "skipped")))
+                    for s, label in ((FAIL, "failed"), (WARN, warnings), (PASS, "passed"), (MEASURED, "measured, not judged"),
+                                     (SKIP, "skipped")) if s != MEASURED or counts[s])
     lines = "".join(f"<li>{_e(line.strip())}</li>" for line in machine_lines(record.machine) + [options_line(record)] if line)
     verdict = verdict_text(record)
     return (f'<header class="verdict {record.verdict}" id="verdict">\n'
@@ -137,7 +138,7 @@ def _quiet(findings: list[Finding]) -> str:
             for area, status, check, who, summary in quiet_rows(findings)]
     if not rows:
         return ""
-    return ('<section id="passed"><h2>Passed and skipped</h2><table><thead><tr><th>Status</th><th>Area</th><th>Check</th>'
+    return ('<section id="passed"><h2>Passed, measured (not judged) and skipped</h2><table><thead><tr><th>Status</th><th>Area</th><th>Check</th>'
             f"<th>Subject</th><th>Summary</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
 
 
@@ -565,7 +566,7 @@ tr.crossed { background:var(--fail-bg); } tr.warned { background:var(--warn-bg);
 .badge { display:inline-block; min-width:3.2em; text-align:center; border-radius:6px; padding:0 6px; font-size:.8rem;
          font-weight:700; color:#fff; }
 .badge.fail { background:var(--fail); } .badge.warn { background:var(--warn); } .badge.pass { background:var(--pass); }
-.badge.skip { background:var(--skip); }
+.badge.skip { background:var(--skip); } .badge.measured { background:#3a7ca5; } .pill.measured { color:#3a7ca5; }
 .finding { background:#fff; border:1px solid var(--line); border-left:6px solid; border-radius:8px; padding:10px 14px; margin:10px 0; }
 .finding.fail { border-left-color:var(--fail); } .finding.warn { border-left-color:var(--warn); }
 .finding h3 { margin:0 0 6px; } .finding p { margin:4px 0; } .subject { color:#475467; font-weight:400; }

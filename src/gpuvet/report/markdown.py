@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 
 from ..facts import Gpu, Machine
-from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped, subject_range
 from .terminal import header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, verdict_line
 
 MARK = {TICKED: "✅", CROSSED: "❌", WARNED: "⚠️", UNKNOWN: "❔"}
-STATUS_MARK = {FAIL: "❌ FAIL", WARN: "⚠️ WARN", PASS: "✅ PASS", SKIP: "➖ SKIP"}
+STATUS_MARK = {FAIL: "❌ FAIL", WARN: "⚠️ WARN", PASS: "✅ PASS", SKIP: "➖ SKIP", MEASURED: "📏 MEASURED (not judged)"}
 
 
 def render_markdown(record: RunRecord) -> str:

@@ -12,18 +12,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..facts import Machine
-from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, checklist, grouped
 from .checklist import subject_range as subject_range  # re-exported: other reports use it from here
 
-STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim"}
+STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim", MEASURED: "cyan"}
 MARK_STYLE = {TICKED: "bold green", CROSSED: "bold red", WARNED: "bold yellow", UNKNOWN: "dim"}
 # Known areas in report order; a check from an area not listed here (a newer rule) still shows,
 # under a title made from its prefix.
 AREAS = (("gpu", "GPU"), ("cpu", "CPU benchmarks"), ("stack", "Software stack"), ("host", "Host"),
          ("storage", "Storage"), ("net", "Network"), ("workload", "Reference workload"), ("env", "Environment"))
-_ORDER = {FAIL: 0, WARN: 1, PASS: 2, SKIP: 3}
+_ORDER = {FAIL: 0, WARN: 1, PASS: 2, MEASURED: 3, SKIP: 4}
+# How each status reads in a report: "measured" is a figure with nothing to judge it against.
+STATUS_WORDS = {FAIL: "FAIL", WARN: "WARN", PASS: "PASS", SKIP: "SKIP", MEASURED: "MEASURED (not judged)"}
 VERDICT_TEXT = {FAIL: "FAIL: something is wrong with this machine", WARN: "WARN: usable, with caveats",
                 PASS: "PASS: nothing wrong found"}
 
@@ -54,7 +56,7 @@ def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
 
 
 def _badge(status: str) -> str:
-    return f"[{STYLE.get(status, '')}]{status.upper():4}[/]"
+    return f"[{STYLE.get(status, '')}]{('MEAS' if status == MEASURED else status.upper()):4}[/]"
 
 
 # -- checklist -------------------------------------------------------------------------------------
@@ -104,9 +106,9 @@ def quiet_rows(findings: list[Finding]) -> list[tuple[str, str, str, str, str]]:
     for area, group in by_area(findings):
         by_key: dict[tuple[str, str, str], list[str]] = {}
         for f in group:
-            if f.status in (PASS, SKIP):
+            if f.status in (PASS, MEASURED, SKIP):
                 by_key.setdefault((f.status, f.check, f.summary), []).append(f.subject)
-        for (status, check, summary), subjects in sorted(by_key.items(), key=lambda kv: kv[0][0] == SKIP):
+        for (status, check, summary), subjects in sorted(by_key.items(), key=lambda kv: _ORDER[kv[0][0]]):
             rows.append((area, status, check, subject_range(list(dict.fromkeys(subjects))), summary))
     return rows
 
@@ -180,12 +182,16 @@ def _passes_and_skips(findings: list[Finding], console: Console, verbose: bool) 
         if not quiet:
             continue
         console.print(f"\n[bold]{title}[/]")
-        for status in (PASS, SKIP):
+        for status in (PASS, MEASURED, SKIP):
             _quiet([f for f in quiet if f.status == status], console, verbose)
 
 
 def _skips_and_pass_count(findings: list[Finding], console: Console) -> None:
     """The default: what could not be checked (and why), then the passes counted in one line."""
+    measured = [f for f in findings if f.status == MEASURED]
+    if measured:
+        console.print("\n[bold]Measured, not judged[/] [dim](no real expectation to hold these against)[/]")
+        _quiet(measured, console, verbose=True)
     skips = [f for f in findings if f.status == SKIP]
     if skips:
         console.print("\n[bold]Not checked[/]")
@@ -220,7 +226,7 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
         for summary, subjects in lines if verbose else lines[:1]:
             more = 0 if verbose else len(lines) - 1
             extra = f" [dim](+{more} more; -v lists them)[/]" if more else ""
-            console.print(f"  {_badge(PASS)}  {check:<18} {subject_range(subjects):<8} {escape(summary)}{extra}")
+            console.print(f"  {_badge(findings[0].status)}  {check:<18} {subject_range(subjects):<8} {escape(summary)}{extra}")
 
 
 # -- measurements, header, verdict -----------------------------------------------------------------
@@ -313,7 +319,7 @@ def _capture_lines(captures: list[dict[str, str]]) -> list[str]:
 
 
 def status_counts(record: RunRecord) -> dict[str, int]:
-    return {s: sum(1 for f in record.findings if f.status == s) for s in (FAIL, WARN, PASS, SKIP)}
+    return {s: sum(1 for f in record.findings if f.status == s) for s in (FAIL, WARN, PASS, MEASURED, SKIP)}
 
 
 # Every check skipped: "nothing wrong found" would read as a clean bill of health for a machine
@@ -333,13 +339,19 @@ def verdict_text(record: RunRecord) -> str:
         return NOTHING_CHECKED_TEXT
     if no_gpu_watched(record):
         return f"SKIP: no GPU was watched ({record.machine.gpu_error or 'no NVIDIA GPU found'})"
-    return (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
+    text = (WATCH_VERDICT_TEXT if is_watch_log(record) else VERDICT_TEXT)[record.verdict]
+    counts = status_counts(record)
+    if record.verdict == PASS and not is_watch_log(record) and counts[SKIP] + counts[MEASURED] >= counts[PASS]:
+        # 1 pass and 15 skips is not a clean bill of health: say how little was judged.
+        text += f", but only {counts[PASS]} of {sum(counts.values())} findings could be judged (see 'Not checked')"
+    return text
 
 
 def verdict_line(record: RunRecord) -> str:
     counts = status_counts(record)
+    measured = f"{counts[MEASURED]} measured (not judged), " if counts[MEASURED] else ""
     return (f"{verdict_text(record)}  ({counts[FAIL]} failed, {counts[WARN]} warnings, "
-            f"{counts[PASS]} passed, {counts[SKIP]} skipped)")
+            f"{counts[PASS]} passed, {measured}{counts[SKIP]} skipped)")
 
 
 def no_gpu_watched(record: RunRecord) -> bool:
