@@ -4,6 +4,7 @@ benchmark ends as figures or as a reason. Runs for real on the CPU build of torc
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,9 @@ def test_without_torch_every_benchmark_says_how_to_get_it():
     m = Machine(stack=Stack(torch=Torch(installed=False)))
     outcome = plan.run(m, ["gemm", "membw"], device="cuda")
     assert [n["name"] for n in outcome.measurements] == ["bench.gemm", "bench.membw"]
-    assert all("pip install torch" in n["details"]["reason"] for n in outcome.measurements)
+    # the pip of gpuvet's own environment, by path, and the CPU build on a machine without a GPU
+    line = f"`{sys.executable} -m pip install torch --index-url https://download.pytorch.org/whl/cpu`"
+    assert all(line in n["details"]["reason"] for n in outcome.measurements)
 
 
 def test_gpu_benchmarks_without_a_gpu_skip_with_the_driver_reason():

@@ -246,3 +246,12 @@ def test_host_passes_say_what_was_expected_and_where_that_comes_from(this_host):
         f = result(machine, check)
         assert f.status == "pass", check
         assert f.evidence.expected.startswith(expected) and source in f.evidence.source, check
+
+
+@pytest.mark.parametrize("capture_name, index", [
+    ("smi_text/q-titan-v-560.35.03.txt", "cu126"),  # driver's CUDA 12.6: a current index
+    ("smi_text/default-table-8x-h100-550.90.07.txt", "cu124"),  # CUDA 12.4: PyPI's newest torch would not run
+])
+def test_without_torch_the_skip_names_the_index_for_the_drivers_cuda(capture_name, index):
+    f = result(with_gpus(capture_name, stack=Stack(torch=Torch(installed=False))), "stack.driver_cuda")
+    assert f.status == "skip" and f"--index-url https://download.pytorch.org/whl/{index}`" in f.remedy

@@ -29,11 +29,11 @@ def _stand_in(monkeypatch, answers: dict[str, object], refuse_with: int = pynvml
     def refuse(*_args, **_kwargs):
         raise pynvml.NVMLError(refuse_with)
 
-    for name in dir(pynvml):
+    for name in {*dir(pynvml), *answers}:  # answered names exist even where this nvidia-ml-py predates them
         if name.startswith(("nvmlDevice", "nvmlSystem")):
             value = answers.get(name)
             fn = (lambda v: (lambda *a, **k: v(*a) if callable(v) else v))(value) if name in answers else refuse
-            monkeypatch.setattr(pynvml, name, fn)
+            monkeypatch.setattr(pynvml, name, fn, raising=False)
     monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
 

@@ -26,9 +26,12 @@ class _NvmlStandIn:
                  refuse_with: int = pynvml.NVML_ERROR_NOT_SUPPORTED):
         self.inits = self.shutdowns = 0
         self.calls: dict[str, int] = {}
-        for name in dir(pynvml):
+        # Every name answered is there even where this nvidia-ml-py predates it (the floor lacks
+        # nvmlDeviceGetTemperatureV), as a newer nvidia-ml-py on the user's machine has it.
+        for name in {*dir(pynvml), *answers}:
             if name.startswith(("nvmlDevice", "nvmlSystem")):
-                monkeypatch.setattr(pynvml, name, self._fn(name, answers.get(name), name in answers, refuse_with))
+                monkeypatch.setattr(pynvml, name, self._fn(name, answers.get(name), name in answers, refuse_with),
+                                    raising=False)
         monkeypatch.setattr(pynvml, "nvmlInit", self._init)
         monkeypatch.setattr(pynvml, "nvmlShutdown", self._shutdown)
 

@@ -7,6 +7,7 @@ failed, so the judge can say so. GPUs someone else is using are left alone unles
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -109,7 +110,10 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
 def _cannot_run(machine: Machine, device: str) -> str | None:
     torch = machine.stack.torch if machine.stack else None
     if torch is None or not torch.installed:
-        return "PyTorch is not installed: `pip install torch` (gpuvet never installs or replaces it for you)"
+        from ..judge.stack import torch_install
+
+        pip = f"{sys.executable} -m pip"  # the environment gpuvet runs in, by path: it works when pasted
+        return f"PyTorch is not installed: {torch_install(machine, pip)}; gpuvet never installs or replaces it for you"
     if device == "cpu":
         return None
     if not machine.gpus:

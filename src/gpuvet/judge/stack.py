@@ -52,6 +52,24 @@ def wheel_for(cuda_version: str | None) -> str:
     return f"pip install torch{pin} --index-url {_INDEX}{tag}{note}"
 
 
+CPU_INDEX = f"{_INDEX}cpu"
+
+
+def torch_install(machine, pip: str = "pip") -> str:
+    """How to install a PyTorch this machine runs, with `pip` (the pip of the environment gpuvet
+    runs in, where the caller knows it): PyPI's default torch is built for the newest CUDA, which
+    most rented machines' drivers are too old for, so the index matching the driver's CUDA is
+    named; on a machine without an NVIDIA GPU, the CPU build."""
+    if not machine.gpus and not machine.driver.version:
+        return f"`{pip} install torch --index-url {CPU_INDEX}` (no NVIDIA GPU here: the CPU build)"
+    line = wheel_for(driver_cuda(machine.driver))
+    if not line.startswith("pip install "):
+        return line
+    command, _, note = line.partition("  ")
+    cuda_version = driver_cuda(machine.driver)
+    return (f"`{pip}{command[3:]}`" + (f" {note}" if note else "")
+            + f" (the index for the driver's CUDA {cuda_version}: PyPI's default torch needs a newer driver)")
+
 
 def check_driver_cuda(ctx: Context) -> list[Finding]:
     m = ctx.machine
@@ -60,7 +78,8 @@ def check_driver_cuda(ctx: Context) -> list[Finding]:
     torch = m.stack.torch
     driver = m.driver
     if not torch.installed:
-        return [finding("stack.driver_cuda", "stack", SKIP, "PyTorch is not installed: no framework CUDA to compare with the driver")]
+        return [finding("stack.driver_cuda", "stack", SKIP, "PyTorch is not installed: no framework CUDA to compare with the driver",
+                        remedy=f"install one this driver runs: {torch_install(m)}")]
     if torch.cuda is None:
         if m.gpus and torch.hip is None:
             return [finding("stack.driver_cuda", "stack", FAIL,
