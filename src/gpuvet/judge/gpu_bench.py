@@ -8,10 +8,10 @@ import functools
 from dataclasses import dataclass
 
 from ..facts import Gpu
-from ..record import Finding
+from ..record import MEASURED, Finding
 from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
-from .gpu_links import _GBS_PER_LANE
+from .gpu_links import GBS_PER_LANE
 from . import reference
 from .reference import Reference
 
@@ -242,26 +242,48 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
         measured_text = f"pinned H2D {h2d.value:.1f} / D2H {d2h.value:.1f} GB/s" + (
             f"; pageable {pageable[0].value:.1f} / {pageable[1].value:.1f}" if all(pageable) else "")
         gen, width, under_load = _link_for_bandwidth(gpu)
-        words, status, expected = f"H2D {h2d.value:.1f}, D2H {d2h.value:.1f} GB/s (pinned)", PASS, None
-        if gen in _GBS_PER_LANE and width:
-            carry = _GBS_PER_LANE[gen] * width
+        words, status, expected = f"H2D {h2d.value:.1f}, D2H {d2h.value:.1f} GB/s (pinned)", MEASURED, None
+        source = "PCIe line rate per lane and generation (after encoding)"
+        link, carry = _expected_link(gen, width, under_load, ctx.ref(gpu))
+        if carry:
             share = min(h2d.value, d2h.value) / carry
             status = PASS if share >= 0.65 else WARN if share >= 0.40 else FAIL
-            link = f"Gen{gen} x{width}" + (" as read under load" if under_load else "")
             words += f" = {100 * share:.0f}% of what {link} carries (~{carry:.0f} GB/s)"
             expected = f">= 65% of ~{carry:.0f} GB/s (healthy links reach 80-90%)"
+            ref = ctx.ref(gpu)
+            if ref and "reference" in link:
+                source += f"; the model's own link: {ref.cite('pcie_gen')} and pcie_lanes"
         for m in (h2d, d2h):
             box, box_words = against_box(m.value, medians[m.name], 0.85, 0.70)
             if box:
                 words += f"; {m.name.split('.')[1].split('_')[0].upper()} {box_words}"
-                status = worst(status, box)
+                status = worst(status if status != MEASURED else PASS, box)
+        if status == MEASURED:
+            words += ": no link width or model reference to judge it against"
         findings.append(finding(
             "gpu.pcie_bandwidth", s, status, words, measured=measured_text, expected=expected,
-            source="PCIe line rate per lane and generation (after encoding)",
+            source=source,
             remedy=None if status == PASS else
             "compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
             "rerun `gpuvet bench pcie`"))
     return findings
+
+
+def _expected_link(gen: int | None, width: int | None, under_load: bool, ref: Reference | None) -> tuple[str, float | None]:
+    """What the link should carry: the link as read, or the model's own link (reference gen and
+    lanes) when that is wider or faster. A link the slot or a virtualization layer cut to x8 is
+    judged against what the card was built to move, so a halved link cannot pass at 90% of x8."""
+    read = GBS_PER_LANE[gen] * width if gen in GBS_PER_LANE and width else None
+    ref_gen, ref_lanes = (ref.number("pcie_gen"), ref.number("pcie_lanes")) if ref else (None, None)
+    model = GBS_PER_LANE[int(ref_gen)] * ref_lanes if ref_gen and int(ref_gen) in GBS_PER_LANE and ref_lanes else None
+    if model and (read is None or model > read * 1.01):
+        words = f"the {ref.id}'s own Gen{int(ref_gen)} x{int(ref_lanes)} link (reference)"
+        if read:
+            words += f"; the link as read, Gen{gen} x{width}, carries ~{read:.0f} GB/s"
+        return words, model
+    if read:
+        return f"Gen{gen} x{width}" + (" as read under load" if under_load else ""), read
+    return "", None
 
 
 def _link_for_bandwidth(gpu: Gpu) -> tuple[int | None, int | None, bool]:

@@ -11,12 +11,12 @@ from .common import FAIL, PASS, SKIP, WARN, Context, finding, holds_no_context, 
 from .reference import Reference
 
 # Approximate usable GB/s per lane and direction for each generation (after encoding).
-_GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 def _bandwidth(gen: int | None, width: int | None) -> str:
-    if gen in _GBS_PER_LANE and width:
-        gbs = _GBS_PER_LANE[gen] * width
+    if gen in GBS_PER_LANE and width:
+        gbs = GBS_PER_LANE[gen] * width
         return f"~{gbs:.0f} GB/s" if gbs >= 10 else f"~{gbs:.1f} GB/s"
     return "?"
 
@@ -93,6 +93,15 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
     slot = _slot_limit(gpu, r, ref)
     if slot:
         problems.append((WARN, slot))
+    views = _views_disagree(gpu)
+    if views:
+        problems.append((WARN, views))
+        measured += "; " + "; ".join(_reading_text(x) for x in gpu.pcie.readings if x.max_width or x.current_width)
+    narrow = _narrower_than_model(gpu, r, ref)
+    if narrow:
+        problems.append((WARN, narrow))
+        capability += f"; {ref.cite('pcie_lanes')}"
+        best = f"{_link_text(r.max_gen, int(ref.number('pcie_lanes') or 0))} ({ref.id}'s own lanes)"
 
     if problems:
         status = FAIL if any(st == FAIL for st, _ in problems) else WARN
@@ -115,6 +124,41 @@ def _with_known_max(r: PcieLink, ref: Reference | None) -> tuple[PcieLink, str |
         return r, None
     filled = dataclasses.replace(r, max_gen=r.max_gen or int(ref_gen), max_width=r.max_width or int(ref_lanes))
     return filled, f"the link maximum is not in the capture: {ref.cite('pcie_gen')} and pcie_lanes"
+
+
+_DRIVER_SOURCES = ("nvml", "nvidia-smi")
+
+
+def _reading_text(r: PcieLink) -> str:
+    return f"{r.source or '?'}: {_link_text(r.current_gen, r.current_width)} now, max {_link_text(r.max_gen, r.max_width)}"
+
+
+def _views_disagree(gpu: Gpu) -> str | None:
+    """The driver's view of the link against the host's (sysfs, lspci LnkCap/LnkSta). The seed's
+    vendor C: lspci shows x16 while `nvidia-smi -q -d PCI` says Max Link Width x8, which a
+    virtualization layer (or the slot behind a switch) does; the GPU then moves data at x8."""
+    driver = [r for r in gpu.pcie.readings if r.source in _DRIVER_SOURCES and r.max_width]
+    host = [r for r in gpu.pcie.readings if r.source not in _DRIVER_SOURCES and r.max_width]
+    if not driver or not host:
+        return None
+    d, h = driver[0], host[0]
+    if d.max_width == h.max_width:
+        return None
+    return (f"the driver reports a max of x{d.max_width} ({d.source}) but the host shows x{h.max_width} ({h.source} "
+            f"LnkCap): a virtualization layer or the slot narrows the link the GPU uses; host<->GPU copies run at "
+            f"x{min(d.max_width, h.max_width)}")
+
+
+def _narrower_than_model(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:
+    """A maximum narrower than the model's own lanes (an x16 card whose link tops out at x8):
+    the slot, a riser or a virtualization layer halves what the card was built to move."""
+    lanes = ref.number("pcie_lanes") if ref else None
+    if not lanes or not r.max_width or r.max_width >= lanes or "pcie_lanes" in (ref.row.get("uncertain_fields") or ""):
+        return None
+    gen = r.max_gen or (int(ref.number("pcie_gen") or 0) or None)
+    return (f"the link tops out at x{r.max_width}, but {ref.id} is an x{lanes:.0f} card (reference): "
+            f"{_bandwidth(gen, r.max_width)} instead of {_bandwidth(gen, int(lanes))} host<->GPU at Gen{gen or '?'} "
+            "(slot, riser, bifurcation or a virtualization layer)")
 
 
 def _slot_limit(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:

@@ -9,7 +9,7 @@ from ..facts import Gpu, Machine
 from ..record import Finding
 from .bench_common import measured, not_measured, one, planned
 from .common import FAIL, PASS, WARN, Context, finding
-from .gpu_links import _GBS_PER_LANE, nvlinks_per_gpu
+from .gpu_links import GBS_PER_LANE, nvlinks_per_gpu
 
 # Per link and direction: NVLink 2.0-4.0 carry ~25 GB/s, NVLink 5 ~50 GB/s.
 _NVLINK_GBS = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
@@ -29,8 +29,8 @@ def _pcie_gbs(gpu: Gpu | None) -> float | None:
     for r in (gpu.pcie.readings if gpu else []):
         gen = r.current_gen if r.under_load else r.max_gen
         width = r.current_width if r.under_load else r.max_width
-        if gen in _GBS_PER_LANE and width:
-            return _GBS_PER_LANE[gen] * width
+        if gen in GBS_PER_LANE and width:
+            return GBS_PER_LANE[gen] * width
     return None
 
 

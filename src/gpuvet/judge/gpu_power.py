@@ -182,7 +182,7 @@ def _temperature_reading(gpu: Gpu) -> Finding:
         return finding("gpu.temperature", s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")
     now = f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "temperature hidden"
     threshold_c, threshold_words, source = slowdown_threshold(gpu)
-    threshold = f" (slowdown at {threshold_words})"
+    threshold = f" (slowdown {threshold_words if t.slowdown_c is None else 'at ' + threshold_words})"
     headroom = f"at least 10 C below the slowdown threshold of {threshold_words}"
     remedy = f"watch it under load: `nvidia-smi -i {gpu.index} --query-gpu=temperature.gpu,clocks.sm,power.draw --format=csv -l 2`"
     margin = t.slowdown_margin_c
@@ -201,7 +201,7 @@ def _temperature_reading(gpu: Gpu) -> Finding:
         return finding("gpu.temperature", s, WARN, f"{now} while idle (P{gpu.pstate}): poor cooling, expect throttling under load",
                        measured=now, expected="well under 70 C at idle", source=_IDLE_RULE_SOURCE, remedy=remedy)
     return finding("gpu.temperature", s, PASS, f"{now}, {margin:.0f} C below slowdown" + ("" if t.slowdown_c is not None
-                   or t.slowdown_margin_c is not None else f" (assumed {DEFAULT_SLOWDOWN_C:.0f} C: not reported)"),
+                   or t.slowdown_margin_c is not None else f" ({threshold_words})"),
                    measured=measured, expected=headroom, source=source)
 
 
@@ -221,6 +221,6 @@ def slowdown_threshold(gpu: Gpu) -> tuple[float, str, str]:
         return t.slowdown_c, f"{t.slowdown_c:.0f} C", _MARGIN_SOURCE
     if t.gpu_c is not None and t.slowdown_margin_c is not None:
         estimate = t.gpu_c + t.slowdown_margin_c
-        return estimate, (f"about {estimate:.0f} C ({t.gpu_c:.0f} C when the facts were read "
-                          f"+ the {t.slowdown_margin_c:.0f} C margin the driver reported, T.Limit)"), _MARGIN_SOURCE
-    return DEFAULT_SLOWDOWN_C, f"{DEFAULT_SLOWDOWN_C:.0f} C (assumed)", _DEFAULT_SLOWDOWN_SOURCE
+        return estimate, (f"about {estimate:.0f} C: {t.gpu_c:.0f} C when the facts were read "
+                          f"+ the {t.slowdown_margin_c:.0f} C margin to slowdown the driver reported (T.Limit)"), _MARGIN_SOURCE
+    return DEFAULT_SLOWDOWN_C, f"{DEFAULT_SLOWDOWN_C:.0f} C assumed: not reported", _DEFAULT_SLOWDOWN_SOURCE

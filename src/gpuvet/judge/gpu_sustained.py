@@ -131,9 +131,9 @@ def heat_problems(gpu: Gpu, hottest: float | None) -> list[tuple[str, str]]:
     slowdown, how, _source = slowdown_threshold(gpu)
     margin = slowdown - hottest
     if margin <= HOT_MARGIN_C:
-        return [(FAIL, f"reached {hottest:.0f} C, {_degrees_from(margin)} slowdown at {how}")]
+        return [(FAIL, f"reached {hottest:.0f} C, {_degrees_from(margin)} slowdown ({how})")]
     if margin < HOT_WARN_MARGIN_C:
-        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown at {how}")]
+        return [(WARN, f"reached {hottest:.0f} C, only {margin:.0f} C from slowdown ({how})")]
     return []
 
 
