@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuvet import exporter as ex
+from gpuvet.watch import exporter as ex
 from gpuvet import watch as w
 from gpuvet.facts import Host, Machine
 from gpuvet.judge.diagnose import GPU_STATES

@@ -14,7 +14,7 @@ import types
 import pynvml
 import pytest
 
-from gpuvet import telemetry
+from gpuvet import samples, telemetry
 from gpuvet.telemetry import COLUMNS, Sample, Sampler, snapshot, summarize, to_series
 
 
@@ -287,7 +287,7 @@ def test_stop_without_start_or_after_failed_nvml_does_not_shut_down(monkeypatch)
     (10.0, 10.35, 10.4),  # overran three ticks: skip them, do not burst
 ])
 def test_ticks_keep_a_steady_cadence(previous, now, expected):
-    assert telemetry._next_tick(previous, now, 0.1) == pytest.approx(expected)
+    assert samples.next_tick(previous, now, 0.1) == pytest.approx(expected)
 
 
 def test_snapshot_reads_each_gpu_once(monkeypatch):

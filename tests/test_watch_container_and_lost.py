@@ -15,7 +15,7 @@ import pynvml
 import pytest
 from rich.console import Console
 
-from gpuvet import exporter as ex
+from gpuvet.watch import exporter as ex
 from gpuvet import watch as w
 from gpuvet.facts import Host
 from gpuvet.watch.loop import _Outputs

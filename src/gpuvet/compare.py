@@ -465,7 +465,7 @@ _JOB = re.compile(r"^\s*(?P<amount>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]+)\s+on\s+(?P<
 def parse_job(job: str) -> tuple[float, str]:
     """"8 h on 12" -> (8.0, "12"); "90 min on provider A" -> (1.5, "provider A")."""
     match = _JOB.match(job)
-    unit = match and _DURATION_UNITS.get(match["unit"].lower())
+    unit = _DURATION_UNITS.get(match["unit"].lower()) if match else None
     if not match or unit is None:
         raise ValueError(f'job {job!r}: write it as "DURATION on RUN", e.g. "8 h on 12" or "90 min on 3"')
     hours = float(match["amount"]) * unit

@@ -332,7 +332,7 @@ class Machine:
 # -- dict <-> dataclass ----------------------------------------------------------------------
 
 def to_dict(obj: typing.Any) -> typing.Any:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) and not isinstance(obj, type) else obj
 
 
 def from_dict(cls: type, data: typing.Any) -> typing.Any:
@@ -360,6 +360,6 @@ def _convert(hint: typing.Any, value: typing.Any) -> typing.Any:
     if origin is dict:
         _, item = typing.get_args(hint)
         return {k: _convert(item, v) for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return from_dict(hint, value)
     return value

@@ -473,7 +473,7 @@ class Store:
     @_guarded
     def runs(self, machine_key: str | None = None, limit: int | None = None) -> list[RunSummary]:
         """Stored runs, newest first; `machine_key` may be a prefix of the key (as in `git log`)."""
-        where, args = "", []
+        where, args = "", list[object]()
         if machine_key:
             where, args = "WHERE machine_key LIKE ? ESCAPE '\\'", [_like_prefix(machine_key)]
         query = f"SELECT {_LISTED} FROM runs {where} ORDER BY started_at DESC, id DESC"

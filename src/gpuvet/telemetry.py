@@ -14,11 +14,12 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from .facts import CLOCK_EVENT_REASONS
 from .probe.nvml import _reason, init_error, pynvml
+# Re-exported: benchmarks and tests take the sample type and its record forms from here too.
+from .samples import COLUMNS, Sample, next_tick, summarize, to_series  # noqa: F401
 
 _MIB = 1024 * 1024
 _KEEP_S = 65 * 60  # samples kept per GPU: a 60-minute soak plus margin, whatever the interval
@@ -26,26 +27,6 @@ _JOIN_TIMEOUT_S = 2.0  # a sick GPU can block one NVML call for a while; stop() 
 
 # Swapped out by tests that drive time by hand.
 _monotonic = time.monotonic
-
-
-@dataclass(slots=True)  # slots: a watch keeps tens of thousands of these per GPU
-class Sample:
-    t: float  # time.time() when read
-    power_w: float | None = None
-    power_limit_w: float | None = None  # enforced limit, read at most once per second
-    sm_mhz: int | None = None
-    mem_mhz: int | None = None
-    temp_c: float | None = None
-    util_pct: int | None = None
-    mem_used_mib: int | None = None
-    reasons: int | None = None  # clock-event reason bitmask, all flags together
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
-    violation_power_ns: int | None = None  # cumulative since driver load
-    violation_thermal_ns: int | None = None
-
-
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
 
 
 # -- what is read, and how -------------------------------------------------------------------------
@@ -113,7 +94,7 @@ def gpu_gone_reason(err: BaseException) -> str | None:
     }.get(code)
 
 
-def _is_permanent(err: BaseException) -> bool:
+def is_permanent_error(err: BaseException) -> bool:
     """A failure that would repeat on every tick: the GPU, driver or nvidia-ml-py lacks the call."""
     if isinstance(err, (AttributeError, TypeError)):  # function missing from this nvidia-ml-py, or older arguments
         return True
@@ -172,7 +153,7 @@ class _GpuReader:
                 if gone is not None:
                     self.lost = gone
                     return None
-                if not _is_permanent(err):
+                if not is_permanent_error(err):
                     return None
                 calls.pop(0)  # try the next call from now on
                 if not calls:
@@ -196,13 +177,6 @@ def _open_gpus(indices: list[int] | None) -> tuple[list[_GpuReader], dict[int, s
             continue
         readers.append(_GpuReader(index, handle))
     return readers, errors, None
-
-
-def _next_tick(previous: float, now: float, interval_s: float) -> float:
-    """The next tick on the grid previous + k * interval that is still ahead of `now`. A pass that
-    overran skips the ticks it missed instead of bursting to catch up, so the cadence stays steady."""
-    missed = max(0, math.floor((now - previous) / interval_s))
-    return previous + (missed + 1) * interval_s
 
 
 # -- the sampler -----------------------------------------------------------------------------------
@@ -309,7 +283,7 @@ class Sampler:
             except Exception as err:  # a bug, not a GPU answer: stop sampling and say why
                 self.error = f"sampling stopped: {type(err).__name__}: {err}"
                 return
-            tick = _next_tick(tick, _monotonic(), self.interval_s)
+            tick = next_tick(tick, _monotonic(), self.interval_s)
             self._stop.wait(max(0.0, tick - _monotonic()))
 
 
@@ -324,92 +298,3 @@ def snapshot(gpu_indices: list[int] | None = None) -> tuple[dict[int, Sample], s
     return samples, error
 
 
-# -- for the run record and the judge --------------------------------------------------------------
-
-def _json_safe(value: Any, digits: int = 3) -> Any:
-    if isinstance(value, float):
-        return round(value, digits) if math.isfinite(value) else None
-    return value
-
-
-def to_series(samples: list[Sample], name: str, subject: str, interval_s: float) -> dict:
-    """Columnar samples for the run record; t is seconds since the first sample (t0, epoch seconds)."""
-    t0 = samples[0].t if samples else None
-    rows = []
-    for sample in samples:
-        row = [_json_safe(getattr(sample, column)) for column in COLUMNS]
-        row[0] = round(sample.t - t0, 3)
-        rows.append(row)
-    return {
-        "name": name,
-        "subject": subject,
-        "interval_s": interval_s,
-        "t0": t0,
-        "columns": list(COLUMNS),
-        "rows": rows,
-    }
-
-
-def _known(samples: list[Sample], field: str) -> list[Any]:
-    return [value for value in (getattr(s, field) for s in samples) if value is not None]
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(sum(values) / len(values), 2) if values else None
-
-
-def _max(values: list[Any]) -> Any:
-    return max(values) if values else None
-
-
-def _min(values: list[Any]) -> Any:
-    return min(values) if values else None
-
-
-def _reason_shares(samples: list[Sample]) -> dict[str, float] | None:
-    """{reason: share of the samples whose mask was read that had it set}; None when no mask was read.
-    Bits facts.CLOCK_EVENT_REASONS does not name (pynvml's 0x200 board limit...) appear as hex."""
-    masks = _known(samples, "reasons")
-    if not masks:
-        return None
-    seen = 0
-    for mask in masks:
-        seen |= mask
-    shares = {}
-    for bit in (1 << i for i in range(seen.bit_length())):
-        if seen & bit:
-            name = CLOCK_EVENT_REASONS.get(bit, f"0x{bit:x}")
-            shares[name] = round(sum(1 for mask in masks if mask & bit) / len(masks), 3)
-    return shares
-
-
-def _violation_s(samples: list[Sample], field: str) -> float | None:
-    """Seconds the counter grew over the window; None when unread or reset (driver reload)."""
-    counts = _known(samples, field)
-    if not counts or counts[-1] < counts[0]:
-        return None
-    return round((counts[-1] - counts[0]) / 1e9, 3)
-
-
-def summarize(samples: list[Sample]) -> dict:
-    """What a judge needs from a window of samples. Every key is always present; None: not known."""
-    power = _known(samples, "power_w")
-    pct_of_limit = [
-        100.0 * s.power_w / s.power_limit_w for s in samples
-        if s.power_w is not None and s.power_limit_w  # a 0 W limit is a bogus reading
-    ]
-    sm = _known(samples, "sm_mhz")
-    return {
-        "count": len(samples),
-        "duration_s": round(samples[-1].t - samples[0].t, 3) if samples else None,
-        "power": {"mean_w": _mean(power), "max_w": _max(power), "mean_pct_of_limit": _mean(pct_of_limit)},
-        "sm_mhz": {"mean": _mean(sm), "min": _min(sm), "max": _max(sm)},
-        "temp_c": {"max": _max(_known(samples, "temp_c"))},
-        "util_pct": {"mean": _mean(_known(samples, "util_pct"))},
-        "reasons": _reason_shares(samples),
-        "violation_s": {
-            "power": _violation_s(samples, "violation_power_ns"),
-            "thermal": _violation_s(samples, "violation_thermal_ns"),
-        },
-        "pcie": {"max_gen": _max(_known(samples, "pcie_gen")), "max_width": _max(_known(samples, "pcie_width"))},
-    }

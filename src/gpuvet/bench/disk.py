@@ -811,7 +811,8 @@ def _read_rounds(files: list[str], seconds: float) -> tuple[float, int, list[int
     """Cold reads of `files` in shuffled rounds until SMALL_READ_MIN_S of reading (or `seconds`):
     (seconds reading, files read, per-file latencies in ns, rounds). Each round starts with every
     file dropped from the page cache (untimed), so no round reads from memory."""
-    total_s, total_files, latencies, rounds = 0.0, 0, [], 0
+    total_s, total_files, rounds = 0.0, 0, 0
+    latencies: list[int] = []
     wall_end = time.perf_counter() + 3 * seconds  # the untimed cache drops count here
     while True:
         for path in files:

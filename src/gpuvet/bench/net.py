@@ -243,7 +243,8 @@ def ping(host: str, port: int, seconds: float) -> list[int]:
         message, reply = b"p" * PING_BYTES, bytearray(PING_BYTES)
         for _ in range(PING_WARMUP):  # wake both ends up, grow windows
             _round_trip(conn, message, reply)
-        times, end = [], time.perf_counter() + seconds
+        times: list[int] = []  # ns
+        end = time.perf_counter() + seconds
         while time.perf_counter() < end and len(times) < PING_MAX:
             start = time.perf_counter_ns()
             _round_trip(conn, message, reply)
@@ -503,7 +504,7 @@ def test(host: str, port: int = DEFAULT_PORT, engine: str = "auto", budget_s: fl
     return results
 
 
-test.__test__ = False  # `gpuvet net test`, not a pytest test
+test.__test__ = False  # type: ignore[attr-defined]  # `gpuvet net test`, not a pytest test
 
 
 def _remote_throughput(engine: str, host: str, port: int, remote_iperf3: int | None, seconds: int) -> dict:

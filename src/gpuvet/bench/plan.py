@@ -52,7 +52,7 @@ def worker_env(environ: dict[str, str] | None = None) -> dict[str, str | None]:
     (PCI bus order), unless the user chose an order or a CUDA_VISIBLE_DEVICES list: its numbers mean
     their order (the default puts the fastest first), so forcing ours would pick other GPUs on a
     host with mixed models."""
-    environ = os.environ if environ is None else environ
+    environ = dict(os.environ) if environ is None else environ
     changes: dict[str, str | None] = {name: None for name in TF32_OVERRIDES if name in environ}
     if "CUDA_DEVICE_ORDER" not in environ and "CUDA_VISIBLE_DEVICES" not in environ:
         changes["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -151,7 +151,7 @@ def nvml_gpu(machine: Machine, device: dict[str, Any], environ: dict[str, str] |
     the bus id), else by position, which holds only when CUDA numbers the GPUs in bus order: with a
     CUDA_VISIBLE_DEVICES list, cuda:k is the k-th GPU listed. None rather than a guess: telemetry and
     the busy check of the wrong GPU would judge a GPU that never ran the load."""
-    environ = os.environ if environ is None else environ
+    environ = dict(os.environ) if environ is None else environ
     by_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
     if device.get("bus_id") in by_bus:
         return by_bus[device["bus_id"]]

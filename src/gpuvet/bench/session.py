@@ -92,12 +92,13 @@ class Worker:
         try:
             return json.loads(line)
         except ValueError:  # a line cut off: the worker died while writing it (killed, segfault after an Xid)
+            ended: int | str
             try:
-                code = self.proc.wait(timeout=KILL_WAIT_S)
+                ended = self.proc.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:  # alive but talking nonsense: it cannot be trusted with a GPU
                 self.kill()
-                code = "killed: its reply was unreadable"
-            raise WorkerError(f"the benchmark worker died while {doing} (exit {code}): {self.last_error()}") from None
+                ended = "killed: its reply was unreadable"
+            raise WorkerError(f"the benchmark worker died while {doing} (exit {ended}): {self.last_error()}") from None
 
     def run(self, job: dict[str, Any], timeout_s: float, on_progress: Callable[[dict], None] | None = None) -> list[dict]:
         """Send one job (or a {"parallel": [...]} group); its results, or WorkerError naming the

@@ -62,7 +62,7 @@ def test_cmd(host: str, port: int, engine: str, seconds: float, multi_node: bool
     emit(record, as_json, out, verbose, report_format, redact)
 
 
-test_cmd.__test__ = False  # a command, not a pytest test
+test_cmd.__test__ = False  # type: ignore[attr-defined]  # a command, not a pytest test
 
 
 def net_test_record(host: str, port: int, engine: str, seconds: float,

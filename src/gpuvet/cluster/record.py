@@ -7,7 +7,7 @@ import contextlib
 import os
 import statistics
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from .. import __version__
@@ -236,7 +236,7 @@ def rejudge_cluster(record: dict[str, Any], tolerance: float | None = None) -> d
 def _flat(cls: type, data: dict[str, Any]) -> Any:
     """A dataclass of plain fields from its dict, unknown keys ignored: facts.from_dict without its
     type-hint walk, which costs a second at 1,000 nodes and converts nothing here."""
-    return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+    return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 # == the record on disk ======================================================================

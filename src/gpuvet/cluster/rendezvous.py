@@ -37,7 +37,7 @@ class Rendezvous:
                               timeout=timedelta(seconds=connect_timeout_s), wait_for_workers=False, multi_tenant=host)
         self._base.set_timeout(timedelta(seconds=op_timeout_s))
         self.op_timeout_s = op_timeout_s
-        if not self._base.has_extended_api():
+        if not getattr(self._base, "has_extended_api", lambda: False)():  # not in torch's stubs
             raise LaunchError("this PyTorch's TCPStore lacks append/multi_get, which cluster mode needs; use a newer PyTorch")
         self.store = self._wrap(self._base)
 

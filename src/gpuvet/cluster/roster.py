@@ -186,7 +186,7 @@ class Roster:
 def resolve_addresses(name: str) -> set[str]:
     """The addresses a node name resolves to (empty when it does not)."""
     try:
-        return {info[4][0] for info in socket.getaddrinfo(name, None)}
+        return {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
     except (OSError, UnicodeError):
         return set()
 

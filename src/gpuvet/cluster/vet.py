@@ -35,7 +35,7 @@ def vet_with_deadline(options: Options, timeout_s: float, on_step: Callable[[str
             outcome.record = runner.run_live(
                 quick=options.quick, expect=options.expect, workdir=options.workdir, benchmarks=options.benchmarks,
                 device=options.device, soak_minutes=options.soak_minutes, force=options.force,
-                **({"preemptible": options.preemptible} if options.preemptible is not None else {}), progress=progress)
+                preemptible=options.preemptible, progress=progress)
         except Exception as err:  # reported to rank 0 by name, with the others' results
             outcome.error = f"the local vet crashed: {type(err).__name__}: {err}"
 

@@ -27,6 +27,7 @@ import functools
 import re
 import statistics
 from collections import Counter, defaultdict
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -319,8 +320,8 @@ def find_stragglers(views: list[NodeView], tolerance: float | None = None) -> tu
     groups: dict[tuple[str, str], list[tuple[NodeView, str, float]]] = defaultdict(list)
     units: dict[tuple[str, str], str] = {}
     for view in views:
-        for metric, subject, value, unit in view.figures:
-            key = (metric, _scope(subject))
+        for name, subject, value, unit in view.figures:
+            key = (name, _scope(subject))
             groups[key].append((view, subject, value))
             units[key] = unit
     baselines, stragglers = [], []
@@ -393,7 +394,8 @@ class UniformityRow:
     field: str
     value: str | None  # the majority value (None: unknown everywhere)
     count: int  # nodes with the majority value
-    odd: dict[str, list[str]] = field(default_factory=dict)  # other value -> nodes
+    # dataclasses.field by its full name: the `field` attribute above hides the bare name here
+    odd: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # other value -> nodes
     unknown: int = 0  # nodes that did not report the field
 
     @property

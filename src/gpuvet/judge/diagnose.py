@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..facts import Gpu
 from ..record import Finding
-from ..telemetry import Sample, summarize
+from ..samples import Sample, summarize
 from .common import FAIL, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
 from .gpu_sustained import _FAULTS as FAULT_LABELS  # short names of the slowdown reasons

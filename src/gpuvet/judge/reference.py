@@ -72,7 +72,7 @@ def primary_name(row: dict[str, str]) -> str:
 
 @functools.cache
 def _table() -> dict[str, Reference]:
-    text = resources.files("gpuvet.judge").joinpath("data", SPECS_FILE).read_text(encoding="utf-8")
+    text = resources.files("gpuvet.judge").joinpath("data").joinpath(SPECS_FILE).read_text(encoding="utf-8")
     return {primary_name(row): Reference(row) for row in csv.DictReader(text.splitlines())}
 
 

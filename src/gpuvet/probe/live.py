@@ -40,7 +40,8 @@ def _host(workdir: str | None, steal_window_s: float) -> Host:
 
 
 def _gpus() -> tuple[Driver, list[Gpu], Topology | None, str | None]:
-    driver, gpus, topology = Driver(), [], None
+    driver, topology = Driver(), None
+    gpus: list[Gpu] = []
     error = nvml.init_error()
     if error is None:
         try:

@@ -94,7 +94,8 @@ def _gpu_table(lines: list[str], start: int) -> tuple[list[list[str]], list[list
         i += 1
     blocks: list[list[str]] = []
     current: list[str] = []
-    for i in range(i + 1, len(lines)):
+    labels_end = i
+    for i in range(labels_end + 1, len(lines)):
         line = lines[i]
         if line.startswith("|"):
             current.append(line)

@@ -279,7 +279,8 @@ _VIEWS_DIFFER = "max link differs between views: "
 def _pcie_views(record: RunRecord) -> str:
     """The link as the NVIDIA driver sees it next to the host's view (lspci/sysfs): the seed's
     cloud showed x16 in lspci and Max Link Width x8 in `nvidia-smi -q`."""
-    disagree, shown = [], []
+    disagree: list[str] = []
+    shown: list[str] = []
     for gpu in record.machine.gpus:
         driver = next((r for r in gpu.pcie.readings if r.source in _DRIVER_SOURCES and r.max_width), None)
         host = next((r for r in gpu.pcie.readings if r.source in _HOST_SOURCES and r.max_width), None)

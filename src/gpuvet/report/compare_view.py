@@ -196,10 +196,10 @@ def to_markdown(comparison: Comparison, verbose: bool = False) -> str:
         lines.append(f"| **Job: {_md(job.description)}** |" + " |" * len(names))
         lines.append("| time | " + " | ".join(_hours(h) for h in job.hours) + " |")
         lines.append("| cost | " + " | ".join(_number(c, "USD") for c in job.cost_usd) + " |")
-    rows, same = _shown_findings(comparison, verbose)
-    if rows:
+    finding_rows, same = _shown_findings(comparison, verbose)
+    if finding_rows:
         lines.append(f"| **{'Findings' if verbose else 'Findings: problems and differences'}** |" + " |" * len(names))
-        lines += ["| " + _md(r.check) + " | " + " | ".join(_status_text(s) for s in r.statuses) + " |" for r in rows]
+        lines += ["| " + _md(r.check) + " | " + " | ".join(_status_text(s) for s in r.statuses) + " |" for r in finding_rows]
     out = ["\n".join(lines)]
     problems = _problems(comparison)
     if problems:

@@ -12,6 +12,7 @@ and "listening on 0.0.0.0" is the point of a security finding.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from typing import Any
@@ -54,6 +55,9 @@ class Redactor:
         self._tokens: dict[tuple[str, str], str] = {}
         self._counts: dict[str, int] = {}
         self._literals: list[tuple[re.Pattern[str], str, str]] = []  # (pattern, category, canonical value)
+
+    def _literal_token(self, category: str, canonical: str, _match: re.Match[str]) -> str:
+        return self.token(category, canonical)
 
     def token(self, category: str, value: str) -> str:
         key = (category, value.lower() if category in (HOST, "GPU", "MIG", "UUID", "IPV6", "MAC") else value)
@@ -107,7 +111,8 @@ class Redactor:
 
     def text(self, value: str) -> str:
         for pattern, category, canonical in self._literals:
-            value = pattern.sub(lambda m, c=category, v=canonical: self.token(c, v), value)
+            # A token is numbered when first used: only a literal that occurs gets one.
+            value = pattern.sub(functools.partial(self._literal_token, category, canonical), value)
         value = _PREFIXED_UUID.sub(lambda m: self.token(m.group(1), m.group(0)), value)
         value = _BARE_UUID.sub(lambda m: self.token("UUID", m.group(0)), value)
         value = _MAC.sub(lambda m: self.token("MAC", m.group(0).replace("-", ":")), value)

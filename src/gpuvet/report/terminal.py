@@ -210,13 +210,13 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
         by_reason: dict[str, list[Finding]] = {}
         for f in findings:
             by_reason.setdefault(f.summary, []).append(f)
-        for summary, group in by_reason.items():
-            checks = list(dict.fromkeys(f.check for f in group))
-            subjects = subject_range(list(dict.fromkeys(f.subject for f in group)))
+        for summary, skipped in by_reason.items():
+            checks = list(dict.fromkeys(f.check for f in skipped))
+            where = subject_range(list(dict.fromkeys(f.subject for f in skipped)))
             if len(checks) == 1:
-                console.print(f"  {_badge(SKIP)}  {checks[0]:<18} {subjects:<8} {escape(summary)}", style="dim")
+                console.print(f"  {_badge(SKIP)}  {checks[0]:<18} {where:<8} {escape(summary)}", style="dim")
             else:  # several checks, one reason: the checks on one line, the reason under them
-                console.print(f"  {_badge(SKIP)}  {', '.join(checks)} ({subjects})\n        {escape(summary)}", style="dim")
+                console.print(f"  {_badge(SKIP)}  {', '.join(checks)} ({where})\n        {escape(summary)}", style="dim")
         return
     for check, group in groupby(findings, key=lambda f: f.check):
         by_summary: dict[str, list[str]] = {}

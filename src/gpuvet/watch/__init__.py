@@ -10,7 +10,7 @@ blocks ~20 ms per call, so a helper thread reads it and the view never waits for
 Outputs, any together: the live view (rich Live, q or Ctrl-C quits and restores the terminal),
 `--once` (one snapshot, `--json` for JSON), `--log FILE` (JSON lines, rows in the columns of
 `telemetry.to_series`; `read_log()` turns them back into run-record series), `--prometheus`
-(`exporter.py`), and `--no-ui` for servers: it prints a line when a GPU's diagnosis changes.
+(`watch/exporter.py`), and `--no-ui` for servers: it prints a line when a GPU's diagnosis changes.
 
 Without a GPU or NVML the host part works and the GPU part says why it is empty.
 

@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from ..facts import Gpu, GpuProcess
 from ..probe import nvml
-from ..telemetry import _is_permanent, _next_tick, gpu_gone_reason
+from ..samples import next_tick
+from ..telemetry import gpu_gone_reason, is_permanent_error
 from .host import _rate
 from .snapshot import GpuExtras
 
@@ -50,7 +51,7 @@ class GpuExtrasReader:
             gone = gpu_gone_reason(err)
             if gone is not None:
                 self.unavailable[index]["gone"] = gone
-            elif _is_permanent(err):
+            elif is_permanent_error(err):
                 self.unavailable[index][what] = nvml._reason(err)
             return None
 
@@ -122,7 +123,7 @@ class _Periodic:
             if result is not None:
                 with self._lock:
                     self._result = result
-            tick = _next_tick(tick, time.monotonic(), self._every_s)
+            tick = next_tick(tick, time.monotonic(), self._every_s)
             self._stop.wait(max(0.0, tick - time.monotonic()))
 
     def latest(self) -> Any:

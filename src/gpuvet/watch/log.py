@@ -13,7 +13,7 @@ from typing import Any
 from .. import __version__
 from ..facts import Gpu, Host
 from ..judge.diagnose import Diagnosis
-from ..telemetry import COLUMNS, to_series
+from ..samples import COLUMNS, to_series
 from ..untrusted_text import clean_strings
 from .snapshot import GpuView, Snapshot
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from ..facts import Machine
-from ..telemetry import _next_tick
+from ..samples import next_tick
 from .keys import _Keys, _NoStream
 from .log import WatchLog, snapshot_to_dict
 from .monitor import SLOW_EVERY_S, Monitor
@@ -74,7 +74,7 @@ def run_loop(monitor: Monitor, outputs: _Outputs, console: Console | None, keys:
     """Tick, publish, show, wait for the next tick or a key, until q (or max_ticks, for tests)."""
     live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
                 redirect_stderr=False) if console is not None else None
-    next_tick = time.monotonic()
+    due = time.monotonic()
     with live if live is not None else contextlib.nullcontext():
         while True:
             snap = monitor.tick()
@@ -83,13 +83,17 @@ def run_loop(monitor: Monitor, outputs: _Outputs, console: Console | None, keys:
                 live.update(render(snap, interactive=keys.fd is not None, screen=True), refresh=True)
             if max_ticks is not None and snap.tick >= max_ticks:
                 return
-            next_tick = _next_tick(next_tick, time.monotonic(), monitor.interval_s)
+            due = next_tick(due, time.monotonic(), monitor.interval_s)
             while True:
-                pressed = keys.wait(next_tick - time.monotonic())
+                pressed = keys.wait(due - time.monotonic())
                 if "q" in pressed.lower():
                     return
-                if time.monotonic() >= next_tick - 1e-3:
+                if time.monotonic() >= due - 1e-3:
                     break
+
+
+def _print_flushed(line: str) -> None:
+    print(line, flush=True)  # a headless watch under systemd or a pipe: each change line at once
 
 
 def _once(monitor: Monitor, as_json: bool, console: Console, outputs: _Outputs) -> None:
@@ -135,7 +139,7 @@ def _check_options(interval_s: float, pid: int | None, once: bool, as_json: bool
         if why:
             return f"--log {log_path}: {why}"
     if prometheus:
-        from ..exporter import parse_listen
+        from .exporter import parse_listen
 
         try:
             parse_listen(prometheus)
@@ -164,7 +168,7 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
                                    job_pid=pid, driver_version=monitor.machine.driver.version,
                                    gpu_error=monitor.gpu_error, host=monitor.machine.host)
         if prometheus:
-            from ..exporter import Exporter, parse_listen
+            from .exporter import Exporter, parse_listen
 
             outputs.exporter = Exporter()
             host, port = parse_listen(prometheus)
@@ -180,7 +184,7 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
             old_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
         interactive = ui and console.is_terminal
         if not interactive:
-            outputs.print_changes = lambda line: (print(line), sys.stdout.flush())
+            outputs.print_changes = _print_flushed
             print(_headless_banner(monitor, log_path), file=sys.stderr, flush=True)
         with _Keys(sys.stdin if interactive else _NoStream()) as keys:
             try:

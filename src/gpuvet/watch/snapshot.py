@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..facts import CLOCK_EVENT_REASONS, Gpu
 from ..judge.diagnose import Diagnosis, HostSample
-from ..telemetry import Sample
+from ..samples import Sample
 
 
 @dataclass

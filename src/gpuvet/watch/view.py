@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple
 
 from rich.cells import cell_len, set_cell_size
+from rich.console import OverflowMethod
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -84,7 +85,7 @@ class _Line(NamedTuple):
     pieces: tuple[Piece, ...]
     base: str = ""
     no_wrap: bool | None = None
-    overflow: str | None = None
+    overflow: OverflowMethod | None = None
     fill: Piece | None = None
 
     def to_text(self) -> Text:
@@ -108,10 +109,9 @@ def _style(base: str, style: str) -> Style | None:
     """The Style of a piece on a line: its line's base style and its own, combined as Text does
     (parsed, not looked up in the console's theme: the view's consoles have rich's default one)."""
     key = (base, style)
-    found = _STYLES.get(key, False)
-    if found is False:
-        found = _STYLES[key] = (Style.parse(base) + Style.parse(style)) or None
-    return found
+    if key not in _STYLES:
+        _STYLES[key] = (Style.parse(base) + Style.parse(style)) or None
+    return _STYLES[key]
 
 
 _SLOW: dict[tuple[_Line, int, int], list[Segment]] = {}  # lines rich drew (by width): reused while unchanged
@@ -144,7 +144,8 @@ class _Frame:
             return
         if len(self.lines) <= height:  # each line takes a row at least: more lines than rows never fit
             drawn = list(self._segments(self.lines, console, options, True))
-            if sum(segment.text.count("\n") for segment in drawn) <= height:
+            # All Segments: plain options render every line to segments (see _by_rich).
+            if sum(s.text.count("\n") for s in drawn if isinstance(s, Segment)) <= height:
                 yield from drawn
                 return
         yield from self._segments(self.fit(height, width), console, options, True)

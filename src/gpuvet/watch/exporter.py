@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .facts import CLOCK_EVENT_REASONS
-from .judge.diagnose import GPU_STATES, STATES
+from ..facts import CLOCK_EVENT_REASONS
+from ..judge.diagnose import GPU_STATES, STATES
 
 if TYPE_CHECKING:
-    from .watch import GpuView, Snapshot
+    from .snapshot import GpuView, Snapshot
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9400  # dcgm-exporter's port: run one or the other on a node
