@@ -26,10 +26,11 @@ import math
 import os
 import re
 import sqlite3
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from .compare import gpu_summary, key_figures
 from .facts import Machine
@@ -75,6 +76,10 @@ class StoreError(Exception):
 
 class UnknownRun(StoreError):
     """No run with that id in this store."""
+
+
+class DamagedRun(StoreError):
+    """One stored run cannot be read (its row was damaged); the other runs can."""
 
 
 class NoStoreYet(StoreError):
@@ -228,8 +233,12 @@ def _reason(err: sqlite3.Error) -> str:
 class Store:
     """Runs saved on this machine. Open it, use it, close it (or use `with Store(path) as s:`)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, create: bool = True):
+    def __init__(self, path: str | os.PathLike[str] | None = None, create: bool = True, read_only: bool = False):
+        """`read_only`: for commands that only read (history, show, export, compare); such a store
+        may sit on a read-only file system or belong to another user."""
         self.path = Path(path) if path is not None else default_path()
+        self.read_only = read_only and not create
+        self.damaged: dict[int, str] = {}  # run id -> why it could not be read, as reads meet them
         self._db = self._connect(create)
         try:
             self._prepare()
@@ -259,21 +268,45 @@ class Store:
                 raise NoStoreYet(self.path, "no store here yet (`gpuvet run` saves every run to it)")
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                # 0600 before SQLite opens it (its -wal and -shm files copy the mode): the runs
+                # hold hostnames, serials and IP addresses.
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except FileExistsError:
+                pass  # another gpuvet created it meanwhile
             except OSError as err:
-                raise StoreError(self.path, f"cannot create its folder ({err.strerror or err})") from None
+                raise StoreError(self.path, f"cannot create it ({err.strerror or err})") from None
         try:
             # isolation_level=None: transactions are begun and ended here, explicitly.
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        except sqlite3.Error as err:
-            raise StoreError(self.path, f"cannot open it ({err})") from None
+            db = sqlite3.connect(self._uri(), timeout=BUSY_TIMEOUT_S, isolation_level=None, uri=True)
+            if self.read_only:
+                db.execute("PRAGMA user_version").fetchone()  # fails here if a WAL store cannot be read so
+        except sqlite3.DatabaseError as err:
+            if not self.read_only or "not a database" in str(err):
+                raise StoreError(self.path, _reason(err) if "not a database" in str(err) else f"cannot open it ({err})") from None
+            # A WAL store on a read-only file system, without its -shm file: nobody can write
+            # there, so SQLite may read it as immutable.
+            try:
+                db = sqlite3.connect(self._uri(immutable=True), isolation_level=None, uri=True)
+                db.execute("PRAGMA user_version").fetchone()
+            except sqlite3.Error as again:
+                raise StoreError(self.path, f"cannot open it ({_reason(again)})") from None
         db.row_factory = sqlite3.Row
         return db
+
+    def _uri(self, immutable: bool = False) -> str:
+        mode = "?mode=ro" + ("&immutable=1" if immutable else "") if self.read_only else ""
+        return "file:" + urllib.parse.quote(str(self.path.absolute())) + mode
 
     def _prepare(self) -> None:
         """Check what the file holds (reads only), then create or migrate it under the write lock,
         then switch to WAL. Nothing is written to a file that is not a gpuvet store."""
         version, tables = self._layout()
         self._refuse_unknown(version, tables)
+        if self.read_only:
+            if version < SCHEMA_VERSION:
+                raise StoreError(self.path, "written by an older gpuvet; a command that saves (gpuvet import, "
+                                            "gpuvet label) upgrades it first")
+            return
         if version < SCHEMA_VERSION:
             with self._transaction():
                 version, tables = self._layout()  # another process may have done it meanwhile
@@ -453,12 +486,31 @@ class Store:
         row = self._db.execute("SELECT record FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise UnknownRun(self.path, f"no run {run_id} (gpuvet history lists them)")
-        return json.loads(row["record"])
+        try:
+            data = json.loads(row["record"])
+        except (TypeError, ValueError) as err:
+            raise self._damaged(run_id, f"its record is not JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise self._damaged(run_id, f"its record is a JSON {type(data).__name__}, not a run")
+        return data
+
+    def _damaged(self, run_id: int, why: str) -> DamagedRun:
+        """Noted for the listing's warning (`damaged`), and raised where that one run was asked for."""
+        self.damaged[run_id] = why
+        return DamagedRun(self.path, f"run {run_id} is damaged ({why}); the other runs are readable (gpuvet history)")
+
+    def _record(self, run_id: int) -> RunRecord:
+        try:
+            return RunRecord.from_dict(self._record_dict(run_id))
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            if isinstance(err, StoreError):
+                raise
+            raise self._damaged(run_id, f"not a readable run record: {err}") from None
 
     @_guarded
     def get(self, run_id: int) -> RunRecord:
         """A stored run, as it was saved (its options carry "label"/"price" when it has them)."""
-        return RunRecord.from_dict(self._record_dict(run_id))
+        return self._record(run_id)
 
     @_guarded
     def latest(self) -> RunRecord | None:
@@ -480,20 +532,43 @@ class Store:
         if limit is not None:
             query += " LIMIT ?"
             args.append(int(limit))
-        return [_summary(row) for row in self._db.execute(query, args)]
+        summaries = []
+        for row in self._db.execute(query, args):
+            try:
+                summaries.append(_summary(row))
+            except (TypeError, ValueError) as err:  # a row edited or damaged outside gpuvet: list the rest
+                self.damaged[row["id"]] = f"its listing columns are unreadable: {err}"
+        return summaries
 
     @_guarded
     def records(self, machine_key: str) -> list[RunRecord]:
         """Every run of one machine (key or prefix), oldest first: what `compare.history_trend` takes."""
-        rows = self._db.execute("SELECT record FROM runs WHERE machine_key LIKE ? ESCAPE '\\' ORDER BY started_at, id",
-                                (_like_prefix(machine_key),))
-        return [RunRecord.from_dict(json.loads(row["record"])) for row in rows]
+        rows = self._db.execute("SELECT id FROM runs WHERE machine_key LIKE ? ESCAPE '\\' ORDER BY started_at, id",
+                                (_like_prefix(machine_key),)).fetchall()
+        return self._readable(row["id"] for row in rows)
+
+    def _readable(self, ids: Iterable[int]) -> list[RunRecord]:
+        """The runs of `ids` that can be read; a damaged one is skipped and noted in `damaged`."""
+        records = []
+        for run_id in ids:
+            with contextlib.suppress(DamagedRun):
+                records.append(self._record(run_id))
+        return records
 
     @_guarded
     def export(self, ids: list[int]) -> list[dict[str, Any]]:
         """Whole run records (label and price in their options), in the order asked; each one a
-        valid gpuvet.run/1 record on its own."""
-        return [self._record_dict(int(run_id)) for run_id in ids]
+        valid gpuvet.run/1 record on its own. A damaged run is left out and noted in `damaged`;
+        if every one asked for is damaged, DamagedRun names the first."""
+        runs, first_damage = [], None
+        for run_id in ids:
+            try:
+                runs.append(self._record_dict(int(run_id)))
+            except DamagedRun as err:
+                first_damage = first_damage or err
+        if first_damage and not runs:
+            raise first_damage
+        return runs
 
     @_guarded
     def machines(self) -> list[tuple[str, str, int]]:

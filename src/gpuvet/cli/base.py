@@ -7,12 +7,12 @@ import functools
 import os
 import signal
 import sys
-import tempfile
 
 import click
 from rich.console import Console
 
 from .. import __version__
+from ..private_file import write_private
 from ..record import SCHEMA, RunRecord, exit_code
 from ..report import terminal
 from ..store import Store, StoreError, check_price
@@ -24,9 +24,9 @@ class UsageProblem(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def open_store(db: str | None, create: bool = False) -> Store:
+def open_store(db: str | None, create: bool = False, read_only: bool = False) -> Store:
     try:
-        return Store(db, create=create)
+        return Store(db, create=create, read_only=read_only)
     except StoreError as err:
         raise UsageProblem(str(err)) from None
 
@@ -166,7 +166,7 @@ def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool, repor
 
         record = redact_record(record)
     if out:
-        write_atomically(out, rendered(record, report_format))
+        write_atomically(out, rendered(record, report_format), redacted=redact)
         if not as_json:  # said before the report (on stderr), so the verdict stays the last line
             what = {"json": "run record", "md": "Markdown report", "html": "HTML report"}[report_format]
             click.echo(f"gpuvet: {what} written to {out}", err=True)
@@ -190,7 +190,7 @@ def show_record(record: RunRecord, fmt: str, out: str | None, redact: bool, verb
         return
     text = rendered(record, fmt)
     if out:
-        write_atomically(out, text)
+        write_atomically(out, text, redacted=redact)
         click.echo(f"{fmt} report written to {out}")
     else:
         sys.stdout.write(text)
@@ -222,16 +222,10 @@ def _written_by_gpuvet(path: str) -> bool:
         or b"<title>gpuvet" in head
 
 
-def write_atomically(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
+def write_atomically(path: str, text: str, redacted: bool = False) -> None:
+    """--out: private (0600) unless redacted for sharing; see private_file."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is meant to be shared
-        os.replace(tmp, path)
+        write_private(path, text, redacted)
     except OSError as err:
         raise UsageProblem(f"--out {path}: cannot write it ({err.strerror or err})") from None
 

@@ -49,7 +49,7 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
             db: str | None) -> None:
     """List stored runs: date, label, GPUs, verdict, key figures."""
     try:
-        store = Store(db, create=False)
+        store = Store(db, create=False, read_only=True)
     except NoStoreYet:
         click.echo("[]" if as_json else "no runs yet (gpuvet run stores every run)")
         return
@@ -85,6 +85,8 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
             trend = history_trend(store.records(key), utc_offset_hours=offset, zone=zone)
         except StoreError as err:
             raise UsageProblem(str(err)) from None
+        finally:
+            _say_damaged(store)
     if as_json:
         click.echo(json.dumps({"machine": key, "runs": compare_view.summaries_to_dicts(summaries),
                                "trend": compare_view.trend_to_dict(trend)}, indent=2))
@@ -93,6 +95,13 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
     compare_view.render_trend(trend, _console())
     if utc_offset is None and trend.figures:
         click.echo("(day and night on this machine's time zone; --utc-offset HOURS for another)")
+
+
+def _say_damaged(store: Store) -> None:
+    """One line per stored run that could not be read: the listing shows the rest without it."""
+    for run_id, why in sorted(store.damaged.items()):
+        click.echo(f"gpuvet: warning: run {run_id} in {store.path} is damaged and left out ({why}); "
+                   "the other runs are shown", err=True)
 
 
 def _redactor_for(summaries: list) -> Redactor:
@@ -135,7 +144,7 @@ def _machine_key(store: Store, given: str, redactor: Redactor | None = None) -> 
 def show(run_id: int, fmt: str, out: str | None, redact: bool, verbose: bool, db: str | None) -> None:
     """Print one stored run, judged again with this version's rules (any report format)."""
     check_out_path(out)
-    with open_store(db) as store:
+    with open_store(db, read_only=True) as store:
         try:
             record = store.get(run_id)
         except StoreError as err:
@@ -174,11 +183,12 @@ def label_run(run_id: int, label: str | None, price: float | None, db: str | Non
 @_db
 def export_runs(run_ids: tuple[int, ...], redact: bool, db: str | None) -> None:
     """Write stored runs as JSON to stdout (gpuvet export 3 4 > runs.json)."""
-    with open_store(db) as store:
+    with open_store(db, read_only=True) as store:
         try:
             runs = store.export(list(run_ids))
         except StoreError as err:
             raise UsageProblem(str(err)) from None
+        _say_damaged(store)
     if redact:
         runs = _redacted_dicts(runs)
     click.echo(json.dumps(runs, indent=2))
@@ -263,7 +273,7 @@ def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, floa
         for ref in refs:
             run_id = ref.lstrip("#")
             if run_id.isdigit():
-                store = store or open_store(db)
+                store = store or open_store(db, read_only=True)
                 entries.append(entry(store.get(int(run_id)), f"#{run_id}"))
             elif os.path.exists(ref) or os.sep in ref or ref.endswith(".json"):
                 entries += _file_entries(ref)
@@ -288,7 +298,7 @@ def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, floa
 
 def _store_for_label(db: str | None, label: str) -> Store:
     try:
-        return Store(db, create=False)
+        return Store(db, create=False, read_only=True)
     except NoStoreYet:
         raise UsageProblem(f"{label}: no such file, and no runs are stored yet to find it as a label") from None
     except StoreError as err:

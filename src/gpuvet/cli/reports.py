@@ -68,7 +68,7 @@ def _record_for_doctor(run_path: str | None, db: str | None):
     try:
         from ..store import Store
 
-        with Store(db, create=False) as store:
+        with Store(db, create=False, read_only=True) as store:
             return _latest_full_run(store)
     except StoreError:
         return None, None, None  # no history yet: answer with the checks to run
@@ -131,6 +131,6 @@ def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool, redact:
               "html": lambda d: cluster_view.render_html(d, verbose=True)}[fmt]
     text = render(data)
     if out:
-        write_atomically(out, text)
+        write_atomically(out, text, redacted=redact)
     else:
         click.echo(text)

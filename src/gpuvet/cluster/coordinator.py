@@ -15,7 +15,8 @@ from ..judge.cluster import FAILED, MISSING
 from ..record import FAIL
 from .node import EXIT_FAIL, EXIT_OK, Node, verdict_words
 from .plan import Plan, make_plan
-from .record import cluster_record, cross_measurements, node_entries, write_atomically
+from ..private_file import write_private
+from .record import cluster_record, cross_measurements, node_entries
 from .rendezvous import POLL_S
 from .roster import Roster, Settled, unique_names
 from .torchrun import Agent, close_rendezvous, this_agent
@@ -171,7 +172,7 @@ class Coordinator:
         record = cluster_record(self.node.launch, o, self.node.started_at, time.monotonic() - self.node.started,
                                 entries, self.plan, measurements, stopped=self.stopped)
         if o.out:
-            write_atomically(o.out, cluster_view.to_json(record) + "\n")
+            write_private(o.out, cluster_view.to_json(record) + "\n")
             record["out"] = o.out
         else:
             self.node.say("the cluster record was not kept: give --out FILE (to every node: torchrun picks rank 0)")

@@ -3,10 +3,8 @@ measurements, the judged record, a saved record judged again, and the record on 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
-import tempfile
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -240,30 +238,6 @@ def _flat(cls: type, data: dict[str, Any]) -> Any:
 
 
 # == the record on disk ======================================================================
-
-def write_atomically(path: str, text: str) -> None:
-    """Write through a temporary file; the result has the mode a plain open() would give it (the
-    old file's, or 0666 less the umask), not mkstemp's 0600."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, _mode_for(path))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _mode_for(path: str) -> int:
-    with contextlib.suppress(OSError):
-        return os.stat(path).st_mode & 0o777
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
 
 def check_out_path(out: str | None) -> str | None:
     """Why --out cannot be written (None: it can): a missing folder, or a file that is not a
