@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvet.bench import plan
+from gpuvet.bench import plan, schedule
 from gpuvet.bench.session import Worker, WorkerError
 from gpuvet.facts import Machine, Stack, Torch
 from gpuvet.probe import capture, live
@@ -88,11 +88,11 @@ def test_gpu_benchmarks_without_a_gpu_skip_with_the_driver_reason():
 def test_a_gpu_already_in_use_is_left_alone():
     busy = capture.merge(capture.read_captures(str(FIXTURES / "smi_text/q-h100-80gb-hbm3-vm-590.48.01-load.txt"))).gpus[0]
     idle = capture.merge(capture.read_captures(str(FIXTURES / "smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt"))).gpus[0]
-    assert "compute process" in plan._someone_else_on(busy)
-    assert plan._someone_else_on(idle) is None
+    assert "compute process" in schedule.someone_else_on(busy)
+    assert schedule.someone_else_on(idle) is None
     hidden = copy.deepcopy(idle)
     hidden.memory_used_mib = 20000  # edited: memory held by a process nobody lists
-    assert "cannot see" in plan._someone_else_on(hidden)
+    assert "cannot see" in schedule.someone_else_on(hidden)
 
 
 def test_numa_cpus_come_from_the_topology_affinity():
@@ -111,8 +111,8 @@ def test_asking_for_more_workload_steps_gives_the_workload_more_time():
 
     default = budget({})
     assert budget({"steps": 10}) == default  # fewer steps than the default never shrink it
-    assert budget({"steps": 3 * plan.WORKLOAD_DEFAULT_STEPS["cpu"]}) == 3 * default
-    assert budget({"steps": 2 * plan.WORKLOAD_DEFAULT_STEPS["cuda"]}, device_cpu=False) == 2 * plan.BUDGET_S["workload"]
+    assert budget({"steps": 3 * schedule.WORKLOAD_DEFAULT_STEPS["cpu"]}) == 3 * default
+    assert budget({"steps": 2 * schedule.WORKLOAD_DEFAULT_STEPS["cuda"]}, device_cpu=False) == 2 * plan.BUDGET_S["workload"]
 
 
 def test_sustained_telemetry_is_judged_only_while_the_load_ran():

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from . import judge
-from .bench import host_plan
+from .bench import host_plan, schedule
 from .bench import plan as bench_plan
 from .facts import Machine, from_dict
 from .probe import capture, live
@@ -23,7 +23,6 @@ from .record import SCHEMA, Measurement, RunRecord
 # Every benchmark, in the order a default run takes them: the host first (no GPU needed), then
 # the GPUs.
 ALL_BENCHMARKS = host_plan.HOST + bench_plan.ALL
-RUN_WORKLOAD_STEPS = 50  # `gpuvet run` proves the platform end to end; `gpuvet workload` trains longer
 
 
 def _now() -> str:
@@ -64,20 +63,63 @@ def run_live(
     record = RunRecord(machine=machine, started_at=started, options=options)
     host_names = [n for n in names if n in host_plan.HOST]
     gpu_names = [n for n in names if n in bench_plan.ALL]
-    measurements = host_plan.run(host_names, storage_paths(workdir or os.getcwd(), paths), engine, progress) if host_names else []
+    storage = storage_paths(workdir or os.getcwd(), paths)
+    # The order bench/schedule.py plans: the CPU feed rate alone first; storage and network while the
+    # GPUs hold the sustained load (when one runs), else on their own.
+    alongside = [n for n in schedule.ALONGSIDE_SUSTAINED if n in host_names] if "sustained" in gpu_names else []
+    measurements = host_plan.run([n for n in host_names if n not in alongside], storage, engine, progress)
+    host_done: list[dict[str, Any]] = []
+    ran_alongside: list[bool] = []
+
+    def host_alongside() -> None:
+        ran_alongside.append(True)
+        host_done.extend(host_plan.run(alongside, storage, engine, progress))
+
     if gpu_names:
         if workload_steps is None and benchmarks is None:
-            workload_steps = RUN_WORKLOAD_STEPS  # the default run's short version of the workload
+            workload_steps = schedule.RUN_WORKLOAD_STEPS  # the default run's short version of the workload
         # The checkpoint goes where the user pointed (their first --path), else the working directory.
         workload = {k: v for k, v in (("steps", workload_steps), ("path", (paths or [None])[0])) if v is not None}
         outcome = bench_plan.run(machine, gpu_names, device=device, force=force, soak_minutes=soak_minutes,
-                                 progress=progress, workload=workload)
+                                 progress=progress, workload=workload, profile=options["profile"],
+                                 alongside_sustained=host_alongside if alongside else None)
         measurements += outcome.measurements
         record.series = outcome.series
+    if alongside and not ran_alongside:  # no sustained load ran (no GPU, no PyTorch): on their own
+        host_alongside()
+    measurements += host_done
     record.measurements = [from_dict(Measurement, m) for m in measurements]
     record.findings = judge.judge(machine, record.measurements, options)
     record.duration_s = time.monotonic() - t0
     return record
+
+
+def plan_live(quick: bool = False, soak_minutes: float | None = None, force: bool = False,
+              paths: list[str] | None = None, workload_steps: int | None = None,
+              benchmarks: list[str] | None = None, device: str = "cuda", workdir: str | None = None) -> schedule.Plan:
+    """What `run_live` with the same options would do on this machine, without running it: the
+    facts are read (read-only, seconds), nothing is loaded."""
+    machine = live.collect(workdir=workdir)
+    names = [] if quick and benchmarks is None else list(benchmarks or ALL_BENCHMARKS)
+    if workload_steps is None and benchmarks is None:
+        workload_steps = schedule.RUN_WORKLOAD_STEPS
+    return schedule.plan(machine, names, device, _profile(quick, benchmarks, soak_minutes), soak_minutes, force,
+                         len(storage_paths(workdir or os.getcwd(), paths)), workload_steps,
+                         cannot_run=bench_plan.cannot_run(machine, device) if names else None)
+
+
+def plan_captures(paths: list[str], soak_minutes: float | None = None) -> schedule.Plan:
+    """What the default `gpuvet run` would do on the machine in these captures, assuming PyTorch
+    with CUDA there (a capture does not show the Python stack)."""
+    captures = []
+    for path in paths:
+        captures += capture.read_captures(path)
+    machine = capture.merge(captures)
+    result = schedule.plan(machine, list(ALL_BENCHMARKS), "cuda", _profile(False, None, soak_minutes), soak_minutes,
+                           workload_steps=schedule.RUN_WORKLOAD_STEPS)
+    result.notes.append("assumes PyTorch with CUDA on that machine (a capture does not show the Python stack) "
+                        "and storage tested in the working directory only")
+    return result
 
 
 def storage_paths(workdir: str, paths: list[str] | None) -> list[str]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-HOST = ("disk", "net", "cpu")
-BUDGET_S = {"disk": 10.0, "net": 3.0, "cpu": 6.0}
+from .schedule import HOST_BENCHMARKS as HOST
+from .schedule import HOST_BUDGET_S as BUDGET_S
+from .schedule import host_budget_s
 # Where a benchmark's failure note goes: the subject its findings are about.
 _SUBJECT = {"net": "loopback", "cpu": "cpu"}
 
@@ -31,7 +32,7 @@ def _one(name: str, paths: list[str], engine: str, progress: Callable[[str], Non
     if name == "disk":
         from . import disk
 
-        return disk.run(paths, engine=engine, budget_s=BUDGET_S["disk"] * max(1, len(paths)) ** 0.5, progress=progress)
+        return disk.run(paths, engine=engine, budget_s=host_budget_s("disk", len(paths)), progress=progress)
     if name == "net":
         from . import net
 

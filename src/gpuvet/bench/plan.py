@@ -8,29 +8,19 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import telemetry
 from ..facts import Gpu, Machine, PcieLink
+from . import schedule
 from .session import Worker, WorkerError
 
-ALL = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
-CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce", "workload")
-
-# Seconds each benchmark may use (per GPU, all GPUs at once where they run side by side).
-# The default run aims at about two minutes on an 8-GPU node: GEMM, memory and the sustained load
-# run on all GPUs at once; host copies go one GPU at a time, so theirs is short.
-BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 2.5, "latency": 12.0, "sustained": 30.0, "p2p": 10.0, "allreduce": 20.0,
-            "workload": 120.0}  # training, a ~1 GB checkpoint, and a fresh process that resumes it
-CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0, "workload": 60.0}
-# The workload's budget is sized for its default number of steps (bench/workload.py SIZES; the
-# parent process does not import torch to read them): asking for more steps scales it up.
-WORKLOAD_DEFAULT_STEPS = {"cuda": 150, "cpu": 30}
+ALL = schedule.GPU_BENCHMARKS
+CPU_CAPABLE = schedule.CPU_CAPABLE
+BUDGET_S, CPU_BUDGET_S = schedule.BENCH_BUDGET_S, schedule.CPU_BUDGET_S  # `gpuvet bench`'s budgets
 SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline must not mistake that for a hang
-# The sustained load runs for exactly its duration (BUDGET_S's figure, or --soak); its budget adds
-# this for allocating the matrices and timing the first calls.
-SUSTAINED_SETUP_S = 2.0
 # Benchmarks that start fresh processes on a GPU (context start-up, all-reduce ranks): in an exclusive
 # compute mode they need a worker that has not opened the GPU yet. (The workload trains in the worker
 # itself, so its fresh-process resume cannot run there and says so.)
@@ -79,10 +69,14 @@ class Target:
 
 def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = False,
         soak_minutes: float | None = None, progress: Callable[[str], None] = lambda m: None,
-        workload: dict[str, Any] | None = None) -> Outcome:
-    """`workload`: params for the reference workload (steps, path) from the user's options."""
+        workload: dict[str, Any] | None = None, profile: str = "bench",
+        alongside_sustained: Callable[[], None] | None = None) -> Outcome:
+    """`workload`: params for the reference workload (steps, path) from the user's options.
+    `profile`: "default" takes the default run's budgets (bench/schedule.py), else `gpuvet bench`'s.
+    `alongside_sustained`: host work to run in a thread while the GPUs hold the sustained load
+    (called at most once; not at all when no sustained load runs: the caller then runs it itself)."""
     outcome = Outcome()
-    reason = _cannot_run(machine, device)
+    reason = cannot_run(machine, device)
     if reason:
         for name in names:
             outcome.note(name, device if device == "cpu" else "gpu", "skipped", reason)
@@ -98,7 +92,8 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
     interrupted = True  # until the benchmarks finish: Ctrl-C, SIGTERM, or a crash stops the worker at once
     try:
         targets = _targets(machine, worker, device, force, outcome, names)
-        runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {})
+        runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {}, profile,
+                         alongside_sustained)
         for name in names:
             runner.run(name)
         interrupted = False
@@ -107,7 +102,8 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
     return outcome
 
 
-def _cannot_run(machine: Machine, device: str) -> str | None:
+def cannot_run(machine: Machine, device: str) -> str | None:
+    """Why no GPU benchmark can run here (None: they can)."""
     torch = machine.stack.torch if machine.stack else None
     if torch is None or not torch.installed:
         from ..judge.stack import torch_install
@@ -134,7 +130,7 @@ def _targets(machine: Machine, worker: Worker, device: str, force: bool, outcome
             for name in names:
                 outcome.note(name, subject, "skipped", "compute mode Prohibited: no process may run CUDA on this GPU")
             continue
-        busy = _someone_else_on(gpu) if gpu else None
+        busy = schedule.someone_else_on(gpu) if gpu else None
         if busy and not force:
             for name in names:
                 outcome.note(name, subject, "skipped", f"{busy}: not loading it (use --force to benchmark anyway)")
@@ -179,23 +175,12 @@ def _uuid_key(uuid: str | None) -> str | None:
     return uuid.strip().lower().removeprefix("gpu-") if uuid else None
 
 
-def _someone_else_on(gpu: Gpu) -> str | None:
-    """Why a GPU looks occupied before we start: compute processes or memory nobody accounts for."""
-    compute = [p for p in gpu.processes or [] if (p.type or "C") != "G"]
-    if compute:
-        return f"{len(compute)} compute process(es) already on {gpu.name or 'this GPU'}"
-    listed = sum(p.used_memory_mib or 0 for p in gpu.processes or [])
-    hidden = (gpu.memory_used_mib or 0) - listed
-    if hidden > max(1024, 0.02 * (gpu.memory_total_mib or 0)) or (gpu.utilization_pct or 0) >= 5:
-        return "memory or load in use by processes you cannot see"
-    return None
-
-
 class _Runner:
-    def __init__(self, machine, worker, targets, outcome, progress, soak_minutes, workload):
+    def __init__(self, machine, worker, targets, outcome, progress, soak_minutes, workload, profile="bench",
+                 alongside_sustained=None):
         self.machine, self.worker, self.targets = machine, worker, targets
         self.outcome, self.progress, self.soak_minutes = outcome, progress, soak_minutes
-        self.workload = workload
+        self.workload, self.profile, self.alongside_sustained = workload, profile, alongside_sustained
         self.cpu = bool(targets) and targets[0].device == "cpu"
         self.stopped: str | None = None  # why nothing more can run (the worker could not be restarted)
         self.worker_used = False  # it has run a job: it may hold a CUDA context on the GPUs
@@ -205,17 +190,14 @@ class _Runner:
         return [t for t in self.targets if t.gpu is not None and (t.gpu.compute_mode or "").startswith("Exclusive")]
 
     def sustained_duration(self) -> float:
-        if self.soak_minutes:
-            return self.soak_minutes * 60.0
-        return (CPU_BUDGET_S if self.cpu else BUDGET_S)["sustained"]
+        return schedule.sustained_s(self.device_kind, self.soak_minutes, self.profile)
+
+    @property
+    def device_kind(self) -> str:
+        return "cpu" if self.cpu else "cuda"
 
     def budget(self, name: str) -> float:
-        if name == "sustained":
-            return self.sustained_duration() + SUSTAINED_SETUP_S
-        budget = (CPU_BUDGET_S if self.cpu else BUDGET_S)[name]
-        if name == "workload" and self.workload.get("steps"):
-            budget *= max(1.0, self.workload["steps"] / WORKLOAD_DEFAULT_STEPS["cpu" if self.cpu else "cuda"])
-        return budget
+        return schedule.gpu_budget_s(name, self.device_kind, self.profile, self.soak_minutes, self.workload.get("steps"))
 
     def run(self, name: str) -> None:
         if self.stopped:
@@ -306,11 +288,25 @@ class _Runner:
 
     def _side_by_side(self, name: str) -> None:
         sampler = self._sampler(load_s=self.sustained_duration()) if name == "sustained" else None
+        host = self._start_alongside() if name == "sustained" else None
+        finished = False
         try:
             self._jobs([self._job(name, t) for t in self.targets], name)
+            finished = True
         finally:
             if sampler is not None:
                 self._telemetry(sampler, name)
+            if host is not None and finished:  # on Ctrl-C the run stops at once: not waiting for the host's
+                host.join()
+
+    def _start_alongside(self) -> threading.Thread | None:
+        """The host benchmarks that share the sustained load's time (bench/schedule.py says why)."""
+        work, self.alongside_sustained = self.alongside_sustained, None
+        if work is None:
+            return None
+        thread = threading.Thread(target=work, name="gpuvet-host-benchmarks", daemon=True)
+        thread.start()
+        return thread
 
     def _with_link_readings(self, target: Target, name: str) -> None:
         """PCIe copies, with the link's generation and width read by NVML while they run."""

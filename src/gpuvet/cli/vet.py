@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -40,14 +41,19 @@ def host_bench_options(fn):
 @click.option("--preemptible/--on-demand", default=None,
               help="Say whether the instance can be reclaimed (spot/preemptible); the checklist ticks it.")
 @click.option("--workload-steps", type=click.IntRange(min=2), metavar="N", help="Train the reference workload this many steps.")
+@click.option("--plan", "show_plan", is_flag=True, help="Print what the run would do here (steps, GPUs, budgets, total) and run nothing.")
 @host_bench_options
 @output_options
 @store_options
 def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, workload_steps: int | None,
-        paths: tuple[str, ...], engine: str, dataset_gb: float | None, checkpoint_gb: float | None, multi_node: bool,
-        expect: str | None, as_json: bool, out: str | None, verbose: bool, report_format: str, redact: bool,
-        db: str | None, no_save: bool, label: str | None, price: float | None) -> None:
+        show_plan: bool, paths: tuple[str, ...], engine: str, dataset_gb: float | None, checkpoint_gb: float | None,
+        multi_node: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool, report_format: str,
+        redact: bool, db: str | None, no_save: bool, label: str | None, price: float | None) -> None:
     """Vet this machine: its facts, then benchmarks of host and GPUs (about two minutes), all judged."""
+    if show_plan:
+        emit_plan(runner.plan_live(quick=quick and not soak, soak_minutes=soak, force=force, paths=list(paths) or None,
+                                   workload_steps=workload_steps), as_json)
+        return
     check_out_path(out)
     with progress_status(as_json) as progress:
         record = runner.run_live(quick=quick and not soak, expect=expect, soak_minutes=soak, force=force,
@@ -83,14 +89,21 @@ def bench(names: tuple[str, ...], device: str, force: bool, steps: int | None, p
 
 @cli.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.option("--plan", "show_plan", is_flag=True, help="Print what the default `gpuvet run` would do on the machine in the captures.")
 @output_options
-def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str | None, verbose: bool,
+def inspect(files: tuple[str, ...], show_plan: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool,
             report_format: str, redact: bool) -> None:
     """Judge captures taken elsewhere: nvidia-smi -q -x / -q, topo -m, nvlink -s, lspci -vv,
     capture bundles (several files of one machine merge), or a stored gpuvet run record.
     FILE "-" reads one capture from stdin: `ssh HOST nvidia-smi -q -x | gpuvet inspect -`."""
     check_out_path(out)
     _check_stdin(files)
+    if show_plan:
+        try:
+            emit_plan(runner.plan_captures(list(files)), as_json)
+        except CaptureError as err:
+            raise UsageProblem(str(err)) from None
+        return
     try:
         if len(files) == 1 and runner.saved_json_kind(files[0]) == "export":  # `gpuvet export` output: judged again like a run record
             record = runner.rejudge(load_run_file(files[0]), expect=expect)
@@ -99,6 +112,16 @@ def inspect(files: tuple[str, ...], expect: str | None, as_json: bool, out: str 
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     emit(record, as_json, out, verbose, report_format, redact)
+
+
+def emit_plan(plan, as_json: bool) -> None:
+    """A plan, as text or JSON; planning is not a verdict, so the exit code is 0."""
+    if as_json:
+        click.echo(json.dumps(plan.to_dict(), indent=2))
+    else:
+        from ..report.plan_view import render_plan
+
+        click.echo(render_plan(plan.to_dict()))
 
 
 def _check_stdin(files: tuple[str, ...]) -> None:

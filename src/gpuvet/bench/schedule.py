@@ -1,0 +1,211 @@
+"""What a run does, in what order, on which GPUs, with what time budget: the plan `gpuvet run
+--plan` prints before anything runs, and the one the run follows (bench/plan.py and the runner
+take every budget from here, so the forecast and the run cannot drift apart).
+
+The default `gpuvet run` keeps to about two minutes on an 8-GPU node:
+- the CPU feed rate runs alone first: it measures the CPU, so nothing else may use it;
+- storage and the loopback network run while the GPUs hold the sustained load: they use the
+  disks, the kernel's network stack and a few cores, the load uses the GPUs;
+- GEMM, memory bandwidth and the sustained load run on all GPUs at once; host<->GPU copies go one
+  GPU at a time (they would share the host's bandwidth);
+- the default run's budgets are shorter than `gpuvet bench NAME`'s, which measures one thing
+  thoroughly: enough for every check to decide (a slow or throttled GPU is still caught), with
+  the sustained load kept at 30 s.
+
+Pure: facts in, plan out. Nothing here imports torch or touches the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..facts import Gpu, Machine
+
+GPU_BENCHMARKS = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
+HOST_BENCHMARKS = ("disk", "net", "cpu")
+ALONE = ("cpu",)  # host benchmarks that must not share the CPU: before the GPU work
+ALONGSIDE_SUSTAINED = ("disk", "net")  # host benchmarks that run while the GPUs hold the sustained load
+
+# Seconds each GPU benchmark may use (all GPUs at once where they run side by side; pcie: per GPU).
+# `gpuvet bench NAME` budgets: one benchmark, measured thoroughly.
+BENCH_BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 2.5, "latency": 12.0, "sustained": 30.0, "p2p": 10.0,
+                  "allreduce": 20.0,
+                  "workload": 120.0}  # training, a ~1 GB checkpoint, and a fresh process that resumes it
+# The default `gpuvet run`: every check decided within two minutes on 8 GPUs (a test holds it).
+RUN_BUDGET_S = {"gemm": 12.0, "membw": 3.0, "pcie": 1.5, "latency": 7.0, "sustained": 30.0, "p2p": 7.0,
+                "allreduce": 12.0, "workload": 20.0}
+CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0, "workload": 60.0}
+HOST_BUDGET_S = {"disk": 10.0, "net": 3.0, "cpu": 6.0}
+# The workload's budget is sized for a number of steps (bench/workload.py SIZES for `gpuvet bench`,
+# RUN_WORKLOAD_STEPS for the default run); asking for more steps scales it up.
+WORKLOAD_DEFAULT_STEPS = {"cuda": 150, "cpu": 30}
+RUN_WORKLOAD_STEPS = 30  # `gpuvet run` proves checkpoint and resume; `gpuvet workload` trains longer
+# The sustained load runs for exactly its duration (the budget's figure, or --soak); its budget adds
+# this for allocating the matrices and timing the first calls.
+SUSTAINED_SETUP_S = 2.0
+FACTS_S = 3.0  # NVML, sysfs, /proc and PyTorch's versions read in a subprocess
+WORKER_START_S = 5.0  # the benchmark worker imports PyTorch and sees the GPUs
+RUN_TARGET_S = 120.0  # the promise for the default run on 8 GPUs
+
+CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce", "workload")
+MACHINE_WIDE = ("p2p", "allreduce")  # one job across all GPUs
+SIDE_BY_SIDE = ("gemm", "membw", "sustained")  # one job per GPU, all at once
+
+
+def host_budget_s(name: str, paths: int = 1) -> float:
+    """A host benchmark's budget: storage grows with the number of paths it tests (sub-linearly)."""
+    return HOST_BUDGET_S[name] * (max(1, paths) ** 0.5 if name == "disk" else 1.0)
+
+
+def gpu_budget_s(name: str, device: str = "cuda", profile: str = "bench", soak_minutes: float | None = None,
+                 workload_steps: int | None = None) -> float:
+    """A GPU benchmark's budget for one job (pcie: one GPU's copies). `profile` "default" is the
+    default `gpuvet run`; anything else measures one benchmark thoroughly."""
+    cpu = device == "cpu"
+    if name == "sustained":
+        return sustained_s(device, soak_minutes, profile) + SUSTAINED_SETUP_S
+    table = CPU_BUDGET_S if cpu else (RUN_BUDGET_S if profile == "default" else BENCH_BUDGET_S)
+    budget = table[name]
+    if name == "workload" and workload_steps:
+        sized_for = RUN_WORKLOAD_STEPS if (profile == "default" and not cpu) else WORKLOAD_DEFAULT_STEPS["cpu" if cpu else "cuda"]
+        budget *= max(1.0, workload_steps / sized_for)
+    return budget
+
+
+def sustained_s(device: str = "cuda", soak_minutes: float | None = None, profile: str = "default") -> float:
+    """How long the sustained load holds: --soak, else the profile's default."""
+    if soak_minutes:
+        return soak_minutes * 60.0
+    return (CPU_BUDGET_S if device == "cpu" else RUN_BUDGET_S if profile == "default" else BENCH_BUDGET_S)["sustained"]
+
+
+@dataclass
+class Step:
+    name: str  # a benchmark, or "facts" / "worker"
+    where: str  # "host", "cpu", "gpu0-7", "gpu0", "machine"
+    budget_s: float  # the step's wall time in the plan
+    how: str  # one line: what runs, and how (side by side, one GPU at a time ...)
+    alongside: list[str] = field(default_factory=list)  # host benchmarks held within this step
+    skipped: str | None = None  # why it will not run here
+
+
+@dataclass
+class Plan:
+    profile: str  # "default", "bench", "soak", "quick"
+    device: str
+    gpus: list[int]  # the GPUs that will be loaded
+    steps: list[Step]
+    notes: list[str] = field(default_factory=list)  # GPUs left alone, and why
+
+    @property
+    def total_s(self) -> float:
+        return round(sum(s.budget_s for s in self.steps if not s.skipped), 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile, "device": self.device, "gpus": self.gpus, "total_s": self.total_s,
+                "target_s": RUN_TARGET_S if self.profile == "default" else None,
+                "steps": [asdict(s) for s in self.steps], "notes": self.notes}
+
+
+def plan(machine: Machine, names: list[str], device: str = "cuda", profile: str = "default",
+         soak_minutes: float | None = None, force: bool = False, paths: int = 1,
+         workload_steps: int | None = None, cannot_run: str | None = None) -> Plan:
+    """The steps a run of `names` takes on `machine`, in order. `cannot_run`: why no GPU benchmark
+    can run (no PyTorch, no GPU), as bench/plan.py finds it; the host benchmarks still do."""
+    gpu_names = [n for n in GPU_BENCHMARKS if n in names]
+    host_names = [n for n in HOST_BENCHMARKS if n in names]
+    notes: list[str] = []
+    gpus = loaded_gpus(machine, force, notes) if device != "cpu" else []
+    steps = [Step("facts", "host", FACTS_S, "NVML, sysfs, /proc, the kernel and PyTorch's versions (read-only)")]
+    gpu_work = bool(gpu_names) and not cannot_run and (device == "cpu" or bool(gpus))
+    # Storage and network wait for the sustained load whenever one is asked for; when it cannot run
+    # they follow the GPU steps on their own, as the runner does.
+    alongside = [n for n in ALONGSIDE_SUSTAINED if n in host_names] if "sustained" in gpu_names else []
+    steps += [_host_step(n, paths) for n in host_names if n not in alongside]
+    if gpu_names and not gpu_work:
+        why = cannot_run or "no GPU to load: " + "; ".join(notes or ["none found"])
+        steps += [Step(n, "gpu", 0.0, "", skipped=why) for n in gpu_names]
+        steps += [_host_step(n, paths) for n in alongside]
+    elif gpu_names:
+        steps.append(Step("worker", "host", WORKER_START_S, "start the benchmark worker (imports PyTorch)"))
+        for name in gpu_names:
+            step = _gpu_step(name, gpus, device, profile, soak_minutes, workload_steps)
+            if name == "sustained" and alongside:
+                host_s = sum(host_budget_s(n, paths) for n in alongside)
+                step.alongside = alongside
+                step.how += f"; meanwhile {' then '.join(alongside)} on the host ({host_s:g} s)"
+                step.budget_s = max(step.budget_s, host_s)
+            steps.append(step)
+    return Plan(profile, device, [g.index for g in gpus], steps, notes)
+
+
+def loaded_gpus(machine: Machine, force: bool = False, notes: list[str] | None = None) -> list[Gpu]:
+    """The GPUs the benchmarks will load: not those in compute mode Prohibited, nor (unless
+    forced) those someone else is using."""
+    chosen = []
+    for gpu in machine.gpus:
+        if gpu.compute_mode == "Prohibited":
+            reason = "compute mode Prohibited: no process may run CUDA on this GPU"
+        else:
+            busy = someone_else_on(gpu)
+            reason = f"{busy}: not loading it (use --force to benchmark anyway)" if busy and not force else None
+        if reason:
+            if notes is not None:
+                notes.append(f"gpu{gpu.index}: {reason}")
+            continue
+        chosen.append(gpu)
+    return chosen
+
+
+def someone_else_on(gpu: Gpu) -> str | None:
+    """Why a GPU looks occupied before we start: compute processes or memory nobody accounts for."""
+    compute = [p for p in gpu.processes or [] if (p.type or "C") != "G"]
+    if compute:
+        return f"{len(compute)} compute process(es) already on {gpu.name or 'this GPU'}"
+    listed = sum(p.used_memory_mib or 0 for p in gpu.processes or [])
+    hidden = (gpu.memory_used_mib or 0) - listed
+    if hidden > max(1024, 0.02 * (gpu.memory_total_mib or 0)) or (gpu.utilization_pct or 0) >= 5:
+        return "memory or load in use by processes you cannot see"
+    return None
+
+
+def gpu_span(indices: list[int]) -> str:
+    """"gpu0-7", "gpu0,2,5", "gpu3": the GPUs a step loads."""
+    if not indices:
+        return "gpu"
+    if len(indices) > 2 and indices == list(range(indices[0], indices[-1] + 1)):
+        return f"gpu{indices[0]}-{indices[-1]}"
+    return "gpu" + ",".join(str(i) for i in indices)
+
+
+def _host_step(name: str, paths: int) -> Step:
+    how = {"disk": f"storage: sequential write/read, random reads, small files ({paths} path(s))",
+           "net": "loopback TCP throughput and latency, NICs, RDMA",
+           "cpu": "CPU feed rate: JPEG decode + augment like a DataLoader, alone on the CPU"}[name]
+    return Step(name, "host", host_budget_s(name, paths), how)
+
+
+def _gpu_step(name: str, gpus: list[Gpu], device: str, profile: str, soak_minutes: float | None,
+              workload_steps: int | None) -> Step:
+    if device == "cpu":
+        if name not in CPU_CAPABLE:
+            return Step(name, "cpu", 0.0, "", skipped=f"{name} measures GPU hardware: it needs a CUDA GPU")
+        return Step(name, "cpu", gpu_budget_s(name, "cpu", profile, soak_minutes, workload_steps), "on the CPU")
+    indices = [g.index for g in gpus]
+    budget = gpu_budget_s(name, device, profile, soak_minutes, workload_steps)
+    if name in SIDE_BY_SIDE:
+        how = {"gemm": "GEMM sweep per dtype", "membw": "device memory copy",
+               "sustained": f"GEMM load held {sustained_s(device, soak_minutes, profile):g} s with telemetry"}[name]
+        return Step(name, gpu_span(indices), budget, how + (" on all GPUs at once" if len(indices) > 1 else ""))
+    if name == "pcie":
+        return Step(name, gpu_span(indices), budget * len(indices),
+                    f"host<->GPU copies, one GPU at a time ({budget:g} s each)" if len(indices) > 1 else "host<->GPU copies")
+    if name == "latency":
+        return Step(name, gpu_span(indices[:1]), budget, "CUDA context start-up in fresh processes, kernel launch")
+    if name == "workload":
+        return Step(name, gpu_span(indices[:1]), budget, "small GPT: train, checkpoint, resume in a fresh process")
+    if len(indices) < 2:
+        return Step(name, "machine", 0.0, "", skipped=f"{name} needs at least two GPUs; this machine offers {len(indices)}")
+    how = {"p2p": "GPU-to-GPU copies, every pair", "allreduce": f"all-reduce across {len(indices)} GPUs (NCCL)"}[name]
+    return Step(name, "machine", budget, how)
