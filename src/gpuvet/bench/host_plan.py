@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .schedule import HOST_BENCHMARKS as HOST
 from .schedule import HOST_BUDGET_S as BUDGET_S
 from .schedule import host_budget_s
 # Where a benchmark's failure note goes: the subject its findings are about.
