@@ -115,3 +115,14 @@ def test_doctor_reads_an_export_file_as_report_does(capsys, db, tmp_path):
     assert f"Answered from {runs} (started 2026-11-29T16:45:04Z" in " ".join(out.split())
     assert "FOUND" not in out  # no GPU visible confirms no mixed fleet
     assert "holds 2 runs (a gpuvet export); this is the first" in err
+
+
+def test_history_redact_hides_the_machine_keys_that_link_runs_to_a_machine(capsys, db, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the table unwrapped: a key cannot hide by being folded
+    with Store(db) as store:
+        keys = [key for key, _, _ in store.machines()]
+    for argv in (("history", "--redact"), ("history", "--machine", "--redact"), ("history", "--json", "--redact"),
+                 ("history", "--machine", keys[0][:6], "--redact", "--json")):
+        code, out, _ = gpuvet(capsys, *argv, "--db", db)
+        assert code == 0 and "MACHINE-REDACTED-" in out, argv
+        assert not any(key[:12] in out for key in keys), argv

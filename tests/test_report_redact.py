@@ -105,3 +105,10 @@ def test_a_short_hostname_does_not_eat_ordinary_words():
     r = Redactor()
     r.learn({"hostname": "vm"})
     assert r.text("kvm VM guest; ssh vm; vmstat 1") == "kvm VM guest; ssh HOST-REDACTED-1; vmstat 1"
+
+
+def test_a_hostname_beside_a_dash_or_underscore_is_redacted_but_not_another_host():
+    r = Redactor()
+    r.learn({"hostname": HOSTNAME})
+    assert r.text("/scratch/gpu-node-17-tmp and /tmp/gpu-node-17_ckpt, not gpu-node-170") == \
+        "/scratch/HOST-REDACTED-1-tmp and /tmp/HOST-REDACTED-1_ckpt, not gpu-node-170"

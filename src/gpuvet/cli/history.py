@@ -61,7 +61,7 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
             if machine == "":
                 machines = store.machines()
                 if redactor:
-                    machines = [(k, redactor.text(d), n) for k, d, n in machines]
+                    machines = [(redactor.token(MACHINE, k), redactor.text(d), n) for k, d, n in machines]
                 if as_json:
                     click.echo(json.dumps([{"machine": k, "description": d, "runs": n} for k, d, n in machines], indent=2))
                 else:
@@ -88,7 +88,7 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
         finally:
             _say_damaged(store)
     if as_json:
-        click.echo(json.dumps({"machine": key, "runs": compare_view.summaries_to_dicts(summaries),
+        click.echo(json.dumps({"machine": redactor.token(MACHINE, key) if redactor else key, "runs": compare_view.summaries_to_dicts(summaries),
                                "trend": compare_view.trend_to_dict(trend)}, indent=2))
         return
     compare_view.render_history(summaries, _console())
@@ -111,9 +111,13 @@ def _redactor_for(summaries: list) -> Redactor:
     return redactor
 
 
+MACHINE = "MACHINE"  # the redaction category of machine keys
+
+
 def _redacted_summary(summary, redactor: Redactor):
     return dataclasses.replace(
         summary, hostname=redactor.token("HOST", summary.hostname) if summary.hostname else None,
+        machine_key=redactor.token(MACHINE, summary.machine_key),  # the key links runs to one machine
         machine_basis=redactor.text(summary.machine_basis), label=redactor.text(summary.label) if summary.label else None)
 
 

@@ -88,7 +88,10 @@ class Redactor:
                 continue  # too short to find in text without hitting other numbers
             # Short hostnames ("vm") are matched case-sensitively, or "kvm VM" would lose a word.
             flags = re.I if category == HOST and len(v) >= 4 else 0
-            pattern = re.compile(rf"(?<![\w-]){re.escape(v)}(?![\w-])", flags)
+            # A hostname is a word of its own even beside "-" or "_" ("/scratch/gpu-node-17-tmp"),
+            # but not beside a letter or digit ("gpu-node-170" is another host).
+            edges = (r"(?<![A-Za-z0-9.])", r"(?![A-Za-z0-9])") if category == HOST else (r"(?<![\w-])", r"(?![\w-])")
+            pattern = re.compile(rf"{edges[0]}{re.escape(v)}{edges[1]}", flags)
             self._literals.append((pattern, category, value))
 
     # -- pass 2 ------------------------------------------------------------------------------------
