@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import time
 from pathlib import Path
 
@@ -496,3 +497,17 @@ def test_every_fail_and_warn_is_counted_in_problems_with_its_fix_once(template):
         flat = " ".join(text.split())
         assert counts.replace("Problems (", "Problems <small>(") in flat or counts in flat.replace("## ", "")
         assert flat.count(straggler_fix) == 1 and flat.count(uniform_fix) == 1
+
+
+def test_the_html_page_plots_each_compared_figure_across_nodes_with_baseline_and_threshold(template):
+    from gpuvet.report import cluster_view
+
+    entries, cross, _ = synthetic_cluster(40, template=template)  # node-0017 gpu3 at 62% bf16 GEMM
+    record = _cluster_record(entries, cross)
+    page = cluster_view.render_html(record)
+    assert "<h2>Spread across nodes</h2>" in page
+    bf16 = next(svg for svg in cluster_view.spread_plots(record) if "bf16 GEMM (per GPU) across nodes" in svg)
+    gpus = sum(len(e.record["machine"]["gpus"]) for e in entries if e.record)
+    assert bf16.count("<circle") == gpus + 1  # every GPU's dot, and the legend's
+    assert re.search(r"<title>node-0017 gpu3: [\d,.]+ TFLOPS</title>", bf16)  # hover names the straggler
+    assert "baseline " in bf16 and "straggler below " in bf16

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from gpuvet.record import RunRecord
+from gpuvet.report import charts
 from gpuvet.report import html as html_report
-from gpuvet.report.html import NO_MATPLOTLIB, render_html
+from gpuvet.report.html import render_html
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 SYNTHETIC = "h100-8x-synthetic-sustained"
@@ -30,12 +31,13 @@ def record(name: str) -> RunRecord:
 
 
 class Page(HTMLParser):
-    """What the tests look at in a page: tags, attributes, plot SVGs and their path data."""
+    """What the tests look at in a page: tags, attributes, plot SVGs, the length of their lines'
+    point lists, their texts and their hover tooltips."""
 
     def __init__(self, markup: str) -> None:
         super().__init__()
         self.tags: list[tuple[str, dict[str, str]]] = []
-        self.plots: list[dict] = []  # {"paths": [d lengths], "texts": [...]}
+        self.plots: list[dict] = []  # {"paths": [points lengths], "texts": [...], "tips": [...]}
         self._text_into: list[str] | None = None
         self.feed(markup)
 
@@ -43,14 +45,16 @@ class Page(HTMLParser):
         attributes = {k: v or "" for k, v in attrs}
         self.tags.append((tag, attributes))
         if tag == "svg" and "plot" in attributes.get("class", ""):
-            self.plots.append({"paths": [], "texts": []})
-        elif tag == "path" and self.plots:
-            self.plots[-1]["paths"].append(len(attributes.get("d", "")))
+            self.plots.append({"paths": [], "texts": [], "tips": []})
+        elif tag == "polyline" and self.plots:
+            self.plots[-1]["paths"].append(len(attributes.get("points", "")))
         elif tag == "text" and self.plots:
             self._text_into = self.plots[-1]["texts"]
+        elif tag == "rect" and "band" in attributes.get("class", "") and self.plots:
+            self._text_into = self.plots[-1]["tips"]
 
     def handle_endtag(self, tag):
-        if tag == "text":
+        if tag in ("text", "rect"):
             self._text_into = None
 
     def handle_data(self, data):
@@ -83,7 +87,10 @@ def test_plots_of_the_sustained_load_are_inline_svg_with_labels_per_gpu():
     assert {"Power draw vs power limit", "power (W)", "power limit 700 W"} <= texts[0]
     assert {"SM clock vs max", "SM clock (MHz)", "max SM clock 1980 MHz"} <= texts[1]
     assert {"GPU temperature vs slowdown threshold", "slowdown 88 °C", "slowdown 89 °C (gpu6)"} <= texts[2]
-    assert {"Throughput under sustained load", "TFLOPS"} <= texts[3]
+    assert {"Throughput under sustained load", "throughput (TFLOPS)"} <= texts[3]
+    # Hovering shows the values: each band's tooltip has the time and every GPU's reading with its unit.
+    tip = parsed.plots[0]["tips"][60]
+    assert tip.startswith("t = ") and all(re.search(rf"^gpu{i} \d+(\.\d)? W$", tip, re.M) for i in range(8)), tip
     # Several SVGs on one page must not share element ids (clip paths, markers).
     ids = re.findall(r'\sid="([^"]+)"', page)
     assert len(ids) == len(set(ids))
@@ -96,13 +103,19 @@ def test_a_cpu_run_has_only_the_throughput_plot():
     assert len(parsed.plots) == 1 and "Throughput under sustained load" in parsed.plots[0]["texts"] and "cpu" in parsed.plots[0]["texts"]
 
 
-def test_without_series_or_without_matplotlib_the_page_says_so(monkeypatch):
+def test_plots_need_no_plotting_library_and_a_record_without_series_says_so(monkeypatch):
     assert "This record has no time series" in render_html(record("h100-8x-throttle"))
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    for name in ("matplotlib", "numpy"):  # the default install has neither: importing them now fails
+        monkeypatch.setitem(sys.modules, name, None)
     page = render_html(record(SYNTHETIC))
-    assert html_report.render_plots(record(SYNTHETIC)) is None
-    assert NO_MATPLOTLIB in page.replace("&#x27;", "'") and "<svg" not in page
-    assert "FAIL: something is wrong with this machine" in page
+    assert len(Page(page).plots) == 4 and "FAIL: something is wrong with this machine" in page
+
+
+def test_the_page_reads_in_english_without_a_cjk_font():
+    for name in (SYNTHETIC, "h100-8x-throttle", "gtx1070-6x-x1-riser"):
+        page = render_html(record(name))
+        assert not re.search("[\u2e80-\u9fff\uac00-\ud7af\uff00-\uffef]", page), name
+        assert 'lang="zh"' not in page
 
 
 def test_long_soaks_are_thinned_keeping_dips_and_the_page_stays_small():
@@ -113,9 +126,9 @@ def test_long_soaks_are_thinned_keeping_dips_and_the_page_stays_small():
     series = next(s for s in r.series if s["subject"] == "gpu2" and s["name"] == "sustained.telemetry")
     series["rows"][20000][series["columns"].index("sm_mhz")] = 100  # one deep dip must survive thinning
     page = render_html(r)
-    assert len(page) < 2_000_000
-    t, y = html_report._thin([row[0] for row in series["rows"]], [row[series["columns"].index("sm_mhz")] for row in series["rows"]])
-    assert len(y) <= html_report.MAX_POINTS and min(y) == 100
+    assert len(page) < 1_000_000
+    t, y = charts.thin([row[0] for row in series["rows"]], [row[series["columns"].index("sm_mhz")] for row in series["rows"]])
+    assert len(y) <= charts.MAX_POINTS and min(v for v in y if v is not None) == 100
 
 
 def test_facts_and_findings_are_on_the_page():
@@ -219,6 +232,11 @@ def test_the_page_renders_in_headless_chromium_offline(tmp_path):
         assert image.size == (1280, 4200)
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
         assert len(colours) > 200  # text, badges and eight plotted lines; a blank page has a handful
+        # The plots are painted: gpu2's line (the third colour, braked after 40 s) stands out in green.
+        rgb = image.convert("RGB")
+        green = sum(count for count, (r, g, b) in rgb.getcolors(maxcolors=1 << 20)
+                    if abs(r - 0x2C) < 30 and abs(g - 0xA0) < 30 and abs(b - 0x2C) < 30)
+        assert green > 500, green
         # The verdict banner's red border is drawn at the top of the page.
         top = image.convert("RGB").crop((0, 0, 1280, 200))
         assert any(abs(r - 0xB4) < 24 and g < 80 and b < 80 for _, (r, g, b) in top.getcolors(maxcolors=1 << 20))

@@ -105,7 +105,6 @@ def test_markdown_of_a_watch_log_has_no_checklist_and_lists_diagnosis_changes(mo
 
 
 def test_html_of_a_watch_log_plots_the_followed_jobs_cpu_and_io(monkeypatch, tmp_path):
-    pytest.importorskip("matplotlib")
     from gpuvet.report import html as html_report
 
     record = runner.load_watch_log(str(write_log(monkeypatch, tmp_path / "watch.jsonl", pid=os.getpid())))

@@ -177,6 +177,11 @@ def render_html(record: dict[str, Any], verbose: bool = True) -> str:
         if not layout.stragglers:
             parts.append("<li>no straggler</li>")
         parts.append("</ul>")
+    spread = spread_plots(record)
+    if spread:
+        parts.append('<h2>Spread across nodes</h2><p class="note">Each dot: one GPU (or node) on that figure; solid: the '
+                     "cluster baseline, dashed: where a straggler starts. Hover a dot for its node and value.</p>")
+        parts += [f'<figure class="plot">{svg}</figure>' for svg in spread]
     if layout.uniformity:
         parts += ["<h2>Uniformity across nodes</h2><ul>"] + [f"<li>{e(mark)} {e(line)}</li>" for mark, line in layout.uniformity]
         parts.append("</ul>")
@@ -197,6 +202,37 @@ def render_html(record: dict[str, Any], verbose: bool = True) -> str:
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
             f"<title>{e(layout.title)} · {e(layout.verdict.upper())}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
             + "\n".join(parts) + f"\n<footer>{e(layout.title)} · cluster record schema {SCHEMA}</footer>\n</main>\n</body>\n</html>\n")
+
+
+def spread_plots(record: dict[str, Any]) -> list[str]:
+    """One dot chart per figure the cluster compared (its baselines): every node's values, in node
+    order, with the baseline and the straggler threshold drawn."""
+    from ..judge.cluster import METRICS
+    from . import charts
+
+    plots = []
+    for n, b in enumerate((record.get("summary") or {}).get("baselines") or []):
+        metric = METRICS.get(b["metric"])
+        if metric is None:
+            continue
+        dots = [charts.Dot(node.get("name") or "?", f"{node.get('name')} {m.get('subject') or ''}".strip(), float(m["value"]))
+                for node in record.get("nodes") or [] for m in (node.get("record") or {}).get("measurements") or ()
+                if m.get("name") == b["metric"] and isinstance(m.get("value"), (int, float))
+                and _in_scope(m.get("subject") or "", b["scope"])]
+        edge = b["value"] * (1 - b["threshold"] if metric.higher_is_better else 1 + b["threshold"])
+        worse = "below" if metric.higher_is_better else "above"
+        limits = [charts.Limit(f"baseline {number(b['value'])} {b['unit']}", b["value"]),
+                  charts.Limit(f"straggler {worse} {number(edge)} {b['unit']}", edge)]
+        scope = "per GPU" if b["scope"] == "gpu" else b["scope"]
+        svg = charts.dot_chart(f"spread-{n}", f"{metric.label} ({scope}) across nodes", f"{metric.label} ({b['unit']})",
+                               dots, limits, unit=b["unit"])
+        if svg:
+            plots.append(svg)
+    return plots
+
+
+def _in_scope(subject: str, scope: str) -> bool:
+    return bool(re.fullmatch(r"gpu\d+", subject)) if scope == "gpu" else subject == scope
 
 
 def redact_cluster(record: dict[str, Any]) -> dict[str, Any]:

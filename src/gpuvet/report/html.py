@@ -2,31 +2,28 @@
 
 Verdict at the top, the seeds' checklist, every finding with its evidence and remedy, plots of
 the sustained-load time series, measurements, and the machine's facts. Styles and plots are
-inline (SVG drawn by matplotlib); nothing on the page refers to anything outside it, so it opens
-the same on an air-gapped laptop or as a support-ticket attachment. Without matplotlib the page
-renders without plots and says how to get them.
+inline (SVG written by report/charts.py, in every install); nothing on the page refers to anything
+outside it, so it opens the same on an air-gapped laptop or as a support-ticket attachment. All
+its text reads in English with any Latin font (no CJK font needed).
 """
 
 from __future__ import annotations
 
 import html
-import io
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..facts import Gpu, Machine, to_dict
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
+from . import charts as charts_lib
 from .numbers import number
 from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
 from .markdown import general_remedy, same_problems
 from .terminal import header_line, is_watch_log, verdict_text, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
 
 GIB = 1024**3
-MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
-NO_MATPLOTLIB = "Plots need matplotlib: pip install 'gpuvet[html]' (or pip install matplotlib), then render the report again."
 
 
 def render_html(record: RunRecord) -> str:
@@ -96,7 +93,7 @@ def _checklist(record: RunRecord) -> str:
     for group, lines in grouped(checklist(record)):
         rows = "".join(
             f'<tr class="{line.state}"><td class="mark" title="{_e(WORD[line.state])}">{_e(line.mark)}</td>'
-            f'<td class="item">{_e(line.item.title)}<div class="seed" lang="zh">{_e(line.item.seed)}</div></td>'
+            f'<td class="item">{_e(line.item.title)}</td>'
             f"<td>{rich_text(line.figure)}</td></tr>"
             for line in lines)
         parts.append(f'<h2>{_e(GROUP_TITLES[group])}</h2>\n<p class="note">{_e(GROUP_SOURCES[group])}</p>\n'
@@ -260,16 +257,9 @@ class Plot:
 
 
 @dataclass
-class _Line:
-    label: str
-    t: Any  # numpy arrays
-    y: Any
-
-
-@dataclass
 class _Series:
-    """One recorded series; columns become float arrays on first use (None -> NaN, which breaks
-    the line where a reading was missing)."""
+    """One recorded series; a column reads as floats (None where a reading was missing, which
+    breaks the line there)."""
 
     subject: str
     names: list[str]
@@ -281,118 +271,99 @@ class _Series:
         rows = [row for row in series.get("rows") or [] if len(row) == len(names)]
         return cls(str(series.get("subject", "?")), names, rows)
 
-    def column(self, name: str):
-        import numpy as np
-
+    def column(self, name: str) -> list[float | None] | None:
         if name not in self.names:
             return None
         i = self.names.index(name)
-        values = [row[i] for row in self.rows]
-        try:
-            return np.array(values, dtype=float)  # None becomes NaN
-        except (TypeError, ValueError):
-            return np.array([_number(v) for v in values], dtype=float)
+        return [_number(row[i]) for row in self.rows]
 
 
-def render_plots(record: RunRecord) -> list[Plot] | None:
-    """The sustained-load plots as inline SVG; None when matplotlib is not installed."""
-    try:
-        import matplotlib  # noqa: F401  (numpy comes with it)
-    except ImportError:
-        return None
+def render_plots(record: RunRecord) -> list[Plot]:
+    """Every time series the record holds, as inline SVG (report/charts.py: no plotting library)."""
     telemetry = [_Series.of(s) for s in record.series if s.get("name", "").endswith(".telemetry")]
     throughput = [_Series.of(s) for s in record.series if s.get("name") == "sustained.throughput"]
     gpus = {f"gpu{g.index}": g for g in record.machine.gpus}
     charts = [
-        ("power", "Power draw vs power limit", "power (W)", _lines(telemetry, "power_w"),
+        ("power", "Power draw vs power limit", "power (W)", "W", _lines(telemetry, "power_w"),
          _limit_lines(telemetry, "power_limit_w", "power limit", "W")),
-        ("sm_clock", "SM clock vs max", "SM clock (MHz)", _lines(telemetry, "sm_mhz"),
+        ("sm_clock", "SM clock vs max", "SM clock (MHz)", "MHz", _lines(telemetry, "sm_mhz"),
          _fact_lines(telemetry, gpus, lambda g: g.clocks.max_sm_mhz, "max SM clock", "MHz")),
-        ("temperature", "GPU temperature vs slowdown threshold", "temperature (°C)", _lines(telemetry, "temp_c"),
+        ("temperature", "GPU temperature vs slowdown threshold", "temperature (°C)", "°C", _lines(telemetry, "temp_c"),
          _fact_lines(telemetry, gpus, _slowdown_c, "slowdown", "°C")),
-        ("throughput", "Throughput under sustained load", "TFLOPS", _lines(throughput, "tflops"), []),
+        ("throughput", "Throughput under sustained load", "throughput (TFLOPS)", "TFLOPS", _lines(throughput, "tflops"), []),
     ]
     if is_watch_log(record):
         host = [_Series.of(s) for s in record.series if s.get("name") == "watch.host"]
         job = [_Series.of(s) for s in record.series if s.get("name") == "watch.job"]
-        charts = [("utilization", "GPU utilization", "utilization (%)", _lines(telemetry, "util_pct"), [])] + charts[:3] + [
-            ("host_cpu", "Host CPU: busy, steal and IO wait", "% of all CPUs", _host_lines(host), []),
-            ("job_cpu", "Followed job: CPU", "% of one core", _job_lines(job, (("cpu_pct", "CPU", 1.0),)), []),
-            ("job_io", "Followed job: storage IO", "MB/s", _job_lines(job, (("read_bps", "read", 1e-6), ("write_bps", "write", 1e-6))), []),
+        charts = [("utilization", "GPU utilization", "utilization (%)", "%", _lines(telemetry, "util_pct"),
+                   [charts_lib.Limit("fully busy 100%", 100.0)])] + charts[:3] + [
+            ("host_cpu", "Host CPU: busy, steal and IO wait", "% of all CPUs", "%", _host_lines(host), []),
+            ("job_cpu", "Followed job: CPU", "% of one core", "%", _job_lines(job, (("cpu_pct", "CPU", 1.0),)), []),
+            ("job_io", "Followed job: storage IO", "MB/s", "MB/s",
+             _job_lines(job, (("read_bps", "read", 1e-6), ("write_bps", "write", 1e-6))), []),
         ]
-    return [plot for plot in (_chart(*chart) for chart in charts) if plot]
+    plots = []
+    for key, title, axis, unit, lines, limits in charts:
+        svg = charts_lib.line_chart(key, title, axis, lines, limits, unit=unit)
+        if svg:
+            plots.append(Plot(key, title, svg))
+    return plots
 
 
-def _host_lines(host: list[_Series]) -> list[_Line]:
+def _host_lines(host: list[_Series]) -> list[charts_lib.Line]:
     """The host's CPU busy, steal and IO-wait shares, one line each (sessions of a log one after another)."""
     lines = []
     for column, label in (("cpu_pct", "CPU busy"), ("steal_pct", "steal"), ("iowait_pct", "iowait")):
         for line in _lines(host, column):
-            lines.append(_Line(label, line.t, line.y))
+            lines.append(charts_lib.Line(label, line.t, line.y))
     return lines
 
 
-def _job_lines(job: list[_Series], columns: tuple[tuple[str, str, float], ...]) -> list[_Line]:
+def _job_lines(job: list[_Series], columns: tuple[tuple[str, str, float], ...]) -> list[charts_lib.Line]:
     """The followed job's (watch --pid) columns, one line each, scaled (bytes/s to MB/s)."""
     lines = []
     for column, label, scale in columns:
         for line in _lines(job, column):
-            lines.append(_Line(label, line.t, line.y * scale))
+            lines.append(charts_lib.Line(label, line.t, [None if v is None else v * scale for v in line.y]))
     return lines
 
 
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
-def _lines(series_list: list[_Series], column: str) -> list[_Line]:
-    import numpy as np
-
+def _lines(series_list: list[_Series], column: str) -> list[charts_lib.Line]:
     lines = []
     for s in series_list:
         t, y = s.column("t"), s.column(column)
-        if t is not None and y is not None and np.isfinite(y).any():
-            t, y = _thin(t, y)
-            lines.append(_Line(s.subject, t, y))
+        if t is None or y is None:
+            continue
+        pairs = sorted((a, b) for a, b in zip(t, y) if a is not None)  # time in order, missing times dropped
+        if any(b is not None for _, b in pairs):
+            lines.append(charts_lib.Line(s.subject, [a for a, _ in pairs], [b for _, b in pairs]))
     return lines
 
 
-def _thin(t, y):
-    """At most MAX_POINTS points: each bucket keeps its lowest and highest sample, so a dip or a
-    spike still shows."""
-    import numpy as np
-
-    t, y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
-    if len(y) <= MAX_POINTS:
-        return t, y
-    size = math.ceil(len(y) / (MAX_POINTS // 2))
-    buckets = math.ceil(len(y) / size)
-    padded = np.full(buckets * size, np.nan)
-    padded[:len(y)] = y
-    grid = padded.reshape(buckets, size)
-    known = ~np.isnan(grid).all(axis=1)
-    offsets = np.arange(buckets) * size
-    low = offsets + np.where(np.isnan(grid), np.inf, grid).argmin(axis=1)
-    high = offsets + np.where(np.isnan(grid), -np.inf, grid).argmax(axis=1)
-    keep = np.unique(np.concatenate([low[known], high[known]]))  # sorted, in time order
-    return t[keep], y[keep]
+def _most_frequent(values: list[float]) -> float:
+    counts: dict[float, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return max(sorted(counts), key=lambda v: counts[v])
 
 
-def _limit_lines(series_list: list[_Series], column: str, what: str, unit: str) -> list[tuple[str, float]]:
+def _limit_lines(series_list: list[_Series], column: str, what: str, unit: str) -> list[charts_lib.Limit]:
     """Reference lines from a column (the enforced power limit): each GPU's most frequent value."""
-    import numpy as np
-
     values: dict[float, list[str]] = {}
     for s in series_list:
-        known = s.column(column)
-        known = known[np.isfinite(known)] if known is not None else []
-        if len(known):
-            levels, counts = np.unique(known, return_counts=True)
-            values.setdefault(float(levels[counts.argmax()]), []).append(s.subject)
+        known = [v for v in s.column(column) or [] if v is not None]
+        if known:
+            values.setdefault(_most_frequent(known), []).append(s.subject)
     return _labelled(values, what, unit, len(series_list))
 
 
-def _fact_lines(series_list: list[_Series], gpus: dict[str, Gpu], fact, what: str, unit: str) -> list[tuple[str, float]]:
+def _fact_lines(series_list: list[_Series], gpus: dict[str, Gpu], fact, what: str, unit: str) -> list[charts_lib.Limit]:
     values: dict[float, list[str]] = {}
     for s in series_list:
         gpu = gpus.get(s.subject)
@@ -402,69 +373,15 @@ def _fact_lines(series_list: list[_Series], gpus: dict[str, Gpu], fact, what: st
     return _labelled(values, what, unit, len(series_list))
 
 
-def _labelled(values: dict[float, list[str]], what: str, unit: str, total: int) -> list[tuple[str, float]]:
+def _labelled(values: dict[float, list[str]], what: str, unit: str, total: int) -> list[charts_lib.Limit]:
     """One reference line per distinct value; the most common one unnamed, the others name their
     GPUs (legends stay short)."""
     common = max(values, key=lambda v: len(values[v]), default=None)
     lines = []
     for value, subjects in sorted(values.items(), key=lambda kv: kv[0] != common):
         named = value != common or len(subjects) < total and len(values) == 1
-        lines.append((f"{what} {value:g} {unit}" + (f" ({subject_range(subjects)})" if named else ""), value))
+        lines.append(charts_lib.Limit(f"{what} {value:g} {unit}" + (f" ({subject_range(subjects)})" if named else ""), value))
     return lines
-
-
-# One colour per GPU, the same on every plot (tab10, readable on white and in grey print).
-_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-
-
-def _colour(label: str, fallback: int) -> str:
-    m = re.fullmatch(r"gpu(\d+)", label)
-    return _COLOURS[(int(m.group(1)) if m else fallback) % len(_COLOURS)]
-
-
-def _chart(key: str, title: str, ylabel: str, lines: list[_Line], references: list[tuple[str, float]]) -> Plot | None:
-    if not lines:
-        return None
-    import matplotlib
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"gpuvet-{key}", "font.size": 10}):
-        # A fixed plot area (not a "tight" box) keeps every chart's time axis the same width.
-        fig = Figure(figsize=(11.0, 3.6))
-        fig.subplots_adjust(left=0.07, right=0.80, top=0.88, bottom=0.16)
-        ax = fig.subplots()
-        for n, line in enumerate(lines):
-            ax.plot(line.t, line.y, color=_colour(line.label, n), linewidth=1.4, label=line.label)
-        for n, (label, value) in enumerate(references):
-            ax.axhline(value, color="#333333", linestyle=(0, (5, 3)) if n == 0 else (0, (2, 2)), linewidth=1.1, label=label)
-        ax.set_title(title, loc="left", fontsize=12, fontweight="bold")
-        ax.set_xlabel("time since start (s)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.margins(x=0.01)
-        if references:
-            top = max(float(np.nanmax(line.y)) for line in lines)
-            ax.set_ylim(bottom=0, top=max(top, *(v for _, v in references)) * 1.08)
-        else:
-            ax.set_ylim(bottom=0)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False, ncol=2 if len(lines) > 10 else 1)
-        buffer = io.StringIO()
-        fig.savefig(buffer, format="svg", metadata={"Date": None})
-    return Plot(key, title, _inline_svg(buffer.getvalue(), title, key))
-
-
-def _inline_svg(document: str, title: str, key: str) -> str:
-    """matplotlib's SVG file made fit to sit inside HTML: no XML prolog, DOCTYPE, metadata or
-    namespace URLs, ids unique on the page (every plot names its groups "figure_1", "axes_1"...),
-    and a width that follows the page (the viewBox keeps the aspect)."""
-    svg = document[document.index("<svg"):]
-    svg = re.sub(r'(\sid="|href="#|url\(#)', lambda m: f"{m.group(1)}{key}-", svg)
-    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
-    svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
-    svg = re.sub(r'<svg([^>]*?)\swidth="[^"]*"', r"<svg\1", svg, count=1)
-    svg = re.sub(r'<svg([^>]*?)\sheight="[^"]*"', r"<svg\1", svg, count=1)
-    return svg.replace("<svg", f'<svg class="plot" role="img" aria-label="{_e(title)}"', 1).strip()
 
 
 CAPTIONS = {
@@ -485,15 +402,13 @@ CAPTIONS = {
 }
 
 
-def _watched_section(record: RunRecord, plots: list[Plot] | None) -> str:
+def _watched_section(record: RunRecord, plots: list[Plot]) -> str:
     """A watch log: the plots of the watched time, and each diagnosis change."""
     head = '<section id="plots"><h2>Watched job</h2>'
     log = record.options.get("log")
     note = (f'<p class="note">Recorded by <code>gpuvet watch --log {_e(log)}</code>; times count from the start of '
             "each watch session.</p>") if log else ""
-    if plots is None:
-        figures = f'<p class="note">{_e(NO_MATPLOTLIB)}</p>'
-    elif not plots:
+    if not plots:
         figures = '<p class="note">The log holds no readings to plot.</p>'
     else:
         figures = "\n".join(f'<figure class="plot" id="plot-{p.key}">{p.svg}<figcaption>{_e(CAPTIONS[p.key])}</figcaption></figure>'
@@ -512,7 +427,7 @@ def _diagnosis_changes(record: RunRecord) -> str:
             if len(row) != 3 or row[1] == "no_data":
                 continue
             t, state, text = row
-            rows.append((s.get("t0") or 0, _number(t), str(s.get("subject")), state, text))
+            rows.append((s.get("t0") or 0, _number(t) if _number(t) is not None else math.nan, str(s.get("subject")), state, text))
     if not rows:
         return '<h3 id="diagnosis-changes">Diagnosis changes</h3><p class="note">The log records no diagnosis.</p>'
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
@@ -525,11 +440,8 @@ def _diagnosis_changes(record: RunRecord) -> str:
             f"<tbody>{body}</tbody></table>")
 
 
-def _plots_section(record: RunRecord, plots: list[Plot] | None) -> str:
+def _plots_section(record: RunRecord, plots: list[Plot]) -> str:
     head = '<section id="plots"><h2>Sustained load</h2>'
-    if plots is None:
-        note = NO_MATPLOTLIB if record.series else "This record has no time series."
-        return f'{head}<p class="note">{_e(note)}</p></section>'
     if not plots:
         return (f'{head}<p class="note">This record has no time series: `gpuvet run` (or `gpuvet bench sustained`) '
                 "records power, clocks, temperature and throughput under minutes of load.</p></section>")
@@ -574,7 +486,7 @@ dl { display:grid; grid-template-columns:max-content 1fr; gap:2px 12px; margin:6
 dt { color:#475467; } dd { margin:0; overflow-wrap:anywhere; }
 .remedy { background:#f0f9ff; border-radius:6px; padding:6px 10px; }
 figure.plot { background:#fff; border:1px solid var(--line); border-radius:8px; margin:12px 0; padding:8px; }
-svg.plot { width:100%; height:auto; display:block; } figcaption { color:#475467; font-size:.85rem; }
+svg.plot { width:100%; height:auto; display:block; } .band { fill:#101828; fill-opacity:0; } .band:hover { fill-opacity:.07; } figcaption { color:#475467; font-size:.85rem; }
 details pre { max-height:480px; overflow:auto; background:#fff; border:1px solid var(--line); padding:8px; font-size:.8rem; }
 footer { margin:32px 0 8px; color:#667085; font-size:.85rem; }
 """
