@@ -211,7 +211,7 @@ def _nearest(line: Line, t: float, within: float) -> float | None:
         if 0 <= j < len(line.t) and _known(line.y[j]) and abs(line.t[j] - t) <= within:
             if best is None or abs(line.t[j] - t) < abs(line.t[best] - t):
                 best = j
-    return None if best is None else float(line.y[best])  # type: ignore[arg-type]
+    return None if best is None else float(line.y[best])
 
 
 # -- numbers ---------------------------------------------------------------------------------------
@@ -247,8 +247,8 @@ def thin(t: Sequence[float], y: Sequence[float | None]) -> tuple[list[float], li
             out_t.append(t[start])
             out_y.append(None)
         if known:
-            low = min(known, key=lambda i: y[i])  # type: ignore[arg-type, return-value]
-            high = max(known, key=lambda i: y[i])  # type: ignore[arg-type, return-value]
+            low = min(known, key=lambda i: y[i])
+            high = max(known, key=lambda i: y[i])
             for i in sorted({low, high}):
                 out_t.append(t[i])
                 out_y.append(y[i])
@@ -260,7 +260,7 @@ def _runs(t: Sequence[float], y: Sequence[float | None]) -> list[list[tuple[floa
     runs: list[list[tuple[float, float]]] = [[]]
     for a, b in zip(t, y):
         if _known(b):
-            runs[-1].append((a, float(b)))  # type: ignore[arg-type]
+            runs[-1].append((a, float(b)))
         elif runs[-1]:
             runs.append([])
     return [r for r in runs if r]
