@@ -84,3 +84,82 @@ def test_temperature_without_a_threshold_uses_the_conservative_default_and_says_
     hot = found(machine_from("edited/csv-h100-load-590.48.01-edited-seed-loop-l5-heating.csv"), "gpu.temperature")["gpu0"]
     assert hot.status == "fail" and "87 C: at the slowdown threshold" in hot.summary  # passed at any value before
     assert "87 C assumed" in hot.evidence.measured
+
+
+# -- "measured, not judged" in every report, and verdicts that say how much was judged -----------
+
+def _loop_record():
+    from gpuvet import runner
+    return runner.inspect([str(FIXTURES / "smi_text/dmon-h100-vm-idle-590.48.01.txt")])  # gpu.trend: measured
+
+
+def test_measured_status_is_shown_by_terminal_markdown_html_and_compare():
+    from rich.console import Console
+
+    from gpuvet.compare import compare
+    from gpuvet.report import compare_view, html, markdown, terminal
+
+    record = _loop_record()
+    assert any(f.status == MEASURED for f in record.findings)
+    console = Console(record=True, width=200)
+    terminal.render(record, console)
+    out = console.export_text()
+    assert "Measured, not judged" in out and "MEAS  gpu.trend" in out
+    assert "1 measured (not judged)" in terminal.verdict_line(record)
+    assert "📏 MEASURED (not judged)" in markdown.render_markdown(record)
+    page = html.render_html(record)
+    assert '<span class="badge measured">MEASURED</span>' in page and "measured, not judged</span>" in page
+    console = Console(record=True, width=200)
+    compare_view.render(compare([("a", record, None), ("b", record, None)]), console, verbose=True)
+    assert "measured, not judged" in console.export_text()
+
+
+def test_a_pass_built_on_skips_says_how_little_was_judged():
+    from gpuvet import runner
+    from gpuvet.report import terminal
+
+    record = runner.inspect([str(FIXTURES / "smi_text/default-table-h100-vm-590.48.01.txt")])  # the plain table
+    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 5 of 16 findings could be judged")
+    topo_only = runner.inspect([str(FIXTURES / "topo/dgx1-8gpu-topo-mp-pcie-only.txt")])  # "8 x unknown GPU"
+    assert terminal.verdict_text(topo_only).startswith("SKIP: nothing could be checked")
+
+
+def test_cpu_benchmarks_are_measured_not_passed():
+    m = Machine()
+    figures = [Measurement("gemm.fp32", 0.5, "TFLOPS", "cpu")]
+    (f,) = [f for f in judge(m, figures, {"device": "cpu", "benchmarks": ["gemm"]}) if f.check == "cpu.gemm"]
+    assert f.status == MEASURED and "no reference to judge against" in f.summary
+
+
+def _all_fixture_records():
+    from gpuvet import runner
+
+    for path in sorted(FIXTURES.rglob("*")):
+        if path.suffix not in (".xml", ".txt", ".csv") or "docs_embedded" in path.parts:
+            continue
+        try:
+            yield runner.inspect([str(path)])
+        except Exception:  # noqa: BLE001 (refused inputs are tested elsewhere)
+            continue
+    for path in sorted((FIXTURES / "records").glob("*.json")):
+        yield runner.load_record(str(path))
+
+
+def test_no_rule_passes_without_a_measured_value_an_expectation_and_its_source():
+    # The rules themselves, before judge's safety net turns such a PASS into "measured".
+    from gpuvet.judge import RULES
+    from gpuvet.judge.common import Context
+
+    bare = []
+    for record in _all_fixture_records():
+        ctx = Context(record.machine, record.measurements, record.options)
+        for check, rule in RULES.items():
+            try:
+                results = rule(ctx)
+            except Exception:  # noqa: BLE001 (judge reports a crashed rule as a SKIP)
+                continue
+            for f in results:
+                e = f.evidence
+                if f.status == "pass" and not (e.measured and e.expected and e.source):
+                    bare.append((f.check, f.summary[:80]))
+    assert not bare, sorted(set(bare))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..facts import Machine
-from ..record import SKIP, Finding, Measurement
+from ..record import MEASURED, PASS, SKIP, Finding, Measurement
 from . import (
     bench_common,
     cpu_bench,
@@ -100,9 +100,19 @@ def _run(check: str, rule: Rule, ctx: Context) -> list[Finding]:
     if bench and not ctx.machine.gpus and bench_common.planned(ctx, bench):
         return [bench_common.not_measured(ctx, bench, check, "gpu")]
     try:
-        return rule(ctx)
+        return [_judged_or_measured(f) for f in rule(ctx)]
     except Exception as err:  # one broken rule must not stop the others
         return [finding(check, "machine", SKIP, f"this check crashed ({type(err).__name__}: {err}); please report it")]
+
+
+def _judged_or_measured(f: Finding) -> Finding:
+    """A PASS claims a measured value against an expectation with its source; a rule's PASS
+    without them judged nothing, and says so ("measured, not judged") instead of passing."""
+    e = f.evidence
+    if f.status == PASS and not (e.measured and e.expected and e.source):
+        f.status = MEASURED
+        f.summary += " (no expectation to judge it against: measured, not judged)"
+    return f
 
 
 def annotate_references(machine: Machine) -> None:

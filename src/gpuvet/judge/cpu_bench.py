@@ -1,11 +1,12 @@
 """cpu.<benchmark>: benchmarks run with `--device cpu`. There is no reference figure for a CPU
-here, so a measurement passes with its figures and a benchmark that cannot run says why."""
+here, so a measurement is "measured, not judged" with its figures, and a benchmark that cannot
+run says why."""
 
 from __future__ import annotations
 
-from ..record import Finding
+from ..record import MEASURED, Finding
 from .bench_common import measured
-from .common import PASS, SKIP, Context, finding
+from .common import SKIP, Context, finding
 
 # The GPU benchmarks that `--device cpu` runs on the CPU instead.
 GPU_BENCHMARKS = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")
@@ -22,7 +23,7 @@ def check_cpu_benchmarks(ctx: Context) -> list[Finding]:
         check = f"cpu.{bench}"
         if figures:
             text = ", ".join(f"{m.name.removeprefix(bench + '.')} {m.value:.4g} {m.unit}" for m in figures)
-            findings.append(finding(check, "cpu", PASS, f"{text} (measured on the CPU; no reference to judge against)",
+            findings.append(finding(check, "cpu", MEASURED, f"{text} (measured on the CPU; no reference to judge against)",
                                     measured=text))
             continue
         notes = measured(ctx, f"bench.{bench}")

@@ -13,6 +13,8 @@ from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_power import slowdown_threshold
 
 DECAY_WARN_PCT, DECAY_FAIL_PCT = 7.0, 15.0
+_STEADY = (f"steady throughput (decay under {DECAY_WARN_PCT:g}% first to last fifth), clocks near max, "
+           "no thermal or power-brake slowdown")
 FAULT_SHARE = 0.05  # a slowdown reason active in more than 5% of the samples is not a blip
 CLOCK_HELD_RATIO = 0.85  # busy, SM clock under 85% of max: held back (watch's diagnosis uses the same)
 HOT_MARGIN_C = 3.0  # this close to the slowdown threshold, clocks are being cut
@@ -64,10 +66,11 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     duration = rate.details.get("duration_s")
     if not problems:
         return finding("gpu.sustained", s, PASS, f"held {rate.value:.1f} TFLOPS for {duration} s" + _power_words(telemetry),
-                       measured=measured)
+                       measured=measured, expected=_STEADY,
+                       source=f"the benchmark's throughput windows and NVML telemetry sampled {_sampling(telemetry)}")
     status = worst(*(st for st, _ in problems))
     return finding("gpu.sustained", s, status, "; ".join(text for _, text in problems), measured=measured,
-                   expected="steady throughput, clocks near max, no thermal or power-brake slowdown",
+                   expected=_STEADY,
                    source=f"NVML telemetry sampled {_sampling(telemetry)} during the load",
                    remedy=f"run longer to confirm: `gpuvet run --soak 10`; watch `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE`; "
                           "check cooling and airflow, or ask for another node")

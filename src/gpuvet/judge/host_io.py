@@ -12,7 +12,7 @@ only the job's.
 from __future__ import annotations
 
 from ..facts import Host, Nic, RdmaPort
-from ..record import Finding, Measurement
+from ..record import MEASURED, Finding, Measurement
 from .bench_common import measured, planned
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 
@@ -344,7 +344,12 @@ def _rdma(ctx: Context) -> list[Finding]:
         return [finding("net.rdma", "host", WARN, f"RDMA ports present but none ACTIVE: {listing}",
                         measured=listing, expected="at least one ACTIVE port (phys_state LinkUp)",
                         source=MULTI_NODE_SOURCE, remedy=remedy)]
-    return [finding("net.rdma", "host", PASS, f"{len(active)} of {len(host.rdma)} RDMA ports ACTIVE: {listing}", measured=listing)]
+    if not active:  # not multi-node: nothing needs them
+        return [finding("net.rdma", "host", MEASURED, f"RDMA ports present but none ACTIVE: {listing}; it matters for "
+                        "multi-node training (judge with the multi-node option)", measured=listing)]
+    return [finding("net.rdma", "host", PASS, f"{len(active)} of {len(host.rdma)} RDMA ports ACTIVE: {listing}", measured=listing,
+                    expected="at least one ACTIVE port (phys_state LinkUp)" + (" for multi-node training" if multi_node else ""),
+                    source="/sys/class/infiniband/*/ports/*/state and phys_state")]
 
 
 def _node_to_node(ctx: Context) -> list[Finding]:
@@ -390,7 +395,15 @@ def _one_peer(ctx: Context, subject: str) -> Finding:
                        remedy=f"iperf3 -c {peer} -P 8 (several streams); run `gpuvet net test` from the other machine too "
                               "(its link may be the slower one); check MTU (`ip link`) and that both nodes sit in one "
                               "zone / placement group")
+    if not expected or _over_loopback(throughput):
+        # Both ends on this machine (a test to itself over lo), or no figure with an expectation:
+        # no network link was judged.
+        return finding("net.node_to_node", subject, MEASURED, f"to {peer}: {text}", **common)
     return finding("net.node_to_node", subject, PASS, f"to {peer}: {text}", **common)
+
+
+def _over_loopback(throughput: Measurement | None) -> bool:
+    return throughput is not None and throughput.details.get("interface") == "lo"
 
 
 def _note_reason(ctx: Context, subject: str) -> str:

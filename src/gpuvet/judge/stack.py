@@ -150,5 +150,6 @@ def check_arch_support(ctx: Context) -> list[Finding]:
         else:
             findings.append(finding("stack.arch_support", "stack", PASS,
                                     f"PyTorch {torch.version} runs on compute capability {cc} ({names}) via {entry}",
-                                    measured=f"torch arch list: {archs}", source="torch.cuda.get_arch_list()"))
+                                    measured=f"torch arch list: {archs}", expected=f"sm_{cc.replace('.', '')} or older PTX",
+                                    source="torch.cuda.get_arch_list() against the GPU's compute capability"))
     return findings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ..facts import Gpu
-from ..record import Finding, Measurement
+from ..record import MEASURED, Finding, Measurement
 from .bench_common import measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject as gpu_subject
 
@@ -99,7 +99,7 @@ def _throughput(ctx: Context, subject: str) -> Finding:
                        remedy="look at gpu.correctness and gpu.ecc; rerun `gpuvet workload`; if it repeats with another "
                               "torch build too, report the GPU to the provider")
     if subject == "cpu" or not subject.startswith("gpu"):
-        return finding(check, subject, PASS, words + " (on the CPU: no reference to judge against)", measured=measured_text)
+        return finding(check, subject, MEASURED, words + " (on the CPU: no reference to judge against)", measured=measured_text)
     statuses, expected, sources = [PASS], [], []
     # Without a warm-up step the timed steps include CUDA's start-up (cuBLAS handles, kernels loaded on
     # first use, the allocator growing): figures reported, not judged.
@@ -134,9 +134,11 @@ def _throughput(ctx: Context, subject: str) -> Finding:
             statuses.append(WARN)
             expected.append(f"p90 step time <= {SPREAD_WARN:g}x the median")
     status = worst(*statuses)
+    if status == PASS and not expected:  # no peak, a custom shape or no warm-up: nothing was judged
+        status = MEASURED
     return finding(check, subject, status, words, measured=measured_text,
                    expected="; ".join(expected) or None, source="; ".join(s for s in sources if s) or None,
-                   remedy=None if status == PASS else
+                   remedy=None if status in (PASS, MEASURED) else
                    "look at gpu.gemm, gpu.throttle, host.cpu and host.steal; watch `nvidia-smi dmon -s pucv` while "
                    "`gpuvet workload --steps 500` runs: low SM use with a busy CPU means the GPU is not fed")
 
@@ -200,12 +202,14 @@ def _checkpoint_speed(ctx: Context, subject: str, write: Measurement, read: Meas
         words += f"; {ephemeral}"
         statuses.append(WARN)
     status = worst(*statuses)
+    if status == PASS and expected is None:  # too small to judge, and nothing else found
+        status = MEASURED
     cache = ("page cache dropped before the read" if write.details.get("cache_dropped")
              else "the read may have come from the page cache")
     return finding(check, subject, status, words,
                    measured=f"{size} bytes; write {write.details.get('seconds')} s; {cache}",
                    expected=expected, source="gpuvet rule of thumb" if expected else None,
-                   remedy=None if status == PASS else PATH_REMEDY)
+                   remedy=None if status in (PASS, MEASURED) else PATH_REMEDY)
 
 
 def _ephemeral_workdir(ctx: Context, write: Measurement) -> str | None:

@@ -336,6 +336,9 @@ def nothing_checked(record: RunRecord) -> bool:
 def verdict_text(record: RunRecord) -> str:
     """The verdict in words; the record's verdict field stays the worst status (pass when all skip)."""
     if nothing_checked(record) and not is_watch_log(record):
+        if status_counts(record)[MEASURED]:
+            return ("MEASURED: figures were taken but none could be judged (nothing real to hold them against "
+                    "here; see 'Measured, not judged')")
         return NOTHING_CHECKED_TEXT
     if no_gpu_watched(record):
         return f"SKIP: no GPU was watched ({record.machine.gpu_error or 'no NVIDIA GPU found'})"
