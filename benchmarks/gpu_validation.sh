@@ -113,7 +113,8 @@ if [[ -s "$W/nvidia-smi-q-x.xml" ]] && command -v nvidia-smi > /dev/null; then
 fi
 
 if [[ $cuda == yes ]]; then
-  step "gpuvet run (default profile), timed"
+  step "gpuvet run --plan (the forecast), then gpuvet run (default profile), timed"
+  capped 60 "gpuvet run --plan" "$py" -m gpuvet run --plan --json > "$W/plan.json" 2> "$W/plan.err"
   t0=$(date +%s)
   capped 240 "gpuvet run" "$py" -m gpuvet run --no-save --json --out "$W/run.json" > /dev/null 2> "$W/run.err"
   echo "$?" > "$W/run.rc"
@@ -213,6 +214,16 @@ wall = text("run.wall_s").strip()
 if wall:
     rc = text("run.rc").strip()
     print(f"default gpuvet run: {wall} s wall, exit {rc} (target < 120 s) {verdict(int(wall) < 120 and rc in ('0', '1'))}")
+    try:
+        forecast = json.loads(text("plan.json"))
+        print(f"gpuvet run --plan forecast: {forecast['total_s']:.0f} s for {len(forecast['gpus'])} GPU(s); "
+              f"real/forecast = {int(wall) / forecast['total_s']:.2f}")
+        took = (record or {}).get("options", {}).get("step_wall_s", {})
+        for step in forecast["steps"]:
+            if not step["skipped"] and step["name"] in took:
+                print(f"  {step['name']}: planned {step['budget_s']:.1f} s, took {took[step['name']]:.1f} s")
+    except (ValueError, KeyError, ZeroDivisionError):
+        print("gpuvet run --plan forecast: not available (see plan.err)")
 else:
     print("default gpuvet run: OPEN, not run")
 

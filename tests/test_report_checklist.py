@@ -10,7 +10,7 @@ import pytest
 
 from gpuvet import judge, runner
 from gpuvet.facts import PcieLink
-from gpuvet.record import FAIL, Finding, Measurement, RunRecord
+from gpuvet.record import FAIL, PASS, Finding, Measurement, RunRecord
 from gpuvet.report.checklist import CROSSED, ITEMS, TICKED, UNKNOWN, WARNED, checklist, grouped, subject_range
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -281,3 +281,32 @@ def test_checks_from_other_areas_fill_their_items_and_worst_decides():
                                                 (["host"], "host"), (["gpu1", "host"], "gpu1,host")])
 def test_subject_range(subjects, text):
     assert subject_range(subjects) == text
+
+
+def healthy_sustained_record(duration_s: float) -> RunRecord:
+    """The synthetic 8x H100 sustained run with its one bad GPU left out (synthetic change), its
+    load lasting `duration_s`."""
+    r = record("h100-8x-synthetic-sustained")
+    r.machine.gpus = [g for g in r.machine.gpus if g.index != 2]
+    r.measurements = [m for m in r.measurements if m.subject != "gpu2"]
+    for gpu in r.machine.gpus:
+        gpu.clocks.event_reasons = []
+    for m in r.measurements:
+        if m.name == "sustained.tflops":
+            m.details["duration_s"] = duration_s
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    return r
+
+
+def test_a_short_load_says_what_it_could_not_prove():
+    r = healthy_sustained_record(30.0)
+    passes = [f for f in r.findings if f.check == "gpu.sustained"]
+    assert passes and all(f.status == PASS and "gpuvet run --soak 10" in f.summary for f in passes)
+    wall = lines(r)["power_wall"]
+    assert wall.state == TICKED and "30 s does not heat-soak a GPU" in wall.figure and "--soak 10" in wall.figure
+
+
+def test_a_soak_long_enough_claims_the_long_job():
+    r = healthy_sustained_record(900.0)
+    assert all("heat-soak" not in f.summary for f in r.findings if f.check == "gpu.sustained")
+    assert "heat-soak" not in lines(r)["power_wall"].figure

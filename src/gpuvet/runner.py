@@ -67,13 +67,23 @@ def run_live(
     # The order bench/schedule.py plans: the CPU feed rate alone first; storage and network while the
     # GPUs hold the sustained load (when one runs), else on their own.
     alongside = [n for n in schedule.ALONGSIDE_SUSTAINED if n in host_names] if "sustained" in gpu_names else []
-    measurements = host_plan.run([n for n in host_names if n not in alongside], storage, engine, progress)
     host_done: list[dict[str, Any]] = []
     ran_alongside: list[bool] = []
+    wall_s: dict[str, float] = {"facts": round(time.monotonic() - t0, 2)}  # each step's, against the plan's
+
+    def host(names: list[str]) -> list[dict[str, Any]]:
+        found = []
+        for name in names:
+            t1 = time.monotonic()
+            found += host_plan.run([name], storage, engine, progress)
+            wall_s[name] = round(time.monotonic() - t1, 2)
+        return found
 
     def host_alongside() -> None:
         ran_alongside.append(True)
-        host_done.extend(host_plan.run(alongside, storage, engine, progress))
+        host_done.extend(host(alongside))
+
+    measurements = host([n for n in host_names if n not in alongside])
 
     if gpu_names:
         if workload_steps is None and benchmarks is None:
@@ -85,9 +95,12 @@ def run_live(
                                  alongside_sustained=host_alongside if alongside else None)
         measurements += outcome.measurements
         record.series = outcome.series
+        wall_s.update(outcome.wall_s)
     if alongside and not ran_alongside:  # no sustained load ran (no GPU, no PyTorch): on their own
         host_alongside()
     measurements += host_done
+    if names:
+        options["step_wall_s"] = wall_s
     record.measurements = [from_dict(Measurement, m) for m in measurements]
     record.findings = judge.judge(machine, record.measurements, options)
     record.duration_s = time.monotonic() - t0

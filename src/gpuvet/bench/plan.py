@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,6 +54,7 @@ def worker_env(environ: dict[str, str] | None = None) -> dict[str, str | None]:
 class Outcome:
     measurements: list[dict[str, Any]] = field(default_factory=list)
     series: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: dict[str, float] = field(default_factory=dict)  # each benchmark's wall time, to hold against the plan
 
     def note(self, name: str, subject: str, outcome: str, reason: str) -> None:
         """A benchmark that did not measure: skipped (does not apply) or failed (broke, hung)."""
@@ -95,7 +97,9 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
         runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {}, profile,
                          alongside_sustained)
         for name in names:
+            t0 = time.monotonic()
             runner.run(name)
+            outcome.wall_s[name] = round(time.monotonic() - t0, 2)
         interrupted = False
     finally:  # nothing may keep running on the GPUs
         (runner.worker if runner else worker).close(interrupted=interrupted)

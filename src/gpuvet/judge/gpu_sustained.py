@@ -19,6 +19,9 @@ FAULT_SHARE = 0.05  # a slowdown reason active in more than 5% of the samples is
 CLOCK_HELD_RATIO = 0.85  # busy, SM clock under 85% of max: held back (watch's diagnosis uses the same)
 HOT_MARGIN_C = 3.0  # this close to the slowdown threshold, clocks are being cut
 HOT_WARN_MARGIN_C = 8.0
+# A load shorter than this does not heat-soak a GPU (heatsink, coolant and room air take minutes to
+# settle): it proves the GPU holds its speed while the load ran, not over a long job.
+HEAT_SOAK_S = 600.0
 _FAULTS = {
     "hw_slowdown": "HW slowdown",
     "hw_thermal_slowdown": "HW thermal slowdown",
@@ -65,8 +68,8 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     measured = _evidence(rate, decay, telemetry)
     duration = rate.details.get("duration_s")
     if not problems:
-        return finding("gpu.sustained", s, PASS, f"held {rate.value:.1f} TFLOPS for {duration} s" + _power_words(telemetry),
-                       measured=measured, expected=_STEADY,
+        return finding("gpu.sustained", s, PASS, f"held {rate.value:.1f} TFLOPS for {duration} s" + _power_words(telemetry)
+                       + short_load_words(duration), measured=measured, expected=_STEADY,
                        source=f"the benchmark's throughput windows and NVML telemetry sampled {_sampling(telemetry)}")
     status = worst(*(st for st, _ in problems))
     return finding("gpu.sustained", s, status, "; ".join(text for _, text in problems), measured=measured,
@@ -74,6 +77,14 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
                    source=f"NVML telemetry sampled {_sampling(telemetry)} during the load",
                    remedy=f"run longer to confirm: `gpuvet run --soak 10`; watch `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE`; "
                           "check cooling and airflow, or ask for another node")
+
+
+def short_load_words(duration_s: object) -> str:
+    """What a load too short to heat-soak the GPU could not prove, and how to prove it."""
+    if not isinstance(duration_s, (int, float)) or duration_s >= HEAT_SOAK_S:
+        return ""
+    return (f"; {duration_s:g} s does not heat-soak a GPU: thermal and power stability over a long job needs "
+            f"`gpuvet run --soak {HEAT_SOAK_S / 60:g}`")
 
 
 def _reasons(telemetry: dict) -> list[tuple[str, str]]:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..facts import Gpu, PcieLink
 from ..judge import reference
+from ..judge.gpu_sustained import short_load_words
 from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
@@ -233,6 +234,8 @@ def _power_wall_text(record: RunRecord, f: Finding) -> str:
 
 def _power_wall(record: RunRecord, item: Item) -> Line:
     line = _from_findings(record, item)
+    if line.state == TICKED:  # what a short load proved, and what it could not
+        return Line(item, line.state, _join(line.figure, _short_load(record, line.findings)), line.findings)
     if line.state not in (CROSSED, WARNED):
         return line
     worst = CROSSED if line.state == CROSSED else WARNED
@@ -244,6 +247,16 @@ def _power_wall(record: RunRecord, item: Item) -> Line:
     shown = [f"{subject_range(list(dict.fromkeys(who)))}: {text}" for text, who in list(texts.items())[:2]]
     more = f" (+{len(texts) - 2} more)" if len(texts) > 2 else ""
     return Line(item, line.state, _join("; ".join(shown) + more, _power_range(record)), line.findings)
+
+
+def _short_load(record: RunRecord, findings: list[Finding]) -> str:
+    """What the sustained load could not prove when it was too short to heat-soak the GPUs (the
+    judge's own words, from the load's duration)."""
+    passed = {f.subject for f in findings if f.check == "gpu.sustained" and f.status == PASS}
+    durations = [m.details.get("duration_s") for m in record.measurements
+                 if m.name == "sustained.tflops" and m.subject in passed and m.details]
+    shortest = min((d for d in durations if isinstance(d, (int, float))), default=None)
+    return short_load_words(shortest).removeprefix("; ") if shortest is not None else ""
 
 
 def _power_range(record: RunRecord) -> str:
