@@ -183,7 +183,10 @@ def rejudge(record: RunRecord, expect: str | None = None) -> RunRecord:
         options["expect"] = expect
     judge.annotate_references(record.machine)
     record.options = options
-    record.findings = judge.judge(record.machine, record.measurements, options)
+    if options.get("profile") == "health":  # a `gpuvet health` record: its own passive rules
+        record.findings = judge.judge_health(record.machine, options)
+    else:
+        record.findings = judge.judge(record.machine, record.measurements, options)
     return record
 
 

@@ -161,15 +161,18 @@ class RunSummary:
     machine_key: str
     machine_basis: str
     hostname: str | None
+    kind: str = "default"  # the record's profile: quick, default, soak, bench, health, ...
 
 
-_LISTED = "id, started_at, label, price_per_hour, gpus, verdict, figures, machine_key, machine_basis, hostname"
+# The kind is read from the stored record itself (its options.profile), so no layout change.
+_LISTED = ("id, started_at, label, price_per_hour, gpus, verdict, figures, machine_key, machine_basis, hostname, "
+           "coalesce(json_extract(record, '$.options.profile'), 'default') AS kind")
 
 
 def _summary(row: sqlite3.Row) -> RunSummary:
     r = clean_strings(dict(row))  # the store file may have been edited elsewhere: no escapes shown
     return RunSummary(r["id"], r["started_at"], r["label"], r["price_per_hour"], r["gpus"], r["verdict"],
-                      json.loads(r["figures"]), r["machine_key"], r["machine_basis"], r["hostname"])
+                      json.loads(r["figures"]), r["machine_key"], r["machine_basis"], r["hostname"], str(r["kind"]))
 
 
 @dataclass
@@ -523,11 +526,18 @@ class Store:
         return row["id"] if row else None
 
     @_guarded
-    def runs(self, machine_key: str | None = None, limit: int | None = None) -> list[RunSummary]:
-        """Stored runs, newest first; `machine_key` may be a prefix of the key (as in `git log`)."""
-        where, args = "", list[object]()
+    def runs(self, machine_key: str | None = None, limit: int | None = None, kind: str | None = None) -> list[RunSummary]:
+        """Stored runs, newest first; `machine_key` may be a prefix of the key (as in `git log`);
+        `kind`: only runs of that profile ("health": the fleet checks)."""
+        conditions: list[str] = []
+        args: list[object] = []
         if machine_key:
-            where, args = "WHERE machine_key LIKE ? ESCAPE '\\'", [_like_prefix(machine_key)]
+            conditions.append("machine_key LIKE ? ESCAPE '\\'")
+            args.append(_like_prefix(machine_key))
+        if kind:
+            conditions.append("coalesce(json_extract(record, '$.options.profile'), 'default') = ?")
+            args.append(kind)
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         query = f"SELECT {_LISTED} FROM runs {where} ORDER BY started_at DESC, id DESC"
         if limit is not None:
             query += " LIMIT ?"

@@ -40,13 +40,14 @@ def _local_clock() -> tuple[float, str]:
 @click.option("--machine", "machine", is_flag=False, flag_value="", default=None, metavar="[KEY]",
               help="Group runs by machine (GPU UUIDs); with a KEY (or its start), that machine's runs and how its figures moved.")
 @click.option("--limit", type=click.IntRange(min=1), help="Show at most this many runs.")
+@click.option("--kind", metavar="KIND", help='Only runs of this kind: health (the fleet checks), quick, default, soak, bench.')
 @click.option("--utc-offset", type=click.FloatRange(min=-14, max=14), metavar="HOURS",
               help="Day vs night on this clock (default: this machine's time zone), e.g. 8 for UTC+8.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_redact
 @_db
-def history(machine: str | None, limit: int | None, utc_offset: float | None, as_json: bool, redact: bool,
-            db: str | None) -> None:
+def history(machine: str | None, limit: int | None, kind: str | None, utc_offset: float | None, as_json: bool,
+            redact: bool, db: str | None) -> None:
     """List stored runs: date, label, GPUs, verdict, key figures."""
     try:
         store = Store(db, create=False, read_only=True)
@@ -68,7 +69,7 @@ def history(machine: str | None, limit: int | None, utc_offset: float | None, as
                     compare_view.render_machines(machines, _console())
                 return
             key = _machine_key(store, machine, redactor) if machine else None
-            summaries = store.runs(machine_key=key, limit=limit)
+            summaries = store.runs(machine_key=key, limit=limit, kind=kind)
             if redactor:
                 summaries = [_redacted_summary(s, redactor) for s in summaries]
             if key is None:

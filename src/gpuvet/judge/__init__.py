@@ -22,6 +22,7 @@ from . import (
     gpu_power,
     gpu_sustained,
     gpu_trend,
+    health,
     host,
     host_io,
     reference,
@@ -81,6 +82,20 @@ def judge(machine: Machine, measurements: list[Measurement] | None = None, optio
     ctx = Context(machine, list(measurements or []), dict(options or {}))
     findings: list[Finding] = []
     for check, rule in RULES.items():
+        findings += _run(check, rule, ctx)
+    return findings
+
+
+# `gpuvet health`: the passive checks that hold on a busy node, then its own two.
+HEALTH_RULES: dict[str, Rule] = {**{check: RULES[check] for check in health.HEALTH_CHECKS},
+                                 "gpu.reachable": health.check_reachable, "health.probe": health.check_probes}
+
+
+def judge_health(machine: Machine, options: dict[str, Any] | None = None) -> list[Finding]:
+    """The findings of `gpuvet health` (no measurements: it never loads the GPUs)."""
+    ctx = Context(machine, [], dict(options or {}))
+    findings: list[Finding] = []
+    for check, rule in HEALTH_RULES.items():
         findings += _run(check, rule, ctx)
     return findings
 

@@ -5,6 +5,7 @@ that breaks or hangs is recorded in `machine.probe_errors` and the others still 
 
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Any, Callable
 
@@ -29,6 +30,27 @@ def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torc
     machine.host = host_job.result(machine)
     machine.stack = stack_job.result(machine)
     machine.audit = audit_job.result(machine)
+    return machine
+
+
+# `gpuvet health` must answer within node-problem-detector's default 5 s plugin timeout on an
+# 8-GPU node, Python's start-up included: each probe gets its own deadline, and one that passes
+# it is abandoned (its thread left behind) and recorded in `machine.probe_errors`.
+HEALTH_BUDGETS_S = {"gpu": 3.0}
+
+
+def collect_passive(budgets_s: dict[str, float] | None = None,
+                    read_gpus: Callable[[], tuple[Driver, list[Gpu], Topology | None, str | None]] | None = None) -> Machine:
+    """The GPU facts `gpuvet health` judges, read without load and without writing anything:
+    NVML, the PCI bus in sysfs, the kernel module's version; each probe under its deadline.
+    `read_gpus` replaces the NVML + sysfs reader (tests: a reader that hangs like a dying GPU)."""
+    budgets = {**HEALTH_BUDGETS_S, **(budgets_s or {})}
+    machine = Machine(source="live", host=Host(hostname=socket.gethostname()))  # names the node in the history
+    gpu_facts = _Isolated("gpu", read_gpus or _gpus, timeout_s=budgets["gpu"]).result(machine)
+    if gpu_facts is None:
+        machine.gpu_error = f"GPU probe failed: {machine.probe_errors.get('gpu')}"
+    else:
+        machine.driver, machine.gpus, machine.topology, machine.gpu_error = gpu_facts
     return machine
 
 
@@ -88,7 +110,7 @@ class _Isolated:
     def result(self, machine: Machine) -> Any:
         self.thread.join(self.timeout_s)
         if self.thread.is_alive():
-            machine.probe_errors[self.name] = f"timed out after {self.timeout_s:.0f} s"
+            machine.probe_errors[self.name] = f"timed out after {self.timeout_s:g} s"
             return None
         if self.error:
             machine.probe_errors[self.name] = self.error

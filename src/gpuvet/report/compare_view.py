@@ -257,12 +257,12 @@ def render_history(summaries: list[RunSummary], console: Console) -> None:
         return
     present = [(name, label, unit) for name, label, unit in KEY_FIGURES if any(name in s.figures for s in summaries)]
     table = Table(show_header=True, header_style="bold", pad_edge=False)
-    for column in ("id", "started (UTC)", "label", "GPUs", "verdict", "price", "machine"):
+    for column in ("id", "started (UTC)", "kind", "label", "GPUs", "verdict", "price", "machine"):
         table.add_column(column, overflow="fold")
     for _, label, unit in present:
         table.add_column(f"{label} {unit}", justify="right")
     for s in summaries:
-        table.add_row(str(s.id), s.started_at.replace("T", " ")[:16], escape(s.label or ""), escape(s.gpus),
+        table.add_row(str(s.id), s.started_at.replace("T", " ")[:16], s.kind, escape(s.label or ""), escape(s.gpus),
                       f"[{STATUS_STYLE.get(s.verdict, '')}]{s.verdict.upper()}[/]", _price(s.price_per_hour),
                       s.machine_key, *[_number(s.figures.get(name), unit) for name, _, unit in present])
     console.print(table)

@@ -1,0 +1,77 @@
+"""`gpuvet health`: the passive check schedulers run on every node (Slurm HealthCheckProgram,
+Kubernetes node-problem-detector). Exit 0 healthy, 1 a problem, 2 could not tell."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import click
+
+from ..fleet import health as fleet_health
+from ..fleet import slurm
+from ..judge.health import EXIT_CODES, HEALTHY, PROBLEM
+from ..probe.errors import CaptureError
+from ..record import RunRecord
+from ..report.health import detail_lines, summary_line
+from .base import UsageProblem, cli, save
+
+SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuvet may hold the store)
+
+
+@cli.command()
+@click.option("--slurm", "use_slurm", is_flag=True,
+              help="Drain this Slurm node on a problem (reason: the summary line) and resume it once healthy, "
+                   "only when gpuvet drained it.")
+@click.option("--node", metavar="NAME", help="This node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@click.option("--expect-gpus", type=click.IntRange(min=0), metavar="N",
+              help="The node has N GPUs: fewer visible is a problem (a GPU gone from the bus leaves no trace).")
+@click.option("--from", "captures", multiple=True, metavar="FILE",
+              help="Judge these captures (nvidia-smi -q -x, -q, ...) instead of this node's GPUs (repeatable).")
+@click.option("--brief", is_flag=True, help="Print the summary line only (node-problem-detector keeps 80 bytes).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON instead.")
+@click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
+@click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
+@click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
+def health(use_slurm: bool, node: str | None, expect_gpus: int | None, captures: tuple[str, ...], brief: bool,
+           as_json: bool, verbose: bool, no_save: bool, db: str | None) -> None:
+    """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
+    history row. First line: a summary short enough for a drain reason. Exit 0 healthy, 1 a
+    problem, 2 could not tell (node-problem-detector's OK / NonOK / Unknown)."""
+    try:
+        record = fleet_health.check(captures=list(captures) or None, expect_gpus=expect_gpus)
+    except CaptureError as err:
+        raise UsageProblem(str(err)) from None
+    outcome = fleet_health.outcome(record)
+    summary = summary_line(record, outcome)
+    record.options["summary"] = summary
+    if not no_save:
+        _save_bounded(record, db)
+    if as_json:
+        click.echo(record.to_json())
+    else:
+        click.echo(summary)
+        if not brief:
+            click.echo("\n".join(detail_lines(record, verbose)))
+    if use_slurm:
+        _slurm(outcome, summary, node)
+    sys.exit(EXIT_CODES[outcome])
+
+
+def _save_bounded(record: RunRecord, db: str | None) -> None:
+    saver = threading.Thread(target=save, args=(record, db, False, None, None), daemon=True)
+    saver.start()
+    saver.join(SAVE_BUDGET_S)
+    if saver.is_alive():
+        click.echo(f"gpuvet: warning: history not saved within {SAVE_BUDGET_S:g} s (the store is busy)", err=True)
+
+
+def _slurm(outcome: str, summary: str, node: str | None) -> None:
+    """The scheduler's part: one line on stderr either way; the exit code stays the health answer."""
+    name = slurm.node_name(node)
+    try:
+        line = slurm.apply(outcome, summary, name)
+    except slurm.SlurmError as err:
+        verb = {PROBLEM: "drained", HEALTHY: "resumed"}.get(outcome, "changed")
+        line = f"slurm: {name} not {verb}: {err}"
+    click.echo(f"gpuvet: {line}", err=True)

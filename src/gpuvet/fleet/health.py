@@ -1,0 +1,45 @@
+"""`gpuvet health`: the passive facts of this node (or of captures) judged by the health rules,
+as one run record of its own kind (options["profile"] == "health")."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from .. import judge
+from ..facts import Machine
+from ..judge import health as health_rules
+from ..probe import capture, live
+from ..record import RunRecord
+
+PROFILE = "health"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def check(captures: list[str] | None = None, expect_gpus: int | None = None,
+          budgets_s: dict[str, float] | None = None, machine: Machine | None = None) -> RunRecord:
+    """This node's health (or that of the machine in `captures`, or a `machine` already read)."""
+    started, t0 = _now(), time.monotonic()
+    budgets = {**live.HEALTH_BUDGETS_S, **(budgets_s or {})}
+    if machine is None:
+        if captures:
+            machine = capture.merge([c for path in captures for c in capture.read_captures(path)])
+        else:
+            machine = live.collect_passive(budgets)
+    judge.annotate_references(machine)
+    options: dict[str, Any] = {"profile": PROFILE, "probe_budgets_s": budgets}
+    if expect_gpus is not None:
+        options["expect_gpus"] = expect_gpus
+    record = RunRecord(machine=machine, started_at=started, options=options)
+    record.findings = judge.judge_health(machine, options)
+    record.duration_s = time.monotonic() - t0
+    return record
+
+
+def outcome(record: RunRecord) -> str:
+    """healthy / problem / unknown (judge.health.EXIT_CODES maps them to 0 / 1 / 2)."""
+    return health_rules.outcome(record.machine, record.findings)

@@ -1,0 +1,138 @@
+"""`gpuvet health`: the passive fleet check. Real captures of failing and healthy GPUs, this
+machine (no GPU), and a GPU reader that hangs the way NVML does on a dying GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuvet.facts import Driver, Gpu
+from gpuvet.fleet import health
+from gpuvet.judge.health import PROBLEM, UNKNOWN
+from gpuvet.probe import capture, live
+from gpuvet.report.health import SUMMARY_MAX, summary_line
+
+FIXTURES = Path(__file__).parent / "fixtures"
+POWER_BRAKE = FIXTURES / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"  # gpu2: HW power brake
+HEALTHY = FIXTURES / "smi_text" / "q-8x-a100-sxm4-40gb-azure-ndv4-460.32.03.txt"
+FOUR_K80 = FIXTURES / "smi_xml" / "tesla-k80-x4-azure-ecc-retired-430.26-v10.xml"
+BUSY_RTX = FIXTURES / "smi_text" / "q-8x-rtx4090-all-idle-535.154.05.txt"  # a job's processes on every GPU
+
+
+def gpuvet(*args: str, db: Path | None = None) -> subprocess.CompletedProcess:
+    store = ["--db", str(db)] if db else ["--no-save"]
+    return subprocess.run([sys.executable, "-m", "gpuvet", "health", *store, *args], check=False, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
+def _summary_fits(line: str) -> None:
+    """What node-problem-detector and scontrol keep: one ASCII line of at most 80 bytes."""
+    assert line.startswith("gpuvet: ") and len(line.encode()) <= SUMMARY_MAX and line.isascii()
+
+
+def test_this_machine_answers_fast_with_a_scheduler_exit_code(tmp_path):
+    done = gpuvet("--json", db=tmp_path / "runs.sqlite3")
+    record = json.loads(done.stdout)
+    assert done.returncode in (0, 1, 2)
+    assert record["duration_s"] < 5 and record["options"]["profile"] == "health"
+    if not record["machine"]["gpus"]:  # like CI: no GPU, so it cannot tell, and says why
+        assert done.returncode == 2
+        assert record["options"]["summary"].startswith("gpuvet: cannot tell: no GPU to check")
+    _summary_fits(record["options"]["summary"])
+
+
+def test_a_failing_gpu_exits_1_with_the_reason_on_the_first_line():
+    done = gpuvet("--from", str(POWER_BRAKE))
+    assert done.returncode == 1
+    first, *rest = done.stdout.splitlines()
+    _summary_fits(first)
+    assert first.startswith("gpuvet: gpu2 gpu.throttle: slowdown flagged in the snapshot: HW power brake")
+    assert any(line.split()[:3] == ["FAIL", "gpu.throttle", "gpu2"] for line in rest)
+
+
+def test_a_healthy_capture_exits_0_and_brief_prints_one_line():
+    done = gpuvet("--from", str(HEALTHY), "--brief")
+    assert done.returncode == 0 and done.stdout == "gpuvet: healthy, 8 GPU(s)\n"
+
+
+def test_a_running_job_is_not_a_problem():
+    """Processes and memory of someone's job on every GPU: `gpuvet run --quick` warns about them,
+    health leaves them out (it runs on busy nodes)."""
+    done = gpuvet("--from", str(BUSY_RTX))
+    assert done.returncode == 0 and "gpu.isolation" not in done.stdout
+
+
+def test_fewer_gpus_than_the_node_has_is_a_problem():
+    done = gpuvet("--from", str(FOUR_K80), "--expect-gpus", "8", "--brief")
+    assert done.returncode == 1 and done.stdout == "gpuvet: gpu.reachable: 4 of 8 GPUs visible\n"
+
+
+def test_a_gpu_fallen_off_the_bus_is_named():
+    """Stand-in: the healthy A100 capture with one GPU answering NVML as a lost GPU does
+    (NVML_ERROR_GPU_IS_LOST on its calls)."""
+    machine = capture.merge(capture.read_captures(str(HEALTHY)))
+    machine.gpus[3].unavailable["power.draw_w"] = "the GPU has fallen off the bus"
+    record = health.check(machine=machine)
+    assert health.outcome(record) == PROBLEM
+    assert summary_line(record, PROBLEM) == "gpuvet: gpu3 gpu.reachable: fallen off the bus (NVML reports the GPU lost)"
+
+
+def test_a_hung_gpu_probe_is_cut_at_its_deadline_and_is_itself_a_problem():
+    stuck = threading.Event()
+
+    def hangs_like_a_dying_gpu() -> tuple[Driver, list[Gpu], None, None]:
+        stuck.wait(30)
+        return Driver(), [], None, None
+
+    t0 = time.monotonic()
+    try:
+        machine = live.collect_passive({"gpu": 0.2}, read_gpus=hangs_like_a_dying_gpu)
+        record = health.check(machine=machine, budgets_s={"gpu": 0.2})
+    finally:
+        stuck.set()
+    assert time.monotonic() - t0 < 5  # cut at the deadline, not after the reader's 30 s
+    assert health.outcome(record) == PROBLEM
+    assert summary_line(record, PROBLEM)== "gpuvet: health.probe: NVML hung past its 0.2 s deadline: GPU or driver wedged"
+
+
+def test_no_gpu_facts_is_could_not_tell_not_healthy():
+    machine = live.collect_passive(read_gpus=lambda: (Driver(), [], None, "no NVIDIA driver"))
+    record = health.check(machine=machine)
+    assert health.outcome(record) == UNKNOWN
+
+
+def test_a_health_record_judged_again_keeps_the_health_rules(tmp_path):
+    done = gpuvet("--from", str(BUSY_RTX), "--json")
+    saved = tmp_path / "health.json"
+    saved.write_text(done.stdout)
+    again = subprocess.run([sys.executable, "-m", "gpuvet", "inspect", str(saved), "--json"], check=False, capture_output=True,
+                           text=True, timeout=60)
+    checks = {f["check"] for f in json.loads(again.stdout)["findings"]}
+    assert "gpu.reachable" in checks and "gpu.isolation" not in checks
+
+
+def test_history_lists_health_runs_as_their_own_kind(tmp_path):
+    db = tmp_path / "runs.sqlite3"
+    gpuvet("--from", str(POWER_BRAKE), db=db)
+    gpuvet("--from", str(HEALTHY), db=db)
+    listed = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--db", str(db)], check=False, capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert listed.stdout.count(" health ") == 2
+    only = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--kind", "quick", "--json", "--db", str(db)],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert json.loads(only.stdout) == []
+
+
+def test_slurm_without_scontrol_says_so_and_keeps_the_answer(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {**os.environ, "PATH": str(bin_dir)}
+    done = subprocess.run([sys.executable, "-m", "gpuvet", "health", "--no-save", "--slurm", "--node", "n1", "--from",
+                           str(POWER_BRAKE), "--brief"], check=False, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1
+    assert "gpuvet: slurm: n1 not drained: scontrol not found on PATH" in done.stderr

@@ -1,0 +1,228 @@
+"""`gpuvet health --slurm` and `gpuvet cluster` against a real Slurm: munged, slurmctld and slurmd
+from Debian's packages (scripts/test installs them), started on localhost with a minimal
+slurm.conf in a temporary folder, one node named after this host. The health check runs as
+Slurm's HealthCheckProgram would (deploy/slurm/gpuvet-healthcheck, as root, no terminal), and
+the node's state and reason are read back from `scontrol show node`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+WRAPPER = ROOT / "deploy" / "slurm" / "gpuvet-healthcheck"
+FAILING = FIXTURES / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"  # gpu2: HW power brake
+HEALTHY = FIXTURES / "smi_text" / "q-8x-a100-sxm4-40gb-azure-ndv4-460.32.03.txt"
+DAEMONS = ("munged", "slurmctld", "slurmd", "scontrol", "srun")
+READY_S = 30.0  # a loaded 2-core machine: slurmctld answers and slurmd registers within seconds
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
+def _missing() -> str | None:
+    if sys.platform != "linux":
+        return "Slurm's daemons run on Linux only"
+    if os.geteuid() != 0:
+        return "slurmd and munged must run as root here (no SlurmUser account to switch to)"
+    absent = [d for d in DAEMONS if _which(d) is None]
+    if absent:
+        return f"not installed: {', '.join(absent)} (scripts/test installs munge, slurmctld, slurmd, slurm-client)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalSlurm:
+    """One controller and one node on localhost; every daemon a child of the test process, in
+    the foreground, so teardown stops and reaps each one by its own handle."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.node = socket.gethostname().split(".")[0]
+        self.conf = folder / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.daemons: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        f = self.folder
+        for sub in ("state", "spool", "log"):
+            (f / sub).mkdir()
+        key = f / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        sock = f / "munge.sock"
+        self._spawn([_which("munged"), "-F", f"--socket={sock}", f"--key-file={key}", f"--pid-file={f / 'munged.pid'}",
+                     f"--log-file={f / 'log' / 'munged.log'}", f"--seed-file={f / 'munge.seed'}", "--force"])
+        self._wait(lambda: sock.exists(), "munged's socket")
+        self.conf.write_text(f"""ClusterName=gpuvettest
+SlurmctldHost=localhost
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={f / 'state'}
+SlurmdSpoolDir={f / 'spool'}
+SlurmctldPidFile={f / 'slurmctld.pid'}
+SlurmdPidFile={f / 'slurmd.pid'}
+SlurmctldLogFile={f / 'log' / 'slurmctld.log'}
+SlurmdLogFile={f / 'log' / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SchedulerType=sched/builtin
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={self.node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+        self._spawn([_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        self._spawn([_which("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
+        self._wait(lambda: "State=IDLE" in self._show_quietly(), f"node {self.node} idle")
+
+    def _spawn(self, argv: list) -> None:
+        self.daemons.append(subprocess.Popen([str(a) for a in argv], env=self.env, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL))
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + READY_S
+        while not ready():
+            dead = [d.args[0] for d in self.daemons if d.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join(p.read_text()[-1500:] for p in (self.folder / "log").glob("*.log"))
+                raise RuntimeError(f"local Slurm not ready ({what}); exited: {dead}\n{logs}")
+            time.sleep(0.1)  # polling a daemon's start-up, not timing anything
+
+    def _show_quietly(self) -> str:
+        done = subprocess.run(["scontrol", "show", "node", self.node, "-o"], env=self.env, check=False, capture_output=True,
+                              text=True, timeout=10)
+        return done.stdout
+
+    def show(self) -> tuple[str, str | None]:
+        """(State, Reason without Slurm's [user@time]) as `scontrol show node` prints them."""
+        line = self._show_quietly()
+        state = line.split("State=", 1)[1].split()[0]
+        reason = line.split(" Reason=", 1)[1].rsplit(" [", 1)[0].strip() if " Reason=" in line else None
+        return state, reason
+
+    def scontrol(self, *args: str) -> None:
+        subprocess.run(["scontrol", *args], env=self.env, check=True, capture_output=True, timeout=10)
+
+    def stop(self) -> None:
+        for daemon in reversed(self.daemons):
+            daemon.terminate()
+        for daemon in reversed(self.daemons):
+            try:
+                daemon.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def resumed(slurm):
+    """Each test starts from an undrained node."""
+    state, _ = slurm.show()
+    if "DRAIN" in state:
+        slurm.scontrol("update", f"NodeName={slurm.node}", "State=RESUME")
+    yield slurm
+
+
+def _healthcheck(slurm: LocalSlurm, tmp_path: Path, capture: Path, *extra: str) -> subprocess.CompletedProcess:
+    """deploy/slurm/gpuvet-healthcheck as slurmd runs it: root, no terminal, a bare environment
+    (here: SLURM_CONF for the test's controller, and gpuvet from this checkout)."""
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(slurm.conf), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "GPUVET": f"{sys.executable} -m gpuvet", "GPUVET_DB": str(tmp_path / "runs.sqlite3"),
+           "GPUVET_HEALTH_OPTS": " ".join(["--from", str(capture), *extra])}
+    return subprocess.run(["sh", str(WRAPPER)], env=env, check=False, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_failing_gpu_drains_the_node_with_the_summary_as_reason_and_health_resumes_it(resumed, tmp_path):
+    bad = _healthcheck(resumed, tmp_path, FAILING)
+    assert bad.returncode == 1, bad.stderr
+    summary = bad.stdout.strip()
+    assert summary.startswith("gpuvet: gpu2 gpu.throttle") and "\n" not in summary
+    state, reason = resumed.show()
+    assert "DRAIN" in state and reason == summary
+    assert f"drained {resumed.node}" in bad.stderr
+
+    again = _healthcheck(resumed, tmp_path, FAILING)  # idempotent: the same drain, said so
+    assert again.returncode == 1 and "already drained by gpuvet" in again.stderr
+    assert resumed.show() == (state, reason)
+
+    good = _healthcheck(resumed, tmp_path, HEALTHY)
+    assert good.returncode == 0, good.stderr
+    state, _ = resumed.show()
+    assert "DRAIN" not in state and f"resumed {resumed.node}" in good.stderr
+
+
+def test_an_admins_drain_is_never_undone(resumed, tmp_path):
+    resumed.scontrol("update", f"NodeName={resumed.node}", "State=DRAIN", "Reason=admin: PSU swap ticket 42")
+    good = _healthcheck(resumed, tmp_path, HEALTHY)
+    assert good.returncode == 0 and "left drained" in good.stderr
+    bad = _healthcheck(resumed, tmp_path, FAILING)
+    assert bad.returncode == 1 and "drained by someone else" in bad.stderr
+    state, reason = resumed.show()
+    assert "DRAIN" in state and reason == "admin: PSU swap ticket 42"
+
+
+def test_scontrol_refusing_is_one_clear_line_and_the_health_answer_stands(resumed, tmp_path):
+    bad = _healthcheck(resumed, tmp_path, FAILING, "--node", "no-such-node")
+    assert bad.returncode == 1
+    assert "slurm: no-such-node not drained: scontrol show node refused" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert "DRAIN" not in resumed.show()[0]
+
+
+def test_health_runs_are_kept_and_listed_as_their_own_kind(resumed, tmp_path):
+    _healthcheck(resumed, tmp_path, FAILING)
+    _healthcheck(resumed, tmp_path, HEALTHY)
+    listed = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--kind", "health", "--json",
+                             "--db", str(tmp_path / "runs.sqlite3")], check=False, capture_output=True, text=True, timeout=60)
+    runs = json.loads(listed.stdout)
+    assert [(r["kind"], r["verdict"]) for r in runs] == [("health", "pass"), ("health", "fail")]
+
+
+def test_cluster_mode_runs_under_srun_on_the_slurm_node(resumed, tmp_path):
+    out = tmp_path / "cluster.json"
+    done = subprocess.run(["srun", "--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0", sys.executable, "-m",
+                           "gpuvet.cluster", "--quick", "--device", "cpu", "--no-save", "--no-cross", "-q",
+                           "--out", str(out)], env=resumed.env, check=False, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["launcher"]["kind"] == "slurm" and record["cluster_id"].startswith("slurm-")
+    assert [row["name"] for row in record["summary"]["rows"]] == [resumed.node]
