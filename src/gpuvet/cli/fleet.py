@@ -9,12 +9,13 @@ import threading
 import click
 
 from ..fleet import health as fleet_health
-from ..fleet import slurm
+from ..fleet import kubernetes, slurm
 from ..judge.health import EXIT_CODES, HEALTHY, PROBLEM
 from ..probe.errors import CaptureError
 from ..record import RunRecord
 from ..report.health import detail_lines, summary_line
-from .base import UsageProblem, cli, save
+from ..report.node_labels import node_labels
+from .base import UsageProblem, cli, load_run_file, save
 
 SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuvet may hold the store)
 
@@ -75,3 +76,23 @@ def _slurm(outcome: str, summary: str, node: str | None) -> None:
         verb = {PROBLEM: "drained", HEALTHY: "resumed"}.get(outcome, "changed")
         line = f"slurm: {name} not {verb}: {err}"
     click.echo(f"gpuvet: {line}", err=True)
+
+
+@cli.command(name="node-labels")
+@click.argument("record_file", metavar="RUN.json")
+@click.option("--apply", "node", metavar="NODE", help="Label this Kubernetes node (from inside a pod, with its service account).")
+def node_labels_command(record_file: str, node: str | None) -> None:
+    """A run record's verdict, kind, GPU count, model and power cap as Kubernetes node labels
+    (gpuvet.dev/...): printed as key=value lines, or put on NODE with --apply."""
+    try:
+        labels = node_labels(load_run_file(record_file))
+    except CaptureError as err:
+        raise UsageProblem(str(err)) from None
+    for key, value in labels.items():
+        click.echo(f"{key}={value}")
+    if node:
+        try:
+            kubernetes.label_node(kubernetes.in_cluster(), node, labels)
+        except kubernetes.KubernetesError as err:
+            raise UsageProblem(str(err)) from None
+        click.echo(f"gpuvet: labelled node {node}", err=True)
