@@ -119,7 +119,7 @@ def test_a_pass_built_on_skips_says_how_little_was_judged():
     from gpuvet.report import terminal
 
     record = runner.inspect([str(FIXTURES / "smi_text/default-table-h100-vm-590.48.01.txt")])  # the plain table
-    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 5 of 16 findings could be judged")
+    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 5 of 17 findings could be judged")
     topo_only = runner.inspect([str(FIXTURES / "topo/dgx1-8gpu-topo-mp-pcie-only.txt")])  # "8 x unknown GPU"
     assert terminal.verdict_text(topo_only).startswith("SKIP: nothing could be checked")
 
@@ -153,7 +153,7 @@ def test_no_rule_passes_without_a_measured_value_an_expectation_and_its_source()
     bare = []
     for record in _all_fixture_records():
         ctx = Context(record.machine, record.measurements, record.options)
-        for check, rule in RULES.items():
+        for rule in RULES.values():
             try:
                 results = rule(ctx)
             except Exception:  # noqa: BLE001 (judge reports a crashed rule as a SKIP)
@@ -163,3 +163,55 @@ def test_no_rule_passes_without_a_measured_value_an_expectation_and_its_source()
                 if f.status == "pass" and not (e.measured and e.expected and e.source):
                     bare.append((f.check, f.summary[:80]))
     assert not bare, sorted(set(bare))
+
+
+# -- stack.toolkit: the CUDA toolkit against the driver and PyTorch's CUDA --------------------------
+
+def _with_stack(name: str, **stack_fields):
+    from gpuvet.facts import Stack, Torch
+
+    m = machine_from(name)
+    torch = stack_fields.pop("torch", Torch())
+    m.stack = Stack(torch=torch, **stack_fields)
+    return m
+
+
+def test_toolkit_newer_than_the_driver_fails_like_the_seed__stack_given_in_the_test():
+    # Seed 2: CUDA 12.1 needs driver 525.60.13; the machine had 515.65.01 (this real capture's driver).
+    m = _with_stack("smi_xml/gtx-1050-laptop-x8-515.65.01-nodoctype.xml", nvcc_version="12.1.105")
+    (f,) = found(m, "stack.toolkit").values()
+    assert f.status == "fail" and "driver 515.65.01 is older than CUDA 12.1 needs (530.30.02)" in f.summary
+    assert "stop deploying" in f.summary and "Tables 2-3" in f.evidence.source
+
+
+def test_toolkit_of_another_major_than_pytorch_warns__stack_given_in_the_test():
+    from gpuvet.facts import Torch
+
+    m = _with_stack("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt", cuda_home_version="12.4",
+                    cuda_home_target="/usr/local/cuda-12.4",
+                    torch=Torch(installed=True, version="2.7.1+cu118", cuda="11.8"))
+    (f,) = found(m, "stack.toolkit").values()
+    assert f.status == "warn" and "toolkit CUDA 12.4 vs PyTorch's CUDA 11.8" in f.summary
+    assert "/usr/local/cuda-12.4/version.json" in f.evidence.measured
+
+
+def test_matching_toolkit_passes_with_its_expectation__stack_given_in_the_test():
+    from gpuvet.facts import Torch
+
+    m = _with_stack("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt", nvcc_version="12.8.93",
+                    torch=Torch(installed=True, version="2.8.0+cu128", cuda="12.8"))
+    (f,) = found(m, "stack.toolkit").values()
+    assert f.status == "pass" and "driver >= 570.26" in f.evidence.expected
+
+
+def test_toolkit_version_is_read_from_version_json_or_version_txt(tmp_path):
+    from gpuvet.probe.stack import read_toolkit_version
+
+    # The "cuda" entry as CUDA 11.1+ writes /usr/local/cuda/version.json (the SDK's third part may be a date).
+    (tmp_path / "version.json").write_text('{\n   "cuda" : {\n      "name" : "CUDA SDK",\n      "version" : "11.8.20220929"\n   }\n}\n')
+    assert read_toolkit_version(str(tmp_path)) == "11.8"
+    (tmp_path / "version.json").unlink()
+    (tmp_path / "version.txt").write_text("CUDA Version 10.2.89\n")  # before 11.1
+    assert read_toolkit_version(str(tmp_path)) == "10.2"
+    (tmp_path / "version.txt").unlink()
+    assert read_toolkit_version(str(tmp_path)) is None

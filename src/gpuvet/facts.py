@@ -284,6 +284,8 @@ class Stack:
     nvcc_version: str | None = None
     cuda_home: str | None = None  # /usr/local/cuda
     cuda_home_target: str | None = None  # where /usr/local/cuda points
+    # The toolkit /usr/local/cuda holds: version.json's "cuda" entry (CUDA 11.1+) or version.txt.
+    cuda_home_version: str | None = None
     cuda_module_loading: str | None = None  # env CUDA_MODULE_LOADING
     unavailable: dict[str, str] = field(default_factory=dict)
 

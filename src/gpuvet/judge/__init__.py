@@ -61,6 +61,7 @@ RULES: dict[str, Rule] = {
     "workload.resume": workload.check_resume,
     "stack.driver_cuda": stack.check_driver_cuda,
     "stack.arch_support": stack.check_arch_support,
+    "stack.toolkit": stack.check_toolkit,
     "host.cpu": host.check_cpu,
     "host.shm": host.check_shm,
     "host.steal": host.check_steal,

@@ -1,8 +1,10 @@
-"""stack.driver_cuda and stack.arch_support: will your framework run on this driver and GPU?"""
+"""stack.driver_cuda, stack.arch_support and stack.toolkit: will your framework (and the CUDA
+toolkit installed) run on this driver and GPU?"""
 
 from __future__ import annotations
 
-from ..record import Finding
+from ..facts import Stack
+from ..record import MEASURED, Finding
 from . import cuda
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 from .cuda import version_tuple as vt
@@ -153,3 +155,65 @@ def check_arch_support(ctx: Context) -> list[Finding]:
                                     measured=f"torch arch list: {archs}", expected=f"sm_{cc.replace('.', '')} or older PTX",
                                     source="torch.cuda.get_arch_list() against the GPU's compute capability"))
     return findings
+
+
+# -- stack.toolkit ---------------------------------------------------------------------------------
+
+def check_toolkit(ctx: Context) -> list[Finding]:
+    """The CUDA toolkit installed (nvcc, /usr/local/cuda's version file) against the driver (seed 2:
+    a driver older than the toolkit's minimum means stop deploying) and against the CUDA PyTorch
+    was built with (extensions compiled with nvcc must match it)."""
+    m = ctx.machine
+    if m.stack is None:
+        return [finding("stack.toolkit", "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
+    st = m.stack
+    toolkit, where = _toolkit(st)
+    if toolkit is None:
+        why = st.unavailable.get("nvcc_version") or "nvcc not found"
+        return [finding("stack.toolkit", "stack", SKIP, f"no CUDA toolkit installed ({why}): PyTorch wheels bring their "
+                        "own CUDA runtime; a toolkit is needed only to compile CUDA code or extensions")]
+    measured = f"toolkit CUDA {toolkit} ({where}); driver {m.driver.version or '?'}"
+    problems: list[tuple[str, str]] = []
+    expected, sources = [], [cuda.SOURCE]
+    needed, family_min = cuda.toolkit_driver(toolkit), cuda.family_min_driver(toolkit)
+    if m.driver.version and needed:
+        expected.append(f"driver >= {needed} for CUDA {toolkit}")
+        if vt(m.driver.version) < vt(needed):
+            compatible = family_min and vt(m.driver.version) >= vt(family_min)
+            problems.append((WARN if compatible else FAIL,
+                             f"driver {m.driver.version} is older than CUDA {toolkit} needs ({needed})"
+                             + ("; it runs by minor-version compatibility, but code nvcc builds with newer PTX fails to load"
+                                if compatible else ": programs built with this toolkit fail to start; stop deploying "
+                                                   "until the provider upgrades the driver")))
+    if st.nvcc_version and st.cuda_home_version and vt(st.nvcc_version)[:2] != vt(st.cuda_home_version)[:2]:
+        problems.append((WARN, f"two toolkits: nvcc on PATH is CUDA {st.nvcc_version}, {st.cuda_home_target} holds "
+                               f"{st.cuda_home_version}: builds use whichever comes first"))
+        measured += f"; nvcc {st.nvcc_version}, {st.cuda_home_target} {st.cuda_home_version}"
+    torch_cuda = st.torch.cuda if st.torch.installed else None
+    if torch_cuda:
+        measured += f"; torch {st.torch.version} built with CUDA {torch_cuda}"
+        expected.append(f"the same CUDA major as PyTorch's ({vt(torch_cuda)[0]})")
+        sources.append("torch.utils.cpp_extension refuses a toolkit of another CUDA major than torch.version.cuda")
+        if vt(toolkit)[:1] != vt(torch_cuda)[:1]:
+            problems.append((WARN, f"toolkit CUDA {toolkit} vs PyTorch's CUDA {torch_cuda}: extensions built here "
+                                   "(flash-attn, apex, custom ops) fail: 'The detected CUDA version mismatches the version "
+                                   "that was used to compile PyTorch'"))
+    if not expected:
+        return [finding("stack.toolkit", "stack", MEASURED, f"CUDA toolkit {toolkit} ({where}): no driver version "
+                        "or PyTorch to compare it with", measured=measured)]
+    common = {"measured": measured, "expected": "; ".join(expected), "source": "; ".join(sources)}
+    if problems:
+        status = FAIL if any(s == FAIL for s, _ in problems) else WARN
+        return [finding("stack.toolkit", "stack", status, "; ".join(w for _, w in problems), **common,
+                        remedy="`nvcc --version`, `cat /usr/local/cuda/version.json`, `nvidia-smi`; ask the provider for a "
+                               "newer driver, or install the toolkit matching torch.version.cuda")]
+    return [finding("stack.toolkit", "stack", PASS, f"CUDA toolkit {toolkit} runs on driver {m.driver.version or '?'}"
+                    + (f" and matches PyTorch's CUDA {torch_cuda}" if torch_cuda else ""), **common)]
+
+
+def _toolkit(st: Stack) -> tuple[str | None, str]:
+    if st.nvcc_version:
+        return ".".join(str(x) for x in vt(st.nvcc_version)[:2]), "nvcc --version"
+    if st.cuda_home_version:
+        return st.cuda_home_version, f"{st.cuda_home_target or '/usr/local/cuda'}/version.json or version.txt"
+    return None, ""

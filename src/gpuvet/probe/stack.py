@@ -269,3 +269,29 @@ def _fill_cuda_home(stack: Stack, path: str) -> None:
         return
     stack.cuda_home = path
     stack.cuda_home_target = os.path.realpath(path)
+    stack.cuda_home_version = read_toolkit_version(stack.cuda_home_target)
+    if stack.cuda_home_version is None:
+        stack.unavailable["cuda_home_version"] = f"no version.json or version.txt with a version in {stack.cuda_home_target}"
+
+
+_VERSION_TXT = re.compile(r"CUDA Version\s+(\d+\.\d+(?:\.\d+)?)")
+
+
+def read_toolkit_version(folder: str) -> str | None:
+    """The CUDA toolkit's version from `folder`/version.json ({"cuda": {"version": "12.1.1"}},
+    CUDA 11.1 on) or version.txt ("CUDA Version 10.2.89", before); the SDK's third part can be a
+    date ("11.8.20220929"), so only major.minor is kept."""
+    try:
+        with open(os.path.join(folder, "version.json"), encoding="utf-8") as f:
+            version = str((json.load(f).get("cuda") or {}).get("version") or "")
+    except (OSError, ValueError, AttributeError):
+        version = ""
+    if not version:
+        try:
+            with open(os.path.join(folder, "version.txt"), encoding="utf-8") as f:
+                m = _VERSION_TXT.search(f.read(4096))
+            version = m.group(1) if m else ""
+        except OSError:
+            version = ""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
