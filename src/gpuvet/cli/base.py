@@ -7,6 +7,7 @@ import functools
 import os
 import signal
 import sys
+from datetime import datetime, timezone
 
 import click
 from rich.console import Console
@@ -83,13 +84,22 @@ def _report_needs_out(fn):
 
 @contextlib.contextmanager
 def progress_status(quiet: bool):
-    """A one-line status on stderr while benchmarks run (only on a terminal)."""
+    """What gpuvet is doing, on stderr while benchmarks run: one status line that updates itself on
+    a terminal; elsewhere (`gpuvet run 2>&1 | tee log`, a batch job) one plain timestamped line per
+    step, so a log shows where minutes went."""
     console = Console(stderr=True)
-    if quiet or not console.is_terminal:
+    if quiet:
         yield lambda message: None
+        return
+    if not console.is_terminal:
+        def line(message: str) -> None:
+            click.echo(f"gpuvet {datetime.now(timezone.utc):%H:%M:%S} UTC: {message}", err=True)
+
+        yield line
         return
     with console.status("gpuvet: starting") as status:
         yield lambda message: status.update(f"gpuvet: {message}")
+
 
 
 def store_options(fn):
@@ -173,7 +183,7 @@ def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool, repor
     if as_json:
         click.echo(record.to_json())
     else:
-        terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
+        terminal.render(record, terminal.stdout_console(), verbose=verbose)
     sys.exit(exit_code(record.findings))
 
 
@@ -186,7 +196,7 @@ def show_record(record: RunRecord, fmt: str, out: str | None, redact: bool, verb
 
         record = redact_record(record)
     if fmt == "terminal":
-        terminal.render(record, Console(highlight=False, soft_wrap=True), verbose=verbose)
+        terminal.render(record, terminal.stdout_console(), verbose=verbose)
         return
     text = rendered(record, fmt)
     if out:
@@ -234,6 +244,34 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# What the reports print beyond ASCII, as ASCII: a terminal or pipe that cannot encode them
+# (PYTHONIOENCODING=ascii, LANG=C on old Pythons) gets these instead of a UnicodeEncodeError.
+ASCII_FOR = {"✓": "+", "✗": "x", "·": "-", "…": "...", "°": " deg", "→": "->", "←": "<-", "≥": ">=", "≤": "<=",
+             "×": "x", "–": "-", "—": "-", "µ": "u", "±": "+/-", "✅": "[ok]", "⚠": "[!]", "❌": "[x]",
+             "▁": "_", "▂": "_", "▃": "-", "▄": "-", "▅": "=", "▆": "=", "▇": "#", "█": "#"}
+
+
+def _to_ascii(err: UnicodeError):
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    return "".join(ASCII_FOR.get(c, "?") for c in err.object[err.start:err.end]), err.end
+
+
+def readable_anywhere() -> None:
+    """Streams that cannot encode gpuvet's symbols write an ASCII stand-in for each."""
+    import codecs
+
+    codecs.register_error("gpuvet-ascii", _to_ascii)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        try:
+            "✓·…°→".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            if reconfigure is not None:
+                reconfigure(errors="gpuvet-ascii")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click's errors become one line on stderr and exit 2, never a traceback."""
     # A kill or a dropped SSH session ends gpuvet like Ctrl-C does, so benchmarks clean up
@@ -241,12 +279,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _interrupt)
+    readable_anywhere()
     try:
         cli.main(args=argv, prog_name="gpuvet", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         sys.exit(exit_.exit_code)
     except click.ClickException as err:
-        hint = " (see gpuvet --help)" if isinstance(err, click.UsageError) else ""
+        where = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx else "gpuvet"
+        hint = f" (see {where} --help)" if isinstance(err, click.UsageError) else ""
         click.echo(f"gpuvet: {err.format_message()}{hint}", err=True)
         sys.exit(EXIT_USAGE if err.exit_code in (1, 2) else err.exit_code)
     except click.Abort:

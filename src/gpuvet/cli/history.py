@@ -16,7 +16,7 @@ from ..compare import compare as compare_runs
 from ..compare import entry, find_run, history_trend, with_prices
 from ..probe.errors import CaptureError
 from ..record import RunRecord, exit_code
-from ..report import compare_view
+from ..report import compare_view, terminal
 from ..report.redact import Redactor
 from ..store import NoStoreYet, Store, StoreError, check_price
 from .base import PRICE, UsageProblem, check_out_path, cli, open_store, show_record
@@ -26,7 +26,7 @@ _redact = click.option("--redact", is_flag=True, help="Remove hostnames, serials
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return terminal.stdout_console()
 
 
 def _local_clock() -> tuple[float, str]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
 from .. import doctor as doctor_module
 from .. import runner
 from ..probe.errors import CaptureError
+from ..report import terminal
 from ..store import StoreError
 from .base import UsageProblem, check_out_path, cli, load_run_file, show_record, write_atomically
 
@@ -40,7 +40,7 @@ def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) ->
 @click.option("--db", metavar="PATH", help="The history database to take the latest run from.")
 def doctor(symptom: str | None, run_path: str | None, db: str | None) -> None:
     """From a symptom ("slower and slower", "no kernel image") to its likely causes and the checks that tell them apart."""
-    console = Console(highlight=False, soft_wrap=True)
+    console = terminal.stdout_console()
     if not symptom:
         doctor_module.render_doctor(console)
         return
@@ -125,7 +125,7 @@ def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool, redact:
     if fmt == "terminal":
         if out:
             raise UsageProblem("--out needs --format md, html or json")
-        cluster_view.render(data, Console(highlight=False, soft_wrap=True), verbose)
+        cluster_view.render(data, terminal.stdout_console(), verbose)
         return
     render = {"json": cluster_view.to_json, "md": lambda d: cluster_view.render_markdown(d, verbose=True),
               "html": lambda d: cluster_view.render_html(d, verbose=True)}[fmt]

@@ -140,9 +140,8 @@ class Coordinator:
     def _report(self, final: bool = True) -> int:
         """Write the cluster record and print the report. Not `final`: the run was stopped, and
         the store may be gone; what cannot be read from it is left out, not waited for."""
-        from rich.console import Console
-
         from ..report import cluster_view
+        from ..report.terminal import stdout_console
 
         o, nodes = self.options, self.roster.nodes
         records: dict[int, Any] = {}
@@ -179,7 +178,7 @@ class Coordinator:
         if o.as_json:
             click.echo(cluster_view.to_json(record))
         else:
-            cluster_view.render(record, Console(highlight=False, soft_wrap=True), verbose=o.verbose)
+            cluster_view.render(record, stdout_console(), verbose=o.verbose)
         if final:
             self._say_goodbye(record)
         return EXIT_FAIL if record["verdict"] == FAIL else EXIT_OK

@@ -15,8 +15,10 @@ from ..facts import Audit, Listener
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 
-SEED_SECURITY = "seed 2, section 3: GPU time stolen through an SSH reverse tunnel; keys and servers must be locked down"
-SEED_TUNING = "seed 2, sections 3 and 6 (SSH and Jupyter settings)"
+SECURITY_SOURCE = ("GPU time is stolen through open notebook servers and SSH reverse tunnels; sshd_config(5) "
+                 "(PermitRootLogin, PasswordAuthentication, AllowTcpForwarding), authorized_keys options in sshd(8), "
+                 "Jupyter Server's security docs (token or password)")
+TUNING_SOURCE = "sshd_config(5) ClientAliveInterval/ClientAliveCountMax; Jupyter Server's ServerApp.iopub_data_rate_limit"
 
 
 def check_environment(ctx: Context) -> list[Finding]:
@@ -71,7 +73,7 @@ def check_exposed_servers(audit: Audit) -> list[Finding]:
     listing = ", ".join(_describe(item) for item in exposed) or "none"
     return [finding("env.exposed_servers", "host", PASS,
                     f"no server without a login listens on the network ({len(exposed)} listening beyond loopback)",
-                    measured=f"listening beyond loopback: {listing}", expected=EXPOSED_EXPECTED, source=SEED_SECURITY)]
+                    measured=f"listening beyond loopback: {listing}", expected=EXPOSED_EXPECTED, source=SECURITY_SOURCE)]
 
 
 EXPOSED_EXPECTED = ("every server on all interfaces has a login (sshd; Jupyter or code-server with a token or password); "
@@ -99,7 +101,7 @@ def _open_unknown(listener: Listener) -> Finding:
         "env.exposed_servers", "host", WARN,
         f"{where} listens on every interface{named}: {what}, with no login gpuvet can see; anyone who can reach port {port} "
         "can use whatever it serves",
-        measured=f"{where}: {listener.note or 'kind unknown'}", expected=EXPOSED_EXPECTED, source=SEED_SECURITY,
+        measured=f"{where}: {listener.note or 'kind unknown'}", expected=EXPOSED_EXPECTED, source=SECURITY_SOURCE,
         remedy=(f"{bind} and reach it with `ssh -N -L {port}:127.0.0.1:{port} user@this-machine`; or let only your "
                 f"address in: `sudo ufw allow from YOUR_IP to any port {port} proto tcp && sudo ufw deny {port}/tcp` "
                 "(or the cloud security group); if it has a login of its own, this warning is advice only"))
@@ -132,7 +134,7 @@ def _exposed(listener: Listener) -> Finding:
         expected = "a token or password known to be set, or bound to 127.0.0.1"
     return finding("env.exposed_servers", "host", status, summary,
                    measured=f"{where}: {listener.note or 'no details'}", expected=expected,
-                   source=SEED_SECURITY + ("; Jupyter docs: a server without token or password runs code for anyone who "
+                   source=SECURITY_SOURCE + ("; Jupyter docs: a server without token or password runs code for anyone who "
                                            "connects" if listener.kind == "jupyter" else ""),
                    remedy=closing.format(port=listener.port))
 
@@ -202,7 +204,7 @@ def check_ssh_login(audit: Audit) -> list[Finding]:
     suffix = "" if listening is not False else " (applies when sshd starts)"
     return [finding("env.ssh_login", "host", status, "; ".join(problems) + suffix, measured=f"{measured}; {state}",
                     expected="; ".join(SSHD_HARDENED) + "; GatewayPorts no",
-                    source=SEED_SECURITY + "; sshd_config(5): the first value obtained for an option is used",
+                    source=SECURITY_SOURCE + "; sshd_config(5): the first value obtained for an option is used",
                     remedy=("make sure your key logs in, then put these lines in /etc/ssh/sshd_config.d/00-gpuvet.conf "
                             "(read first on Debian/Ubuntu, whose sshd_config Includes sshd_config.d/*.conf at the top; "
                             "elsewhere at the top of /etc/ssh/sshd_config): " + " / ".join(SSHD_HARDENED) +
@@ -239,7 +241,7 @@ def check_authorized_keys(audit: Audit) -> list[Finding]:
         f"{len(loose)} of {len(audit.authorized_keys)} authorized key(s) may open tunnels (ssh -R / -L) into and out of "
         f"this machine: whoever holds such a key can expose its services or use its GPUs through a tunnel",
         measured=measured, expected=f"each line starting with {KEY_OPTIONS} (or `restrict,pty`)",
-        source=SEED_SECURITY + " (the seed: add no-port-forwarding,no-X11-forwarding to authorized_keys)",
+        source=SECURITY_SOURCE + " (the seed: add no-port-forwarding,no-X11-forwarding to authorized_keys)",
         remedy=(f"in ~/.ssh/authorized_keys, start each key line with the options: `{KEY_OPTIONS} ssh-ed25519 AAAA... you@laptop`; "
                 "a key you use for Jupyter tunnels can keep `ssh -L` to one port with "
                 "`permitopen=\"127.0.0.1:8888\",no-X11-forwarding,no-agent-forwarding`; or server-wide, "
@@ -272,12 +274,12 @@ def check_ssh_keepalive(audit: Audit) -> list[Finding]:
     if listening is False or (not _has_sshd(audit) and listening is None):
         return [finding("env.ssh_keepalive", "host", SKIP,
                         "no SSH server running here; if you reach this machine with ssh, keep idle sessions alive from your side",
-                        measured=measured, source=SEED_TUNING, remedy=remedy)]
+                        measured=measured, source=TUNING_SOURCE, remedy=remedy)]
     return [finding("env.ssh_keepalive", "host", WARN,
                     "no SSH keep-alive: idle sessions (a long training run in the foreground, an rsync, a tunnel to "
                     "Jupyter) are dropped by NAT and cloud firewalls after minutes of silence",
                     measured=measured, expected="ServerAliveInterval 30 on the client, or ClientAliveInterval > 0 in sshd",
-                    source=SEED_TUNING + ": TCPKeepAlive yes, ServerAliveInterval 30", remedy=remedy)]
+                    source=TUNING_SOURCE + ": TCPKeepAlive yes, ServerAliveInterval 30", remedy=remedy)]
 
 
 def _positive(value: str | None) -> bool:
@@ -321,7 +323,7 @@ def _iopub(settings: dict[str, str], where: str) -> Finding:
         return finding("env.jupyter", "host", WARN,
                        f"Jupyter limits cell output to {limit:.3g} bytes/s: large outputs (big plots, printed tensors, "
                        "progress bars) stop with 'IOPub data rate exceeded'",
-                       measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=SEED_TUNING + " (section 6.4)",
+                       measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE + " (section 6.4)",
                        remedy=f"in ~/.jupyter/jupyter_server_config.py: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} "
                               f"(classic Notebook < 7: c.NotebookApp.iopub_data_rate_limit), or start it with "
                               f"--ServerApp.iopub_data_rate_limit={IOPUB_MIN:.0f}; restart Jupyter")
@@ -338,7 +340,7 @@ def _network_root(settings: dict[str, str]) -> Finding | None:
         "every file a notebook opens is a network round trip (the seed: loading a model from a notebook took 4.3 s "
         "against 1.8 s)",
         measured=f"root_dir {root} ({settings.get('root_dir.at')}) on {settings.get('root_dir.fs_type')}",
-        expected="notebooks and the data they read on local disk", source=SEED_TUNING,
+        expected="notebooks and the data they read on local disk", source=TUNING_SOURCE,
         remedy="c.ServerApp.root_dir = '/home/<you>/notebooks' (a local disk) in ~/.jupyter/jupyter_server_config.py; "
                "copy hot data to local NVMe, or pack many small files into tar / WebDataset shards")
 
@@ -353,8 +355,9 @@ def _ephemeral_root(settings: dict[str, str]) -> Finding | None:
         f"Jupyter's notebook directory {root} does not survive: {reason}; notebooks and the checkpoints saved next to "
         "them are lost with it",
         measured=f"root_dir {root} ({settings.get('root_dir.at')}) on {settings.get('root_dir.fs_type')}: {reason}",
-        expected="notebooks on a persistent volume", source="seed 1, section 2.2: data kept on local disk lost when the "
-                                                            "instance was reclaimed",
+        expected="notebooks on a persistent volume", source="cloud providers' docs on instance (local, "
+                                                            "ephemeral) storage: its data is lost when the instance is "
+                                                            "stopped or reclaimed",
         remedy="keep notebooks on a mounted volume or persistent disk (e.g. `docker run -v /data/notebooks:/workspace ...` "
                "and c.ServerApp.root_dir = '/workspace'), and sync checkpoints to shared or object storage")
 
@@ -365,7 +368,7 @@ LAZY_DEFAULT_SINCE = (12, 2)  # CUDA drivers from 12.2 load modules lazily by de
 LAZY_AVAILABLE_SINCE = (11, 7)  # the runtime a program is built with must be 11.7 or newer
 TORCH_SETS_LAZY_SINCE = (1, 13)  # PyTorch sets CUDA_MODULE_LOADING=LAZY itself when it is unset
 LAZY_SOURCE = ("NVIDIA CUDA Programming Guide, Lazy Loading: introduced in 11.7, default on Linux since 12.2; "
-               "PyTorch >= 1.13 sets LAZY when unset; seed 2, section 4")
+               "PyTorch >= 1.13 sets LAZY when unset (its CUDA initialisation code)")
 
 
 def check_cuda_module_loading(ctx: Context, audit: Audit) -> list[Finding]:

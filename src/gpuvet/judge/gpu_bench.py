@@ -316,10 +316,11 @@ def check_context_init(ctx: Context) -> list[Finding]:
         status = PASS if m.value <= 500 else WARN if m.value <= 2000 else FAIL
         words = f"a new process needs {m.value:.0f} ms to get a CUDA context"
         if status != PASS:
-            words += " (the seeds: ~100 ms passthrough, ~850 ms under vGPU): every new Python process or notebook kernel pays it"
+            words += " (a whole GPU passed through takes ~100 ms, a vGPU guest ~850 ms): every new Python process or notebook kernel pays it"
         findings.append(finding("gpu.context_init", m.subject, status, words,
                                 measured=f"median {m.value:.0f} ms of {len(m.details.get('runs', [])) or '?'} fresh processes",
-                                expected="<= 500 ms", source="seed 2: 95-120 ms on passthrough, 850 ms under vGPU",
+                                expected="<= 500 ms", source="renters' measurements of a first CUDA call in a fresh process: 95-120 ms on a "
+                                       "passed-through GPU, 850 ms under vGPU",
                                 remedy=None if status == PASS else hint + "rerun `gpuvet bench latency`"))
     return findings
 

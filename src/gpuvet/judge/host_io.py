@@ -229,7 +229,7 @@ def _worse(*statuses: str | None) -> str:
 # filtering, 0.38 ms through a container overlay network. gpuvet's round trip adds Python at both
 # ends (~10 us on a 2-core VM, measured: 25-30 us median), so the first bad band starts at 120 us.
 LOOPBACK_WARN_US = 120.0
-LOOPBACK_SOURCE = ("seed 2, section 5 table (`ping -c 100 localhost`): 0.02 ms when healthy, 0.03 ms on bare metal, "
+LOOPBACK_SOURCE = ("renters' loopback round trips (`ping -c 100 localhost`): 0.02 ms when healthy, 0.03 ms on bare metal, "
                    "0.15 ms behind security-group filtering, 0.38 ms through a container overlay network; gpuvet's TCP round "
                    "trip adds Python at both ends (25-30 us median on a healthy 2-core VM), hence the 120 us line; one TCP "
                    "stream over loopback does 5-50 Gbit/s (iperf3 on healthy machines)")

@@ -34,8 +34,8 @@ GROUP_TITLES = {
     HIDDEN: "Hidden parameters",
 }
 GROUP_SOURCES = {
-    ACCEPTANCE: "seed 1, table 4.2: tick each before trusting the machine",
-    HIDDEN: "seed 2, section 5: what spec sheets do not say",
+    ACCEPTANCE: "what a renter checks before trusting a rented machine with a long job: tick each",
+    HIDDEN: "what the provider's spec sheet does not say, but your job feels",
 }
 
 

@@ -471,7 +471,7 @@ th, td { border-bottom:1px solid var(--line); padding:6px 8px; text-align:left; 
 th { background:#f2f4f7; font-weight:600; }
 .wide { overflow-x:auto; } td.check code { white-space:nowrap; } td.num { text-align:right; font-variant-numeric: tabular-nums; }
 .checklist td.mark { font-size:1.2rem; font-weight:700; width:2em; text-align:center; }
-.checklist td.item { width:30%; font-weight:600; } .seed { font-weight:400; color:#667085; font-size:.85rem; }
+.checklist td.item { width:30%; font-weight:600; }
 tr.ticked td.mark { color:var(--pass); } tr.crossed td.mark { color:var(--fail); } tr.warned td.mark { color:var(--warn); }
 tr.unknown td.mark, tr.unknown td { color:var(--skip); }
 tr.crossed { background:var(--fail-bg); } tr.warned { background:var(--warn-bg); }

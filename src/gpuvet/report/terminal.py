@@ -5,11 +5,14 @@ checklist, the skips and the verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import sys
 from itertools import groupby
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from ..facts import Machine
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
@@ -42,8 +45,59 @@ WATCH_VERDICT_TEXT = {FAIL: "FAIL: the platform failed the watched job (heat, a 
                       PASS: "PASS: the watched GPUs stayed ok"}
 
 
+def stdout_console() -> Console:
+    """The console reports print on: wrapped by report/terminal.py on a terminal; to a file or
+    a pipe, whole lines and tables as wide as their content (rich would cut them at 80 columns)."""
+    wide = None if sys.stdout.isatty() else 100_000
+    return Console(highlight=False, soft_wrap=True, width=wide)
+
+
+def said_once(record: RunRecord) -> RunRecord:
+    """The record with the reason no GPU could be read (a 90-character NVML message that a machine
+    without a driver repeats in a dozen checks) shortened to its first clause after the header
+    has said it whole."""
+    reason = record.machine.gpu_error
+    if not reason or len(reason) < 40:
+        return record
+    texts = [t for f in record.findings for t in (f.summary, f.evidence.measured) if t and reason in t]
+    if len(texts) < 3:
+        return record
+    short = f"{reason.split(':')[0]} (see GPUs above)"
+
+    def cut(text: str | None) -> str | None:
+        return text.replace(reason, short) if text else text
+
+    findings = [dataclasses.replace(f, summary=cut(f.summary) or "", evidence=dataclasses.replace(
+        f.evidence, measured=cut(f.evidence.measured))) for f in record.findings]
+    return dataclasses.replace(record, findings=findings)
+
+
+def emit(console: Console, markup: str, indent: int, style: str = "") -> None:
+    """One report line: on a terminal, wrapped at spaces to its width with continuation lines
+    indented under the text they continue (a hanging indent), never split mid-word by the
+    terminal; to a file or pipe, whole."""
+    text = Text.from_markup(markup, style=style)
+    width = console.width if console.is_terminal else 0
+    if not width or text.cell_len <= width or indent >= width - 20:
+        console.print(text, soft_wrap=True)
+        return
+    plain, cuts, start, room = text.plain, [], 0, width
+    while len(plain) - start > room:
+        cut = plain.rfind(" ", start + 1, start + room + 1)
+        if cut <= start:  # one word longer than the line: cut it where the line ends
+            cut = start + room
+        cuts.append(cut)
+        start, room = cut, width - indent
+    for n, piece in enumerate(text.divide(cuts)):
+        piece.rstrip()
+        while n and piece.plain.startswith(" "):
+            piece = piece[1:]
+        console.print(piece if n == 0 else Text(" " * indent) + piece, soft_wrap=True)
+
+
 def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
-    _header(record, console)
+    _header(record, console)  # the whole of a reason shared by many checks is said here, once
+    record = said_once(record)
     if not is_watch_log(record):
         _checklist(record, console)
     _problems(record.findings, console)
@@ -75,11 +129,13 @@ def _checklist(record: RunRecord, console: Console) -> None:
     for group, lines in grouped(lines_all):
         if not lines:
             continue
-        console.print(f"\n[bold]{GROUP_TITLES[group]}[/] [dim]({GROUP_SOURCES[group]})[/]")
+        console.print()
+        emit(console, f"[bold]{GROUP_TITLES[group]}[/] [dim]({GROUP_SOURCES[group]})[/]", indent=2)
         for line in lines:
             style = MARK_STYLE[line.state]
             figure = escape(line.figure)
-            console.print(f"  [{style}]{line.mark}[/]  {line.item.title:<37} " + (f"[dim]{figure}[/]" if line.state == UNKNOWN else figure))
+            emit(console, f"  [{style}]{line.mark}[/]  {line.item.title:<37} " + (f"[dim]{figure}[/]" if line.state == UNKNOWN else figure),
+                 indent=43)
     if undecided:
         console.print(f"  [dim]and {undecided} more items these benchmarks do not decide; `gpuvet run` checks them all[/]")
 
@@ -148,7 +204,7 @@ def same_problem_groups(found: list[Finding]) -> list[list[Finding]]:
 def _problem(group: list[Finding], console: Console) -> None:
     f = group[0]
     subjects = subject_range(list(dict.fromkeys(g.subject for g in group)))
-    console.print(f"  {_badge(f.status)}  {f.check:<18} {subjects:<8} {escape(f.summary)}")
+    emit(console, f"  {_badge(f.status)}  {f.check:<18} {subjects:<8} {escape(f.summary)}", indent=8)
     e = f.evidence
     parts = []
     if e.measured:
@@ -157,11 +213,11 @@ def _problem(group: list[Finding], console: Console) -> None:
     if e.expected:
         parts.append(f"expected {e.expected}")
     if parts:
-        console.print(f"        [dim]{escape(' · '.join(parts))}[/]")
+        emit(console, f"        [dim]{escape(' · '.join(parts))}[/]", indent=10)
     if e.source:
-        console.print(f"        [dim]source: {escape(e.source)}[/]")
+        emit(console, f"        [dim]source: {escape(e.source)}[/]", indent=10)
     if f.remedy:
-        console.print(f"        [cyan]fix/confirm:[/] {escape(_group_remedy(group))}")
+        emit(console, f"        [cyan]fix/confirm:[/] {escape(_group_remedy(group))}", indent=10)
 
 
 def _group_remedy(group: list[Finding]) -> str:
@@ -214,9 +270,10 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
             checks = list(dict.fromkeys(f.check for f in skipped))
             where = subject_range(list(dict.fromkeys(f.subject for f in skipped)))
             if len(checks) == 1:
-                console.print(f"  {_badge(SKIP)}  {checks[0]:<18} {where:<8} {escape(summary)}", style="dim")
+                emit(console, f"  {_badge(SKIP)}  {checks[0]:<18} {where:<8} {escape(summary)}", indent=8, style="dim")
             else:  # several checks, one reason: the checks on one line, the reason under them
-                console.print(f"  {_badge(SKIP)}  {', '.join(checks)} ({where})\n        {escape(summary)}", style="dim")
+                emit(console, f"  {_badge(SKIP)}  {', '.join(checks)} ({where})", indent=8, style="dim")
+                emit(console, f"        {escape(summary)}", indent=10, style="dim")
         return
     for check, group in groupby(findings, key=lambda f: f.check):
         by_summary: dict[str, list[str]] = {}
@@ -226,7 +283,8 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
         for summary, subjects in lines if verbose else lines[:1]:
             more = 0 if verbose else len(lines) - 1
             extra = f" [dim](+{more} more; -v lists them)[/]" if more else ""
-            console.print(f"  {_badge(findings[0].status)}  {check:<18} {subject_range(subjects):<8} {escape(summary)}{extra}")
+            emit(console, f"  {_badge(findings[0].status)}  {check:<18} {subject_range(subjects):<8} {escape(summary)}{extra}",
+                 indent=8)
 
 
 # -- measurements, header, verdict -----------------------------------------------------------------
@@ -246,7 +304,7 @@ def _measurements(record: RunRecord, console: Console) -> None:
     if lines:
         console.print("\n[bold]Measured[/]")
         for line in lines:
-            console.print(f"  {escape(line)}")
+            emit(console, f"  {escape(line)}", indent=25)
 
 
 def header_line(record: RunRecord) -> str:
@@ -270,7 +328,7 @@ def _header(record: RunRecord, console: Console) -> None:
     console.print(f"[bold]{escape(header_line(record))}[/]")
     for line in machine_lines(record.machine) + [options_line(record)]:
         if line:
-            console.print(f"  {escape(line)}")
+            emit(console, f"  {escape(line)}", indent=4)
 
 
 def machine_lines(m: Machine) -> list[str]:
@@ -366,4 +424,5 @@ def _verdict(record: RunRecord, console: Console) -> None:
     skipped = (nothing_checked(record) and not is_watch_log(record)) or no_gpu_watched(record)
     style = STYLE[SKIP] if skipped else STYLE[record.verdict]
     text, _, rest = verdict_line(record).partition("  ")
-    console.print(f"\n[{style}]{escape(text)}[/]  {escape(rest)}")
+    console.print()
+    emit(console, f"[{style}]{escape(text)}[/]  {escape(rest)}", indent=2)

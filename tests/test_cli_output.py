@@ -1,0 +1,95 @@
+"""Output a person can scan: wrapped to the terminal with a hanging indent, whole lines in a
+file or pipe, a long reason said once, progress lines in a log, ASCII terminals without a
+traceback, usage errors that name the subcommand's help."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from gpuvet import runner
+from gpuvet.record import RunRecord
+from gpuvet.report import terminal
+from gpuvet.store import Store
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+H100_VM = str(FIXTURES / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt")
+NO_DRIVER = "no NVIDIA driver: the NVML library (libnvidia-ml.so.1) is not installed or not mounted into this container"
+
+
+def _on_terminal(record: RunRecord, width: int = 80) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=width, color_system=None, highlight=False, soft_wrap=True)
+    terminal.render(record, console)
+    return buffer.getvalue()
+
+
+def _gpuvet(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **env}
+    return subprocess.run([sys.executable, "-m", "gpuvet", *argv], capture_output=True, text=True, env=environment,
+                          timeout=120)
+
+
+def test_on_a_terminal_lines_wrap_at_words_under_the_text_they_continue():
+    out = _on_terminal(runner.inspect([H100_VM]))
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    failed = next(f for f in runner.inspect([H100_VM]).findings if f.status == "fail")
+    assert " ".join(failed.summary.split()) in " ".join(out.split())  # every word whole, in order
+    # The checklist's figures continue in their own column, a problem's text under its badge.
+    start = next(i for i, line in enumerate(lines) if "Whole GPU, not shared" in line)
+    assert lines[start + 1].startswith(" " * 43) and not lines[start + 1][43].isspace()
+    fail = next(i for i, line in enumerate(lines) if line.startswith("  FAIL  gpu.throttle"))
+    assert lines[fail + 1].startswith(" " * 8) and not lines[fail + 1][8].isspace()
+
+
+def test_in_a_file_lines_are_whole():
+    buffer = io.StringIO()
+    terminal.render(runner.inspect([H100_VM]), Console(file=buffer, width=100_000, highlight=False, soft_wrap=True))
+    assert max(len(line) for line in buffer.getvalue().splitlines()) > 150
+
+
+def test_a_reason_many_checks_share_is_said_once_whole():
+    record = RunRecord.from_dict(json.loads((FIXTURES / "records" / "cpu-quick.json").read_text()))
+    record.machine.gpu_error = NO_DRIVER
+    for f in record.findings:  # as a machine without a driver reads: the NVML reason in every GPU check
+        if f.check.startswith("gpu.") and f.status == "skip":
+            f.summary = f"no GPU facts: {NO_DRIVER}"
+    assert sum(NO_DRIVER in f.summary for f in record.findings) >= 3
+    out = _on_terminal(record, width=400)
+    assert out.count("libnvidia-ml.so.1") == 1 and "no NVIDIA driver (see GPUs above)" in out
+
+
+def test_history_piped_to_a_file_is_not_cut_at_80_columns(tmp_path):
+    db = str(tmp_path / "runs.sqlite3")
+    label = "provider A, region eu-west, spot, second try after the driver update"
+    with Store(db) as store:
+        store.save(RunRecord.from_dict(json.loads((FIXTURES / "records" / "cpu-quick.json").read_text())), label=label)
+    done = _gpuvet("history", "--db", db)
+    assert done.returncode == 0, done.stderr
+    assert label in done.stdout and max(len(line) for line in done.stdout.splitlines()) > 80
+
+
+def test_an_ascii_terminal_gets_ascii_stand_ins_not_a_traceback():
+    done = _gpuvet("inspect", H100_VM, PYTHONIOENCODING="ascii")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-600:]
+    assert "  +  Power limit at the default" in done.stdout and " - capture - " in done.stdout
+
+
+def test_a_usage_error_points_to_the_subcommands_help():
+    done = _gpuvet("inspect", "--bogus", H100_VM)
+    assert done.returncode == 2 and done.stderr.strip().endswith("(see gpuvet inspect --help)"), done.stderr
+
+
+def test_progress_is_a_timestamped_line_per_step_when_stderr_is_not_a_terminal(tmp_path):
+    done = _gpuvet("bench", "disk", "--path", str(tmp_path), "--no-save")
+    steps = [line for line in done.stderr.splitlines() if line.startswith("gpuvet ") and " UTC: " in line]
+    assert steps, done.stderr[-800:]
+    assert all(line[7:15].count(":") == 2 for line in steps)  # gpuvet HH:MM:SS UTC: what it does
