@@ -215,3 +215,27 @@ def test_toolkit_version_is_read_from_version_json_or_version_txt(tmp_path):
     assert read_toolkit_version(str(tmp_path)) == "10.2"
     (tmp_path / "version.txt").unlink()
     assert read_toolkit_version(str(tmp_path)) is None
+
+
+# -- gpu.allreduce: the 1 MiB latency judged against the topology (seed 2: 18 ms PCIe, 2.3 ms NVLink) --
+
+def _allreduce(busbw: float, latency_ms: float) -> list[Measurement]:
+    common = {"world_size": 8, "backend": "nccl", "check_ok": True}
+    return [Measurement("allreduce.busbw", busbw, "GB/s", "machine", common),
+            Measurement("allreduce.latency_1mb", latency_ms * 1000, "us", "machine", {**common, "bytes": 1 << 20})]
+
+
+def test_allreduce_latency_over_nvlink_like_the_seeds_pcie_case_fails():
+    m = machine_from("topo/dgx-a100-8gpu-nv12-12nics-topo-m.txt")  # NV12 between every pair
+    ok = found(m, "gpu.allreduce", _allreduce(230.0, 0.09), benchmarks=["allreduce"], device="cuda")["machine"]
+    assert ok.status == "pass" and "1 MiB all-reduce 0.09 ms" in ok.summary and "<= 2.3 ms over NVLink" in ok.evidence.expected
+    slow = found(m, "gpu.allreduce", _allreduce(230.0, 18.0), benchmarks=["allreduce"], device="cuda")["machine"]
+    assert slow.status == "fail"  # the bus bandwidth alone passed
+    assert "1 MiB all-reduce 18.0 ms: slower than the seed's 2.3 ms over NVLink" in slow.summary
+    assert "18 ms over PCIe, 2.3 ms over NVLink" in slow.evidence.source
+
+
+def test_allreduce_latency_over_pcie_at_the_seeds_18_ms_warns():
+    m = machine_from("topo/dgx1-8gpu-topo-mp-pcie-only.txt")  # `topo -mp`: PCIe paths only
+    f = found(m, "gpu.allreduce", _allreduce(9.0, 18.5), benchmarks=["allreduce"], device="cuda")["machine"]
+    assert f.status == "warn" and "the seed's slow PCIe case" in f.summary

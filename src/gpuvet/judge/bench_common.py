@@ -61,6 +61,6 @@ def against_box(value: float, median: float | None, warn_below: float, fail_belo
 
 
 def worst(*statuses: str | None) -> str:
-    order = {"fail": 3, "warn": 2, "pass": 1, "skip": 0}
+    order = {"fail": 3, "warn": 2, "pass": 1, "measured": 0, "skip": 0}
     present = [s for s in statuses if s]
     return max(present, key=lambda s: order[s]) if present else "pass"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from ..facts import Gpu, Machine
-from ..record import Finding
-from .bench_common import measured, not_measured, one, planned
+from ..record import MEASURED, Finding, Measurement
+from .bench_common import measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding
 from .gpu_links import GBS_PER_LANE, nvlinks_per_gpu
 
@@ -121,17 +121,58 @@ def check_allreduce(ctx: Context) -> list[Finding]:
     # Larger sizes skipped for time: the largest measured still says how the links carry, if less fully.
     skipped = (f" (sweep incomplete: {(d.get('reason') or 'sizes not measured').removeprefix('sweep incomplete: ')}; "
                "judged at the largest size measured)") if d.get("outcome") == "incomplete" else ""
+    lat_status, lat_words, lat_expected = _latency_verdict(latency, over if expected is not None else "")
     if expected is None:
-        return [finding("gpu.allreduce", "machine", WARN if skipped else PASS,
-                        f"bus bandwidth {busbw.value:.1f} GB/s (no link figure to compare with){skipped}", measured=measured_text)]
+        status = lat_status or MEASURED
+        if skipped:
+            status = WARN if status in (PASS, MEASURED) else status
+        words = f"bus bandwidth {busbw.value:.1f} GB/s (no link figure to compare with){skipped}" + lat_words
+        if status == MEASURED:
+            return [finding("gpu.allreduce", "machine", MEASURED, words, measured=measured_text)]
+        return [finding("gpu.allreduce", "machine", status, words, measured=measured_text, expected=lat_expected,
+                        source=LATENCY_SOURCE, remedy="check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose")]
     share = busbw.value / expected
     status = PASS if share >= 0.6 else WARN if share >= 0.35 else FAIL
     if skipped and status == PASS:
         status = WARN  # a healthy figure at a small size does not prove the large ones
-    words = f"bus bandwidth {busbw.value:.1f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}{skipped}"
+    words = f"bus bandwidth {busbw.value:.1f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}{skipped}" + lat_words
+    status = worst(status, lat_status or PASS)
+    source = "nccl-tests busbw = algbw x 2(n-1)/n, against the slowest link per GPU" + (f"; {LATENCY_SOURCE}" if lat_status else "")
     return [finding("gpu.allreduce", "machine", status, words, measured=measured_text,
-                    expected=f">= 60% of ~{expected:.0f} GB/s", source="nccl-tests busbw = algbw x 2(n-1)/n, against the slowest link per GPU",
+                    expected=f">= 60% of ~{expected:.0f} GB/s" + (f"; {lat_expected}" if lat_expected else ""), source=source,
                     remedy=None if status == PASS else "check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose")]
+
+
+# Seed 2, section 5: torch.distributed.all_reduce of a 1 MB tensor took 18 ms between two A100s
+# over PCIe and 2.3 ms over NVLink; gradient buckets are MB-sized, so this decides the epoch time.
+SEED_PCIE_1MB_MS, SEED_NVLINK_1MB_MS = 18.0, 2.3
+LATENCY_SOURCE = "seed 2, section 5: a 1 MB all-reduce took 18 ms over PCIe, 2.3 ms over NVLink"
+_MIB = 1 << 20
+
+
+def _latency_verdict(latency: Measurement | None, over: str) -> tuple[str | None, str, str | None]:
+    """The 1 MiB all-reduce time against the seed's figures for the link the GPUs have: over
+    NVLink slower than 2.3 ms warns and PCIe-class (18 ms) fails; over PCIe (or an unknown link)
+    18 ms or more warns. (None, "", None) when it was not measured at 1 MiB."""
+    if latency is None or latency.value is None or latency.details.get("bytes") not in (None, _MIB):
+        return None, "", None
+    ms = latency.value / 1000.0
+    if "NVLink" in over:
+        status = PASS if ms <= SEED_NVLINK_1MB_MS else WARN if ms < SEED_PCIE_1MB_MS else FAIL
+        expected = f"1 MiB all-reduce <= {SEED_NVLINK_1MB_MS:g} ms over NVLink"
+        words = "" if status == PASS else (f"; 1 MiB all-reduce {ms:.1f} ms: slower than the seed's {SEED_NVLINK_1MB_MS:g} ms "
+                                           "over NVLink" + (f", as slow as its {SEED_PCIE_1MB_MS:g} ms over PCIe: is NCCL "
+                                                            "using the NVLinks?" if status == FAIL else ""))
+    else:
+        link = "PCIe" if over else "an unknown link"
+        status = PASS if ms < SEED_PCIE_1MB_MS else WARN
+        expected = f"1 MiB all-reduce < {SEED_PCIE_1MB_MS:g} ms over {link}"
+        words = "" if status == PASS else (f"; 1 MiB all-reduce {ms:.1f} ms over {link}: the seed's slow PCIe case "
+                                           f"({SEED_PCIE_1MB_MS:g} ms; {SEED_NVLINK_1MB_MS:g} ms over NVLink): gradient "
+                                           "synchronisation will dominate multi-GPU training")
+    if status == PASS:
+        words = f"; 1 MiB all-reduce {ms:.2f} ms"
+    return status, words, expected
 
 
 def _allreduce_expectation(ctx: Context) -> tuple[float | None, str]:
