@@ -15,7 +15,9 @@ from gpuvet.facts import Driver, Gpu
 from gpuvet.fleet import health
 from gpuvet.judge.health import PROBLEM, UNKNOWN
 from gpuvet.probe import capture, live
+from gpuvet.record import RunRecord
 from gpuvet.report.health import SUMMARY_MAX, summary_line
+from gpuvet.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 POWER_BRAKE = FIXTURES / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"  # gpu2: HW power brake
@@ -136,3 +138,18 @@ def test_slurm_without_scontrol_says_so_and_keeps_the_answer(tmp_path):
                            str(POWER_BRAKE), "--brief"], check=False, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
     assert "gpuvet: slurm: n1 not drained: scontrol not found on PATH" in done.stderr
+
+
+def test_keep_changes_stores_a_health_run_when_its_summary_changes_or_hourly(tmp_path):
+    """A scheduler checks every minute: the history keeps the moments the answer changed."""
+    machine = capture.merge(capture.read_captures(str(HEALTHY)))
+
+    def run_at(started_at: str, summary: str) -> RunRecord:
+        return RunRecord(machine=machine, started_at=started_at, options={"profile": "health", "summary": summary})
+
+    with Store(str(tmp_path / "runs.sqlite3")) as store:
+        assert health.worth_keeping(store, run_at("2026-12-01T10:00:00Z", "gpuvet: healthy, 8 GPU(s)"))
+        store.save(run_at("2026-12-01T10:00:00Z", "gpuvet: healthy, 8 GPU(s)"))
+        assert not health.worth_keeping(store, run_at("2026-12-01T10:01:00Z", "gpuvet: healthy, 8 GPU(s)"))
+        assert health.worth_keeping(store, run_at("2026-12-01T10:02:00Z", "gpuvet: gpu3 gpu.reachable: fallen off"))
+        assert health.worth_keeping(store, run_at("2026-12-01T11:00:00Z", "gpuvet: healthy, 8 GPU(s)"))

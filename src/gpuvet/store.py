@@ -162,17 +162,20 @@ class RunSummary:
     machine_basis: str
     hostname: str | None
     kind: str = "default"  # the record's profile: quick, default, soak, bench, health, ...
+    summary: str | None = None  # a health run's summary line (options.summary)
 
 
 # The kind is read from the stored record itself (its options.profile), so no layout change.
 _LISTED = ("id, started_at, label, price_per_hour, gpus, verdict, figures, machine_key, machine_basis, hostname, "
-           "coalesce(json_extract(record, '$.options.profile'), 'default') AS kind")
+           "coalesce(json_extract(record, '$.options.profile'), 'default') AS kind, "
+           "json_extract(record, '$.options.summary') AS summary")
 
 
 def _summary(row: sqlite3.Row) -> RunSummary:
     r = clean_strings(dict(row))  # the store file may have been edited elsewhere: no escapes shown
     return RunSummary(r["id"], r["started_at"], r["label"], r["price_per_hour"], r["gpus"], r["verdict"],
-                      json.loads(r["figures"]), r["machine_key"], r["machine_basis"], r["hostname"], str(r["kind"]))
+                      json.loads(r["figures"]), r["machine_key"], r["machine_basis"], r["hostname"], str(r["kind"]),
+                      r["summary"] if isinstance(r["summary"], str) else None)
 
 
 @dataclass

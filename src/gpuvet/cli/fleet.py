@@ -13,6 +13,7 @@ from ..fleet import kubernetes, slurm
 from ..judge.health import EXIT_CODES, HEALTHY, PROBLEM
 from ..probe.errors import CaptureError
 from ..record import RunRecord
+from ..store import Store, StoreError
 from ..report.health import detail_lines, summary_line
 from ..report.node_labels import node_labels
 from .base import UsageProblem, cli, load_run_file, save
@@ -32,10 +33,12 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
 @click.option("--brief", is_flag=True, help="Print the summary line only (node-problem-detector keeps 80 bytes).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON instead.")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
+@click.option("--keep", type=click.Choice(["every", "changes"]), default="every", show_default=True,
+              help="changes: keep a run in the history only when its summary changed, or hourly (for schedulers).")
 @click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
 @click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
 def health(use_slurm: bool, node: str | None, expect_gpus: int | None, captures: tuple[str, ...], brief: bool,
-           as_json: bool, verbose: bool, no_save: bool, db: str | None) -> None:
+           as_json: bool, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
     """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
     history row. First line: a summary short enough for a drain reason. Exit 0 healthy, 1 a
     problem, 2 could not tell (node-problem-detector's OK / NonOK / Unknown)."""
@@ -47,7 +50,7 @@ def health(use_slurm: bool, node: str | None, expect_gpus: int | None, captures:
     summary = summary_line(record, outcome)
     record.options["summary"] = summary
     if not no_save:
-        _save_bounded(record, db)
+        _save_bounded(record, db, only_changes=keep == "changes")
     if as_json:
         click.echo(record.to_json())
     else:
@@ -59,12 +62,23 @@ def health(use_slurm: bool, node: str | None, expect_gpus: int | None, captures:
     sys.exit(EXIT_CODES[outcome])
 
 
-def _save_bounded(record: RunRecord, db: str | None) -> None:
-    saver = threading.Thread(target=save, args=(record, db, False, None, None), daemon=True)
+def _save_bounded(record: RunRecord, db: str | None, only_changes: bool) -> None:
+    saver = threading.Thread(target=_save, args=(record, db, only_changes), daemon=True)
     saver.start()
     saver.join(SAVE_BUDGET_S)
     if saver.is_alive():
         click.echo(f"gpuvet: warning: history not saved within {SAVE_BUDGET_S:g} s (the store is busy)", err=True)
+
+
+def _save(record: RunRecord, db: str | None, only_changes: bool) -> None:
+    if only_changes:
+        try:
+            with Store(db, create=False) as store:
+                if not fleet_health.worth_keeping(store, record):
+                    return
+        except StoreError:  # no history yet, or unreadable: save() creates it or says why
+            pass
+    save(record, db, False, None, None)
 
 
 def _slurm(outcome: str, summary: str, node: str | None) -> None:

@@ -12,6 +12,7 @@ from ..facts import Machine
 from ..judge import health as health_rules
 from ..probe import capture, live
 from ..record import RunRecord
+from ..store import Store, machine_identity
 
 PROFILE = "health"
 
@@ -43,3 +44,22 @@ def check(captures: list[str] | None = None, expect_gpus: int | None = None,
 def outcome(record: RunRecord) -> str:
     """healthy / problem / unknown (judge.health.EXIT_CODES maps them to 0 / 1 / 2)."""
     return health_rules.outcome(record.machine, record.findings)
+
+
+# `--keep changes`: a scheduler runs the check every minute or so; a 48 KB record each time is
+# 70 MB a day on an 8-GPU node. A run is kept when its summary differs from the last kept health
+# run of this machine (the moment it started or stopped failing), and at least once an hour.
+HEARTBEAT_S = 3600.0
+
+
+def worth_keeping(store: Store, record: RunRecord, heartbeat_s: float = HEARTBEAT_S) -> bool:
+    key = machine_identity(record.machine).key
+    last = next(iter(store.runs(machine_key=key, kind=PROFILE, limit=1)), None)
+    if last is None or last.summary != record.options.get("summary"):
+        return True
+    try:
+        then = datetime.fromisoformat(last.started_at.replace("Z", "+00:00"))
+        now = datetime.fromisoformat(record.started_at.replace("Z", "+00:00"))
+    except ValueError:
+        return True
+    return (now - then).total_seconds() >= heartbeat_s
