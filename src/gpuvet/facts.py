@@ -317,6 +317,17 @@ class Audit:
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
+class _CaptureEntryBase(typing.TypedDict):
+    path: str
+    kind: str  # "smi_xml", "topo", "error", ...
+
+
+class CaptureEntry(_CaptureEntryBase, total=False):
+    """A capture a record was made from (gpuvet inspect)."""
+
+    note: str  # why it could not be read, for kind "error"
+
+
 @dataclass
 class Machine:
     source: str = "live"  # "live" or "capture"
@@ -327,7 +338,7 @@ class Machine:
     host: Host | None = None  # None: not captured
     stack: Stack | None = None  # None: not captured
     audit: Audit | None = None  # None: not captured
-    captures: list[dict[str, str]] = field(default_factory=list)  # {"path", "kind"}
+    captures: list[CaptureEntry] = field(default_factory=list)
     probe_errors: dict[str, str] = field(default_factory=dict)  # probe -> error, when one broke
 
 

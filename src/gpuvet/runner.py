@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import typing
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -17,7 +18,9 @@ from .bench import plan as bench_plan
 from .facts import Machine, from_dict
 from .probe import capture, live
 from .probe.errors import CaptureError
-from .record import SCHEMA, Measurement, RunRecord
+from .record import SCHEMA, Measurement, RecordError, RunOptions, RunRecord, Series
+from .record.load import RUN, load
+from .record.watch import check_watch_line, is_watch_header
 
 
 # Every benchmark, in the order a default run takes them: the host first (no GPU needed), then
@@ -49,14 +52,15 @@ def run_live(
     takes the workload's checkpoint)."""
     started, t0 = _now(), time.monotonic()
     names = [] if quick and benchmarks is None else list(benchmarks or ALL_BENCHMARKS)
-    options: dict[str, Any] = {"profile": _profile(quick, benchmarks, soak_minutes), "benchmarks": names}
+    asked: dict[str, Any] = {"profile": _profile(quick, benchmarks, soak_minutes), "benchmarks": names}
     if names:
-        options["device"] = device
-    options.update(needs or {})  # dataset_gb, checkpoint_gb, multi_node: what the judge weighs storage against
+        asked["device"] = device
+    asked.update(needs or {})  # dataset_gb, checkpoint_gb, multi_node: what the judge weighs storage against
     for key, value in (("expect", expect), ("soak_minutes", soak_minutes), ("paths", paths),
                        ("workload_steps", workload_steps), ("preemptible", preemptible)):
         if value is not None:
-            options[key] = value
+            asked[key] = value
+    options = typing.cast(RunOptions, asked)  # the keys above are RunOptions'; the loader checks their types
     progress("reading the machine's facts")
     machine = live.collect(workdir=workdir)
     judge.annotate_references(machine)
@@ -156,7 +160,7 @@ def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
     """Judge captures taken elsewhere (several files of one machine merge into one record),
     or judge a stored run record again with the current rules."""
     started, t0 = _now(), time.monotonic()
-    options: dict[str, Any] = {"expect": expect} if expect else {}
+    options = RunOptions(expect=expect) if expect else RunOptions()
     records = [p for p in paths if saved_json_kind(p) == "record"]
     if records:
         if len(paths) > 1:
@@ -169,7 +173,7 @@ def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
     judge.annotate_references(machine)
     record = RunRecord(machine=machine, started_at=started, options=options)
     for loop in capture.loop_series(captures):  # `nvidia-smi dmon`, `--query-gpu ... -l 5`
-        record.series.append(loop)
+        record.series.append(typing.cast(Series, loop))
         record.measurements.append(Measurement("capture.telemetry", len(loop["rows"]), "samples", loop["subject"], loop))
     record.findings = judge.judge(machine, record.measurements, options)
     record.duration_s = time.monotonic() - t0
@@ -178,7 +182,7 @@ def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
 
 def rejudge(record: RunRecord, expect: str | None = None) -> RunRecord:
     """The same facts and measurements, judged by this version's rules."""
-    options = dict(record.options)
+    options = RunOptions(**record.options)
     if expect:
         options["expect"] = expect
     judge.annotate_references(record.machine)
@@ -221,14 +225,17 @@ def load_watch_log(path: str) -> RunRecord | None:
             header = json.loads(f.readline() or "{}")
     except (OSError, ValueError):
         return None
-    if not isinstance(header, dict) or header.get("schema") != watch.LOG_SCHEMA:
+    if not is_watch_header(header):
         return None
+    header = check_watch_line(header, f"{path}: line 1")  # RecordError: a header field of the wrong type
     started = datetime.fromtimestamp(header.get("t0") or 0, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     notes: list[str] = []
     try:
         series = watch.read_log(path, notes)
         machine = _watched_machine(header, series)
         sessions = _watch_sessions(series)
+    except RecordError as err:
+        raise RecordError(f"{path}: {err}") from None
     except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
         raise CaptureError(f"{path}: a broken watch log ({err})") from None
     findings = []
@@ -245,7 +252,7 @@ def load_watch_log(path: str) -> RunRecord | None:
         findings += [job] if job is not None else []
     findings += [finding("watch.log", "log", SKIP, note, measured=note, source=path,
                          expected="whole JSON lines, as `gpuvet watch --log` writes them") for note in notes]
-    return RunRecord(machine=machine, started_at=started, series=series, findings=findings,
+    return RunRecord(machine=machine, started_at=started, series=typing.cast(list[Series], series), findings=findings,
                      duration_s=sum(sessions.values()), options={"profile": "watch", "log": path})
 
 
@@ -292,11 +299,5 @@ def _watched_machine(header: dict[str, Any], series: list[dict[str, Any]]) -> Ma
 
 
 def load_record(path: str) -> RunRecord:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return RunRecord.from_dict(data)
-    except OSError as err:
-        raise CaptureError(f"{path}: cannot read it ({err.strerror or err})") from None
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise CaptureError(f"{path}: not a readable gpuvet run record ({err})") from None
+    """A run record file; RecordError (one line) for anything else."""
+    return load(path, (RUN,)).runs()[0]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from .compare import gpu_summary, key_figures
 from .facts import Machine
-from .record import SCHEMA, RunRecord
+from .record import SCHEMA, RunRecord, check_run
 from .untrusted_text import clean_strings
 
 SCHEMA_VERSION = 1
@@ -458,8 +458,7 @@ class Store:
         rows = []
         for n, item in enumerate(items, 1):
             try:
-                data, record = _parse_record(item)
-                _check_importable(data)
+                data, record = _parse_record(item, importing=True)
                 rows.append(_Row.of(data, record))
             except ValueError as err:
                 raise ValueError(f"item {n} of {len(items)}: {err}") from None
@@ -645,7 +644,7 @@ def _check_importable(data: dict[str, Any]) -> None:
         raise ValueError(f"its label {options['label']!r} is not text")
 
 
-def _parse_record(item: Any) -> tuple[dict[str, Any], RunRecord]:
+def _parse_record(item: Any, importing: bool = False) -> tuple[dict[str, Any], RunRecord]:
     """A run record dict from JSON text or a dict, checked to be one this gpuvet can read; the
     dict is what gets stored (fields a newer gpuvet added are kept)."""
     if isinstance(item, str):
@@ -657,8 +656,11 @@ def _parse_record(item: Any) -> tuple[dict[str, Any], RunRecord]:
         raise ValueError(f"not a gpuvet run record (a {type(item).__name__})")
     if item.get("schema") != SCHEMA:
         raise ValueError(f"not a gpuvet run record (schema {item.get('schema')!r}, expected {SCHEMA!r})")
+    if importing:
+        _check_importable(item)  # before the type check turns an infinite price into no price
     try:
-        return item, RunRecord.from_dict(item)
+        checked = check_run(item)  # what is stored: NaN and infinities as null, as gpuvet writes them
+        return checked, RunRecord.from_dict(checked)
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ValueError(f"a damaged gpuvet run record ({err})") from None
 

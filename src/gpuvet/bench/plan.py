@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from .. import telemetry
 from ..facts import Gpu, Machine, PcieLink
+from ..record import Series
 from . import schedule
 from .session import Worker, WorkerError
 
@@ -53,7 +54,7 @@ def worker_env(environ: dict[str, str] | None = None) -> dict[str, str | None]:
 @dataclass
 class Outcome:
     measurements: list[dict[str, Any]] = field(default_factory=list)
-    series: list[dict[str, Any]] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
     wall_s: dict[str, float] = field(default_factory=dict)  # each benchmark's wall time, to hold against the plan
 
     def note(self, name: str, subject: str, outcome: str, reason: str) -> None:

@@ -14,7 +14,8 @@ from rich.console import Console
 
 from .. import __version__
 from ..private_file import write_private
-from ..record import SCHEMA, RunRecord, exit_code
+from ..record import SCHEMA, RecordError, RunRecord, exit_code
+from ..record.load import Loaded
 from ..report import terminal
 from ..store import Store, StoreError, check_price
 
@@ -128,31 +129,22 @@ def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, pr
 
 def load_run_file(path: str) -> RunRecord:
     """A run record file (`gpuvet run --out`), or an export (`gpuvet export ID...`): one run is
-    that run; of several, the first, with a line on stderr saying how to reach the others."""
-    import json
+    that run; of several, the first, with a line on stderr saying how to reach the others.
+    RecordError (one line, exit 2) for anything else."""
+    from ..record.load import EXPORT, RUN, load
 
-    from ..probe.errors import CaptureError
+    return first_run(load(path, (RUN, EXPORT)))
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as err:
-        raise CaptureError(f"{path}: cannot read it ({err.strerror or err})") from None
-    except ValueError as err:
-        raise CaptureError(f"{path}: not a readable gpuvet run record (not JSON: {err})") from None
-    if isinstance(data, list):
-        if not data:
-            raise CaptureError(f"{path}: an empty gpuvet export (no run in it)")
-        if len(data) > 1:
-            click.echo(f"gpuvet: {path} holds {len(data)} runs (a gpuvet export); this is the first. For another: "
-                       f"gpuvet import {path}, then gpuvet show ID", err=True)
-        data = data[0]
-    if not isinstance(data, dict):
-        raise CaptureError(f"{path}: not a gpuvet run record (a JSON {type(data).__name__})")
-    try:
-        return RunRecord.from_dict(data)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise CaptureError(f"{path}: not a readable gpuvet run record ({err})") from None
+
+def first_run(loaded: Loaded) -> RunRecord:
+    """The run of a loaded run record, or the first of an export (saying so on stderr)."""
+    from ..record.load import EXPORT
+
+    if loaded.kind == EXPORT and len(loaded.data) > 1:
+        click.echo(f"gpuvet: {loaded.where} holds {len(loaded.data)} runs (a gpuvet export); this is the first. "
+                   f"For another: gpuvet import {loaded.where}, then gpuvet show ID", err=True)
+        loaded.data = loaded.data[:1]
+    return loaded.runs()[0]
 
 
 def rendered(record: RunRecord, fmt: str) -> str:
@@ -284,6 +276,9 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="gpuvet", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         sys.exit(exit_.exit_code)
+    except RecordError as err:  # a record file of the wrong kind or type, wherever it was read
+        click.echo(f"gpuvet: {err}", err=True)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as err:
         where = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx else "gpuvet"
         hint = f" (see {where} --help)" if isinstance(err, click.UsageError) else ""

@@ -16,6 +16,7 @@ from ..compare import compare as compare_runs
 from ..compare import entry, find_run, history_trend, with_prices
 from ..probe.errors import CaptureError
 from ..record import RunRecord, exit_code
+from ..record.load import EXPORT, RUN, load, load_runs
 from ..report import compare_view, terminal
 from ..report.redact import Redactor
 from ..store import NoStoreYet, Store, StoreError, check_price
@@ -214,20 +215,11 @@ def _redacted_dicts(runs: list[dict]) -> list[dict]:
 @_db
 def import_runs(path: str, db: str | None) -> None:
     """Add runs exported elsewhere (or a run record) to this machine's history; - reads stdin."""
-    name = "stdin" if path == "-" else path
-    try:
-        if path == "-":
-            items = json.load(sys.stdin)
-        else:
-            with open(path, encoding="utf-8") as f:
-                items = json.load(f)
-    except OSError as err:
-        raise UsageProblem(f"{name}: cannot read it ({err.strerror or err})") from None
-    except ValueError as err:
-        raise UsageProblem(f"{name}: not JSON ({err})") from None
-    items = items if isinstance(items, list) else [items]
-    if not items:
-        raise UsageProblem(f"{name}: an empty export (no run in it)")
+    loaded = load(path, (RUN, EXPORT))  # RecordError: one line, exit 2
+    name = loaded.where
+    # Every run checked the way `show` will read it back, before any is stored (all or none).
+    loaded.runs()
+    items = loaded.data if loaded.kind == EXPORT else [loaded.data]
     with open_store(db, create=True) as store:
         try:
             outcomes = store.import_runs(items)
@@ -341,16 +333,5 @@ def _redacted_entries(entries: list[tuple]) -> list[tuple]:
 
 def _file_entries(path: str) -> list:
     """A run record file, or an export (a list of records)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as err:
-        raise CaptureError(f"{path}: cannot read it ({err.strerror or err})") from None
-    except ValueError:
-        raise CaptureError(f"{path}: not a gpuvet run record or export (not JSON)") from None
-    items = data if isinstance(data, list) else [data]
-    try:
-        records = [RunRecord.from_dict(item) for item in items]
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise CaptureError(f"{path}: not a gpuvet run record ({err})") from None
+    records = load_runs(path)
     return [entry(record, path if len(records) == 1 else f"{path}[{i}]") for i, record in enumerate(records)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Callable
 
 import click
 
@@ -74,11 +74,14 @@ def net_test_record(host: str, port: int, engine: str, seconds: float,
     from ..bench import net as net_bench
     from ..facts import from_dict
     from ..probe import live
-    from ..record import Measurement, RunRecord
+    from ..record import Measurement, RunOptions, RunRecord
 
     started, t0 = _now(), time.monotonic()
-    options: dict[str, Any] = {"profile": "net-test", "benchmarks": [], "peer": host, "port": port, "engine": engine}
-    options.update({k: v for k, v in (("expect", expect), ("multi_node", multi_node or None)) if v is not None})
+    options = RunOptions(profile="net-test", benchmarks=[], peer=host, port=port, engine=engine)
+    if expect is not None:
+        options["expect"] = expect
+    if multi_node:
+        options["multi_node"] = True
     progress("reading the machine's facts")
     machine = live.collect()
     judge.annotate_references(machine)

@@ -9,7 +9,8 @@ from .. import runner
 from ..probe.errors import CaptureError
 from ..report import terminal
 from ..store import StoreError
-from .base import UsageProblem, check_out_path, cli, load_run_file, show_record, write_atomically
+from ..record.load import CLUSTER, WATCH, load
+from .base import UsageProblem, check_out_path, cli, first_run, load_run_file, show_record, write_atomically
 
 
 @cli.command()
@@ -22,13 +23,14 @@ def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) ->
     """Render a run record or `gpuvet export` file (judged again with this version's rules), or a
     `gpuvet watch --log` file."""
     check_out_path(out)
-    if _is_cluster_record(path):
-        _cluster_report(path, fmt, out, verbose, redact)
+    loaded = load(path)  # RecordError: one line, exit 2
+    if loaded.kind == CLUSTER:
+        _cluster_report(loaded.data, fmt, out, verbose, redact)
         return
     if fmt == "terminal" and out:
         raise UsageProblem("--out needs --format md, html or json")
     try:
-        record = runner.load_watch_log(path) or runner.rejudge(load_run_file(path))
+        record = runner.load_watch_log(path) if loaded.kind == WATCH else runner.rejudge(first_run(loaded))
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     show_record(record, fmt, out, redact, verbose)
@@ -97,29 +99,14 @@ def _what_ran(record) -> str:
     return {"quick": "facts only: gpuvet run --quick", "watch": "a watch log"}.get(profile, "facts only: a capture or import")
 
 
-def _is_cluster_record(path: str) -> bool:
-    from ..cluster import CLUSTER_SCHEMA
-
-    try:
-        with open(path, "rb") as f:
-            return CLUSTER_SCHEMA.encode() in f.read(512)
-    except OSError:
-        return False
-
-
-def _cluster_report(path: str, fmt: str, out: str | None, verbose: bool, redact: bool) -> None:
-    """A cluster record (gpuvet cluster --out): one line per node, stragglers, cross-node verdict."""
-    import json
-
+def _cluster_report(record: dict, fmt: str, out: str | None, verbose: bool, redact: bool) -> None:
+    """A cluster record (gpuvet cluster --out), its types checked by the loader: one line per
+    node, stragglers, cross-node verdict."""
     from ..cluster import rejudge_cluster
     from ..untrusted_text import clean_strings
     from ..report import cluster_view
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = rejudge_cluster(clean_strings(json.load(f)))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UsageProblem(f"{path}: not a readable gpuvet cluster record ({err})") from None
+    data = rejudge_cluster(clean_strings(record))
     if redact:
         data = cluster_view.redact_cluster(data)
     if fmt == "terminal":

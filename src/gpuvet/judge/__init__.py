@@ -5,6 +5,7 @@ Nothing here touches the machine, so a record captured anywhere can be judged (a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..facts import Machine
@@ -79,7 +80,8 @@ _PER_GPU = {"gpu.isolation", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "
             "gpu.temperature", "gpu.ecc"}
 
 
-def judge(machine: Machine, measurements: list[Measurement] | None = None, options: dict[str, Any] | None = None) -> list[Finding]:
+def judge(machine: Machine, measurements: list[Measurement] | None = None,
+          options: Mapping[str, Any] | None = None) -> list[Finding]:
     ctx = Context(machine, list(measurements or []), dict(options or {}))
     findings: list[Finding] = []
     for check, rule in RULES.items():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..facts import Host
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, why_missing
@@ -119,7 +122,7 @@ def check_somaxconn(ctx: Context) -> list[Finding]:
     return [finding("host.somaxconn", "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 
-def preemptible_of(options: dict, host: Host | None) -> tuple[bool | None, str]:
+def preemptible_of(options: Mapping[str, Any], host: Host | None) -> tuple[bool | None, str]:
     """Whether the instance can be reclaimed, and who says so: the user (--preemptible or
     --on-demand) first, else the cloud's instance metadata, else unknown ("")."""
     stated = options.get("preemptible")

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..facts import Driver, Gpu, Machine, PcieLink, Topology
+from ..facts import CaptureEntry, Driver, Gpu, Machine, PcieLink, Topology
 from ..untrusted_text import clean_document
 from . import lspci, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
 from . import values as v
@@ -337,7 +337,8 @@ def merge(captures: list[Capture]) -> Machine:
     """
     _check_lspci_has_gpus(captures)
     machine = Machine(source="capture")
-    machine.captures = [{"path": c.path, "kind": c.kind, **({"note": c.note} if c.note else {})} for c in captures]
+    machine.captures = [CaptureEntry(path=c.path, kind=c.kind, note=c.note) if c.note else CaptureEntry(path=c.path, kind=c.kind)
+                        for c in captures]
     reports = sorted((c for c in captures if c.kind in _RANK), key=_base_order)
     if reports:
         base = reports[0]

@@ -13,6 +13,7 @@ import html
 import json
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from ..facts import Gpu, Machine, to_dict
@@ -266,7 +267,7 @@ class _Series:
     rows: list[list[Any]]
 
     @classmethod
-    def of(cls, series: dict) -> _Series:
+    def of(cls, series: Mapping[str, Any]) -> _Series:
         names = list(series.get("columns") or [])
         rows = [row for row in series.get("rows") or [] if len(row) == len(names)]
         return cls(str(series.get("subject", "?")), names, rows)
@@ -427,7 +428,7 @@ def _diagnosis_changes(record: RunRecord) -> str:
             if len(row) != 3 or row[1] == "no_data":
                 continue
             t, state, text = row
-            rows.append((s.get("t0") or 0, _number(t) if _number(t) is not None else math.nan, str(s.get("subject")), state, text))
+            rows.append((s.get("t0") or 0, _number(t) if _number(t) is not None else math.nan, str(s.get("subject")), str(state), text))
     if not rows:
         return '<h3 id="diagnosis-changes">Diagnosis changes</h3><p class="note">The log records no diagnosis.</p>'
     rows.sort(key=lambda r: (r[0], r[1], r[2]))

@@ -212,14 +212,14 @@ def _diagnosis_changes(record: RunRecord) -> str:
     for s in record.series:
         if s.get("name") != "watch.diagnosis":
             continue
-        before = None
+        before: str | None = None
         for row in s.get("rows") or []:
             if len(row) != 3 or row[1] == "no_data":
                 continue
             t, state, what = row
             seconds = t if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
-            rows.append((s.get("t0") or 0, seconds, str(s.get("subject")), before, state, str(what)))
-            before = state
+            rows.append((s.get("t0") or 0, seconds, str(s.get("subject")), before, str(state), str(what)))
+            before = str(state)
     if not rows:
         return "### Diagnosis changes\n\nThe log records no diagnosis."
     rows.sort(key=lambda r: (r[0], r[1], r[2]))

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from ..facts import Machine
+from ..facts import CaptureEntry, Machine
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, checklist, grouped
@@ -360,9 +360,9 @@ def machine_lines(m: Machine) -> list[str]:
     return lines
 
 
-def _capture_lines(captures: list[dict[str, str]]) -> list[str]:
+def _capture_lines(captures: list[CaptureEntry]) -> list[str]:
     """One line per file (a bundle's sections listed by kind), plus one per failed section."""
-    files: dict[str, list[dict[str, str]]] = {}
+    files: dict[str, list[CaptureEntry]] = {}
     for c in captures:
         files.setdefault(c["path"].split(" [", 1)[0], []).append(c)
     lines = []

@@ -13,11 +13,13 @@ from typing import Any
 from .. import __version__
 from ..facts import Gpu, Host
 from ..judge.diagnose import Diagnosis
+from ..record import RecordError
+from ..record.watch import WATCH_SCHEMA, check_watch_line
 from ..samples import COLUMNS, to_series
 from ..untrusted_text import clean_strings
 from .snapshot import GpuView, Snapshot
 
-LOG_SCHEMA = "gpuvet.watch/1"
+LOG_SCHEMA = WATCH_SCHEMA
 HOST_COLUMNS = ("t", "cpu_pct", "steal_pct", "iowait_pct", "mem_used_bytes", "disk_read_bps", "disk_write_bps",
                 "net_rx_bps", "net_tx_bps", "workers", "workers_cpu_pct")
 JOB_COLUMNS = ("t", "alive", "processes", "cpu_pct", "read_bps", "write_bps", "gpus")  # gpus: "0,1"
@@ -203,6 +205,8 @@ def _lines(path: str, notes: list[str] | None) -> list[dict[str, Any]]:
     for i, (number, line) in enumerate(lines):
         try:
             obj = json.loads(line.decode("utf-8", errors="replace"))
+        except RecursionError:
+            raise RecordError(f"line {number}: nested too deeply to be a watch log line") from None
         except ValueError as err:
             following = lines[i + 1][1] if i + 1 < len(lines) else None
             if following is not None and not _is_header(following):
@@ -213,16 +217,16 @@ def _lines(path: str, notes: list[str] | None) -> list[dict[str, Any]]:
                 notes.append(f"{where} was cut off: {cut} bytes skipped "
                              "(a watch stopped mid-write, or one still writing)")
             continue
-        if not isinstance(obj, dict):
-            raise ValueError(f"line {number}: not a JSON object")
-        objects.append(clean_strings(obj))  # a log may come from elsewhere: no escape sequences shown
+        # Types checked (RecordError names the line and field); a log may come from elsewhere:
+        # no escape sequences shown.
+        objects.append(clean_strings(check_watch_line(obj, f"line {number}")))
     return objects
 
 
 def _is_header(line: bytes) -> bool:
     try:
         obj = json.loads(line.decode("utf-8", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(obj, dict) and obj.get("kind") == "header"
 

@@ -1,0 +1,67 @@
+"""The cluster record (gpuvet.cluster/1) as types: what `gpuvet cluster --out` writes and what
+`gpuvet report` judges again. cluster/record.py builds it; judge/cluster.py judges its nodes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypedDict
+
+from .errors import RecordError
+from .run import STATUSES, Finding, Measurement, check_run
+from .validate import OneOf, check
+
+CLUSTER_SCHEMA = "gpuvet.cluster/1"
+
+
+class ClusterNode(TypedDict, total=False):
+    """One node as the cluster saw it (judge.cluster.NodeEntry as JSON)."""
+
+    name: str
+    rank: int | None
+    status: str  # ok / failed / missing
+    reason: str | None
+    step: str | None
+    host: str | None
+    record: dict[str, Any] | None  # its run record, time series summarised (checked as a run record)
+    saved_run: int | None
+    unnamed: bool
+
+
+class CrossNode(TypedDict, total=False):
+    plan: dict[str, Any] | None
+    measurements: list[Measurement]
+
+
+class Launcher(TypedDict, total=False):
+    kind: str
+    world_size: int
+    master: str
+
+
+class _ClusterBase(TypedDict):
+    schema: str
+    nodes: list[ClusterNode]
+
+
+class ClusterRecord(_ClusterBase, total=False):
+    tool: dict[str, str]
+    cluster_id: str
+    started_at: str
+    duration_s: float
+    launcher: Launcher
+    options: dict[str, Any]
+    cross_node: CrossNode
+    summary: dict[str, Any]  # made again from nodes and cross_node when the record is judged again
+    findings: list[Finding]
+    verdict: Annotated[str, OneOf(STATUSES)]
+    stopped: str | None
+
+
+def check_cluster(data: Any, path: str = "") -> dict[str, Any]:
+    """`data` checked to be a cluster record, each node's run record as a run record."""
+    if not isinstance(data, dict) or data.get("schema") != CLUSTER_SCHEMA:
+        raise RecordError(f"{path or 'the record'}: not a gpuvet cluster record")
+    checked: dict[str, Any] = check(data, ClusterRecord, path)
+    for i, node in enumerate(checked["nodes"]):
+        if node.get("record") is not None:
+            node["record"] = check_run(node["record"], f"nodes[{i}].record")
+    return checked
