@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any
 
 from .. import judge
 from ..facts import Machine
 from ..judge import health as health_rules
 from ..probe import capture, live
-from ..record import RunRecord
+from ..record import RunOptions, RunRecord
 from ..store import Store, machine_identity
 
 PROFILE = "health"
@@ -32,7 +31,7 @@ def check(captures: list[str] | None = None, expect_gpus: int | None = None,
         else:
             machine = live.collect_passive(budgets)
     judge.annotate_references(machine)
-    options: dict[str, Any] = {"profile": PROFILE, "probe_budgets_s": budgets}
+    options = RunOptions(profile=PROFILE, probe_budgets_s=budgets)
     if expect_gpus is not None:
         options["expect_gpus"] = expect_gpus
     record = RunRecord(machine=machine, started_at=started, options=options)

@@ -94,7 +94,7 @@ HEALTH_RULES: dict[str, Rule] = {**{check: RULES[check] for check in health.HEAL
                                  "gpu.reachable": health.check_reachable, "health.probe": health.check_probes}
 
 
-def judge_health(machine: Machine, options: dict[str, Any] | None = None) -> list[Finding]:
+def judge_health(machine: Machine, options: Mapping[str, Any] | None = None) -> list[Finding]:
     """The findings of `gpuvet health` (no measurements: it never loads the GPUs)."""
     ctx = Context(machine, [], dict(options or {}))
     findings: list[Finding] = []

@@ -89,6 +89,10 @@ class RunOptions(TypedDict, total=False):
     log: str  # a watch log's file
     redacted: bool
     cluster: dict[str, Any]  # a cluster node's run: its cluster id, name and rank
+    step_wall_s: dict[str, float]  # each benchmark's wall time, held against `run --plan`'s forecast
+    probe_budgets_s: dict[str, float]  # gpuvet health: each passive probe's deadline
+    expect_gpus: int | None  # gpuvet health --expect-gpus
+    summary: str  # gpuvet health: its one summary line
     peer: str  # gpuvet net test: the other end, its port and the engine
     port: int
     engine: str
