@@ -124,6 +124,9 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         reason = line.split(" Reason=", 1)[1].rsplit(" [", 1)[0].strip() if " Reason=" in line else None
         return state, reason
 
+    def wait_for(self, ready, what: str) -> None:
+        self._wait(ready, what)
+
     def scontrol(self, *args: str) -> None:
         subprocess.run(["scontrol", *args], env=self.env, check=True, capture_output=True, timeout=10)
 
@@ -226,3 +229,35 @@ def test_cluster_mode_runs_under_srun_on_the_slurm_node(resumed, tmp_path):
     record = json.loads(out.read_text())
     assert record["launcher"]["kind"] == "slurm" and record["cluster_id"].startswith("slurm-")
     assert [row["name"] for row in record["summary"]["rows"]] == [resumed.node]
+
+
+def test_slurmd_itself_runs_the_health_check_and_drains_then_resumes(resumed, tmp_path):
+    """HealthCheckProgram in slurm.conf, run by slurmd every 2 s with its bare environment (only
+    SLURMD_NODENAME): a stand-in program sets what this test's Slurm and checkout need, then
+    execs the wrapper as an admin's slurm.conf would."""
+    program = tmp_path / "healthcheck"
+    capture = tmp_path / "capture.txt"
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "GPUVET": f"{sys.executable} -m gpuvet",
+           "GPUVET_DB": str(tmp_path / "runs.sqlite3"), "GPUVET_HEALTH_OPTS": f"--from {capture}",
+           "SLURM_CONF": str(resumed.conf)}
+    program.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in env.items()) + f"exec sh {WRAPPER}\n")
+    program.chmod(0o755)
+    _replace(capture, FAILING)
+    plain = resumed.conf.read_text()
+    resumed.conf.write_text(plain + f"HealthCheckProgram={program}\nHealthCheckInterval=2\nHealthCheckNodeState=ANY\n")
+    try:
+        resumed.scontrol("reconfigure")
+        resumed.wait_for(lambda: "DRAIN" in resumed.show()[0], "slurmd's health check to drain the node")
+        assert resumed.show()[1].startswith("gpuvet: gpu2 gpu.throttle")
+        _replace(capture, HEALTHY)  # the GPU is fixed
+        resumed.wait_for(lambda: "DRAIN" not in resumed.show()[0], "slurmd's health check to resume the node")
+    finally:
+        resumed.conf.write_text(plain)
+        resumed.scontrol("reconfigure")
+
+
+def _replace(target: Path, source: Path) -> None:
+    """Whole or not at all: slurmd may be reading `target` at that moment."""
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(source.read_bytes())
+    os.replace(partial, target)
