@@ -239,3 +239,20 @@ def test_allreduce_latency_over_pcie_at_the_seeds_18_ms_warns():
     m = machine_from("topo/dgx1-8gpu-topo-mp-pcie-only.txt")  # `topo -mp`: PCIe paths only
     f = found(m, "gpu.allreduce", _allreduce(9.0, 18.5), benchmarks=["allreduce"], device="cuda")["machine"]
     assert f.status == "warn" and "the seed's slow PCIe case" in f.summary
+
+
+# -- captures recognised from their content wherever the data starts ------------------------------
+
+def test_smi_xml_with_an_embedded_dtd_is_read_like_the_plain_one():
+    edited = machine_from("edited/quadro-p2000-x8-525.125.06-v12-edited-inline-dtd.xml")  # 5 KB of DTD first
+    plain = machine_from("smi_xml/quadro-p2000-x8-525.125.06-v12.xml")
+    assert [g.name for g in edited.gpus] == [g.name for g in plain.gpus] == ["Quadro P2000"]
+    assert edited.driver.version == plain.driver.version == "525.125.06"
+    assert capture.read_captures(str(FIXTURES / "edited/quadro-p2000-x8-525.125.06-v12-edited-inline-dtd.xml"))[0].attached == 1
+
+
+def test_a_bundle_with_crlf_line_ends_is_read_like_the_original():
+    edited = capture.read_captures(str(FIXTURES / "edited/l40s-vm-595.80-bundle-edited-crlf.txt"))
+    plain = capture.read_captures(str(FIXTURES / "bundles/l40s-vm-595.80.txt"))
+    assert [(c.kind, c.phase) for c in edited] == [(c.kind, c.phase) for c in plain]
+    assert capture.merge(edited).gpus[0].name == "NVIDIA L40S"

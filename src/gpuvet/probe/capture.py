@@ -85,7 +85,9 @@ def read_captures(path: str) -> list[Capture]:
             check_size(len(data), path)
     else:
         data = read_bounded(path)
-    text = decode(data, path)
+    # A capture copied through Windows (or saved by PowerShell) has CRLF line ends: the kind and
+    # a bundle's banners are found from the content, whatever ends its lines.
+    text = decode(data, path).replace("\r\n", "\n")
     if _is_bundle(text):
         return _bundle_captures(text, path)
     return [parse_capture(text, path)]
@@ -147,6 +149,7 @@ def _fill(capture: Capture, text: str) -> None:
     elif kind == "smi-text":
         check_gpu_count(len(_SMI_TEXT_GPU.findall(text)), f"this {kind} capture")
     if kind == "smi-xml":
+        text = smi_xml.without_dtd(text)  # `nvidia-smi -q -x --dtd`: KBs of DTD before the data
         capture.driver, capture.gpus = smi_xml.parse_smi_xml(text)
         capture.attached = smi_xml.attached_gpus(text)
         capture.note = _fewer_than_attached(capture.attached, len(capture.gpus))

@@ -113,12 +113,26 @@ def attached_gpus(text: str) -> int | None:
 
 
 def looks_like_smi_xml(text: str) -> bool:
-    return "<nvidia_smi_log" in text[:4096]
+    """The report's root element near the top, or its DOCTYPE: `-q -x --dtd` puts the whole DTD
+    (several KB) between them."""
+    head = text[:4096]
+    return "<nvidia_smi_log" in head or _DOCTYPE_OF_LOG.search(head) is not None
+
+
+_DOCTYPE_OF_LOG = re.compile(r"<!DOCTYPE\s+nvidia_smi_log\b")
+# An external DTD ("<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">") or one embedded by
+# --dtd ("<!DOCTYPE nvidia_smi_log [ <!ELEMENT ...> ... ]>"); the embedded one ends at "]>".
+_DOCTYPE = re.compile(r"<!DOCTYPE\s+\w+(?:\s*\[.*?\]\s*>|[^>\[]*>)", re.S)
+
+
+def without_dtd(text: str) -> str:
+    """The report without its DOCTYPE: the DTD is neither needed nor trusted (entities declared in
+    one are never expanded), and an embedded one pushes the data past where headers are looked for."""
+    return _DOCTYPE.sub("", text, count=1)
 
 
 def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
-    # The DOCTYPE names an external DTD we neither have nor need.
-    body = re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1)
+    body = without_dtd(text)
     try:
         root = ET.fromstring(body)
     except ET.ParseError as err:
