@@ -73,7 +73,7 @@ def test_the_plugin_config_holds_to_node_problem_detectors_protocol():
     assert all(r["condition"] in conditions for r in config["rules"] if r["type"] == "permanent")
     assert config["pluginConfig"]["max_output_length"] >= SUMMARY_MAX
     daemonset = _kind("DaemonSet")["spec"]["template"]["spec"]
-    assert any(f"--config.custom-plugin-monitor=/config/gpuvet-health.json" == a for a in daemonset["containers"][0]["args"])
+    assert any("--config.custom-plugin-monitor=/config/gpuvet-health.json" == a for a in daemonset["containers"][0]["args"])
 
 
 def test_the_plugins_command_runs_and_fits_the_output_limit():
