@@ -153,3 +153,15 @@ def test_keep_changes_stores_a_health_run_when_its_summary_changes_or_hourly(tmp
         assert not health.worth_keeping(store, run_at("2026-12-01T10:01:00Z", "gpuvet: healthy, 8 GPU(s)"))
         assert health.worth_keeping(store, run_at("2026-12-01T10:02:00Z", "gpuvet: gpu3 gpu.reachable: fallen off"))
         assert health.worth_keeping(store, run_at("2026-12-01T11:00:00Z", "gpuvet: healthy, 8 GPU(s)"))
+
+
+def test_gpus_on_the_bus_with_the_driver_not_loaded_are_a_problem():
+    """Stand-in: what the GPU probe returns when NVML cannot start but sysfs lists the GPUs."""
+    def driver_not_loaded() -> tuple[Driver, list[Gpu], None, str]:
+        gpus = [Gpu(index=i, unavailable={"name": "NVML does not see this GPU (the NVIDIA kernel driver is not loaded)"})
+                for i in range(2)]
+        return Driver(), gpus, None, "the NVIDIA kernel driver is not loaded"
+
+    record = health.check(machine=live.collect_passive(read_gpus=driver_not_loaded))
+    assert health.outcome(record) == PROBLEM
+    assert summary_line(record, PROBLEM).startswith("gpuvet: gpu0 gpu.reachable (+1 more): not answering: NVML does not")
