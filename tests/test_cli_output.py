@@ -93,3 +93,12 @@ def test_progress_is_a_timestamped_line_per_step_when_stderr_is_not_a_terminal(t
     steps = [line for line in done.stderr.splitlines() if line.startswith("gpuvet ") and " UTC: " in line]
     assert steps, done.stderr[-800:]
     assert all(line[7:15].count(":") == 2 for line in steps)  # gpuvet HH:MM:SS UTC: what it does
+
+
+def test_bench_reports_only_the_chosen_benchmarks_checks():
+    done = _gpuvet("bench", "gemm", "--no-save", "--json")
+    checks = {f["check"] for f in json.loads(done.stdout)["findings"]}
+    assert checks and checks <= {"gpu.gemm", "gpu.correctness"}, checks  # no host or security audit
+    text = _gpuvet("bench", "gemm", "--no-save").stdout
+    assert "env." not in text and "host.cpu" not in text and "storage.workdir" not in text
+    assert "gpu.gemm" in text and "nothing could be checked from this input" not in text

@@ -107,6 +107,8 @@ def run_live(
         options["step_wall_s"] = wall_s
     record.measurements = [from_dict(Measurement, m) for m in measurements]
     record.findings = judge.judge(machine, record.measurements, options)
+    if options["profile"] == "bench":  # `gpuvet bench NAME`: that benchmark's checks, not the whole audit
+        record.findings = judge.of_benchmarks(record.findings, names, expect=expect is not None)
     record.duration_s = time.monotonic() - t0
     return record
 

@@ -109,6 +109,25 @@ _BENCH_OF = {"gpu.gemm": "gemm", "gpu.correctness": "gemm", "gpu.memory_bandwidt
              "gpu.p2p": "p2p", "gpu.allreduce": "allreduce"}
 
 
+# `gpuvet bench NAME`: the checks each benchmark decides (a finding's check id, or a prefix
+# ending in "."); the facts, host and security audit are `gpuvet run`'s.
+BENCH_CHECKS: dict[str, tuple[str, ...]] = {
+    "gemm": ("gpu.gemm", "gpu.correctness", "cpu.gemm"), "membw": ("gpu.memory_bandwidth", "cpu.membw"),
+    "pcie": ("gpu.pcie_bandwidth", "cpu.pcie"), "latency": ("gpu.context_init", "gpu.kernel_launch", "cpu.latency"),
+    "sustained": ("gpu.sustained", "cpu.sustained"), "p2p": ("gpu.p2p", "cpu.p2p"),
+    "allreduce": ("gpu.allreduce", "cpu.allreduce"), "workload": ("workload.",),
+    "disk": ("storage.write", "storage.read", "storage.random_read", "storage.small_files"),
+    "net": ("net.loopback",), "cpu": ("host.cpu_feed",),
+}
+
+
+def of_benchmarks(findings: list[Finding], names: list[str], expect: bool = False) -> list[Finding]:
+    """The findings the benchmarks `names` decide (and gpu.model when the user named the model
+    they paid for), in report order."""
+    wanted = [c for name in names for c in BENCH_CHECKS.get(name, ())] + (["gpu.model"] if expect else [])
+    return [f for f in findings if any(f.check == c or (c.endswith(".") and f.check.startswith(c)) for c in wanted)]
+
+
 def _run(check: str, rule: Rule, ctx: Context) -> list[Finding]:
     if check in _PER_GPU and not ctx.machine.gpus:
         return [finding(check, "gpu", SKIP, f"no GPU facts: {ctx.machine.gpu_error or 'no NVIDIA GPU found'}")]

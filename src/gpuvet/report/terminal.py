@@ -317,8 +317,8 @@ def options_line(record: RunRecord) -> str:
     """What the run was asked to do ("" when nothing was asked); a synthetic record says so here."""
     parts = []
     for key, value in record.options.items():
-        if key == "redacted" or value in (None, "", [], {}):
-            continue
+        if key == "redacted" or value in (None, "", [], {}) or isinstance(value, dict):
+            continue  # a dict is bookkeeping (each step's wall time), not something the user asked
         shown = ", ".join(map(str, value)) if isinstance(value, list) else value
         parts.append(f"{key} {shown!r}" if key == "expect" else f"{key}: {shown}" if key == "synthetic" else f"{key} {shown}")
     return ("options: " + " · ".join(parts)) if parts else ""
@@ -397,6 +397,8 @@ def verdict_text(record: RunRecord) -> str:
         if status_counts(record)[MEASURED]:
             return ("MEASURED: figures were taken but none could be judged (nothing real to hold them against "
                     "here; see 'Measured, not judged')")
+        if record.options.get("profile") == "bench":
+            return "SKIP: nothing was measured: the benchmarks could not run here (why: under 'Not checked')"
         return NOTHING_CHECKED_TEXT
     if no_gpu_watched(record):
         return f"SKIP: no GPU was watched ({record.machine.gpu_error or 'no NVIDIA GPU found'})"
