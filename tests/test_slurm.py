@@ -88,7 +88,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SchedulerType=sched/builtin
-ReturnToService=2
+ReturnToService=1
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -197,7 +197,7 @@ def test_an_admins_drain_is_never_undone(resumed, tmp_path):
     good = _healthcheck(resumed, tmp_path, HEALTHY)
     assert good.returncode == 0 and "left drained" in good.stderr
     bad = _healthcheck(resumed, tmp_path, FAILING)
-    assert bad.returncode == 1 and "drained by someone else" in bad.stderr
+    assert bad.returncode == 1 and "drained or down by someone else" in bad.stderr
     state, reason = resumed.show()
     assert "DRAIN" in state and reason == "admin: PSU swap ticket 42"
 
@@ -261,3 +261,19 @@ def _replace(target: Path, source: Path) -> None:
     partial = target.with_suffix(".partial")
     partial.write_bytes(source.read_bytes())
     os.replace(partial, target)
+
+
+def test_slurms_own_down_reason_is_left_alone(resumed, tmp_path):
+    """A node Slurm (or an admin) set DOWN with a reason: draining it would replace that reason,
+    and gpuvet's later resume would bring back a node it did not take out."""
+    resumed.scontrol("update", f"NodeName={resumed.node}", "State=DOWN", "Reason=Kill task failed")
+    try:
+        bad = _healthcheck(resumed, tmp_path, FAILING)
+        assert bad.returncode == 1 and "left as is" in bad.stderr
+        good = _healthcheck(resumed, tmp_path, HEALTHY)
+        assert good.returncode == 0
+        state, reason = resumed.show()
+        assert state.startswith("DOWN") and reason == "Kill task failed"
+    finally:
+        resumed.scontrol("update", f"NodeName={resumed.node}", "State=RESUME")
+        resumed.wait_for(lambda: resumed.show()[0].startswith("IDLE"), "the node back to idle")

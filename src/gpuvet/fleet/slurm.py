@@ -35,6 +35,10 @@ class NodeState:
         return any(flag in ("DRAIN", "DRAINED", "DRAINING") for flag in flags)
 
     @property
+    def reason_by_other(self) -> bool:
+        return bool(self.reason) and not (self.reason or "").startswith(PREFIX)
+
+    @property
     def drained_by_gpuvet(self) -> bool:
         return self.drained and (self.reason or "").startswith(PREFIX)
 
@@ -80,8 +84,10 @@ def apply(outcome: str, summary: str, name: str) -> str:
     Idempotent: a node already drained by gpuvet for the same reason is left as it is."""
     node = show(name)
     if outcome == PROBLEM:
-        if node.drained and not node.drained_by_gpuvet:
-            return f"slurm: {name} already drained by someone else ({node.reason or 'no reason'}): left as is"
+        if (node.drained and not node.drained_by_gpuvet) or node.reason_by_other:
+            # An admin's drain, or Slurm's own DOWN with its reason: gpuvet's drain would replace
+            # that reason, and its later resume would undo what it did not do.
+            return f"slurm: {name} already drained or down by someone else ({node.reason or 'no reason'}): left as is"
         if node.drained_by_gpuvet and node.reason == summary:
             return f"slurm: {name} already drained by gpuvet for this reason"
         _scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={summary}")
