@@ -329,6 +329,36 @@ class CaptureEntry(_CaptureEntryBase, total=False):
 
 
 @dataclass
+class KernelEvent:
+    """One NVIDIA-related event in the kernel log: an Xid, an NVSwitch SXid, a GPU that fell off
+    the bus, a driver that could not start a GPU (RmInitAdapter), or a PCIe AER report."""
+
+    kind: str  # "xid", "sxid", "fallen_off_bus", "init_failed", "aer"
+    bus_id: str | None = None  # normalised "0000:01:00.0"; None when the line names no device
+    code: int | None = None  # the Xid or SXid number
+    severity: str | None = None  # what the line itself says: "fatal", "nonfatal", "corrected", "uncorrected"
+    process: str | None = None  # Xid lines name the process whose channel hit it (name=...)
+    when: str | None = None  # the time as the log printed it ("[74889.644138]", "Feb 09 15:47:06")
+    uptime_s: float | None = None  # seconds since boot, when the log gives them
+    line: str = ""  # the message, as logged (one line)
+
+
+@dataclass
+class KernelLog:
+    """What the kernel log says about the NVIDIA driver since boot (or since the log begins)."""
+
+    source: str | None = None  # "/dev/kmsg", "journalctl -k", "dmesg", or the capture's path
+    read: bool = False
+    why_unread: str | None = None  # every way tried and why each failed (dmesg_restrict, no host log ...)
+    lines: int = 0
+    first: str | None = None  # the time of its first and last lines, as printed
+    last: str | None = None
+    since_boot: bool | None = None  # True: it starts at boot (the ring buffer was not wrapped)
+    events: list[KernelEvent] = field(default_factory=list)
+    gpu_buses: list[str] = field(default_factory=list)  # buses the driver named as NVIDIA GPUs
+
+
+@dataclass
 class Machine:
     source: str = "live"  # "live" or "capture"
     driver: Driver = field(default_factory=Driver)
@@ -338,6 +368,7 @@ class Machine:
     host: Host | None = None  # None: not captured
     stack: Stack | None = None  # None: not captured
     audit: Audit | None = None  # None: not captured
+    kernel_log: KernelLog | None = None  # None: not read (not asked, or not among the captures)
     captures: list[CaptureEntry] = field(default_factory=list)
     probe_errors: dict[str, str] = field(default_factory=dict)  # probe -> error, when one broke
 

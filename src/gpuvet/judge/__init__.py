@@ -22,6 +22,7 @@ from . import (
     gpu_multi,
     gpu_power,
     gpu_sustained,
+    gpu_xid,
     gpu_trend,
     health,
     host,
@@ -45,6 +46,7 @@ RULES: dict[str, Rule] = {
     "gpu.throttle": gpu_power.check_throttle,
     "gpu.temperature": gpu_power.check_temperature,
     "gpu.ecc": gpu_health.check_ecc,
+    "gpu.xid": gpu_xid.check_xid,  # the kernel log since boot (live, or a dmesg/journalctl capture)
     "gpu.trend": gpu_trend.check_trend,  # monitoring loops given to `inspect` (dmon, --query-gpu -l)
     # Benchmarks: only when the run planned them (record.options["benchmarks"]).
     "gpu.gemm": gpu_bench.check_gemm,

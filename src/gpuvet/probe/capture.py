@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..facts import CaptureEntry, Driver, Gpu, Machine, PcieLink, Topology
+from ..facts import CaptureEntry, Driver, Gpu, KernelLog, Machine, PcieLink, Topology
 from ..untrusted_text import clean_document
-from . import lspci, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
+from . import kernel_log, lspci, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
 from . import values as v
 from .bounded_read import MAX_CAPTURE_BYTES, check_gpu_count, check_size, read_bounded
 from .errors import CaptureError
@@ -31,7 +31,8 @@ _SMI_ERRORS = (
     (re.compile(r"^ERROR: .*", re.M), "nvidia-smi refused the command"),
 )
 
-KINDS = "nvidia-smi -q -x, nvidia-smi -q, nvidia-smi (table), --query-gpu CSV, topo -m, nvlink -s, lspci -vv, /proc/driver/nvidia/version, a capture bundle, or a gpuvet run record"
+KINDS = ("nvidia-smi -q -x, nvidia-smi -q, nvidia-smi (table), --query-gpu CSV, topo -m, nvlink -s, lspci -vv, "
+         "/proc/driver/nvidia/version, a kernel log (dmesg, journalctl -k, syslog), a capture bundle, or a gpuvet run record")
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Capture:
     pci_drivers: dict[str, str] = field(default_factory=dict)  # bus id -> kernel driver
     pci_names: dict[str, str] = field(default_factory=dict)  # bus id -> lspci device text
     kernel_module_version: str | None = None
+    kernel_log: KernelLog | None = None  # dmesg, journalctl -k, syslog, /dev/kmsg text
     attached: int | None = None  # GPUs on the machine by the report's header (more than `gpus` with `-i N`)
     timestamp: datetime | None = None  # when nvidia-smi wrote the report ("Timestamp" / <timestamp>)
     note: str | None = None
@@ -121,6 +123,8 @@ def detect_kind(text: str) -> str | None:
         return "lspci"
     if proc_version.looks_like_proc_version(text):
         return "proc-version"
+    if kernel_log.looks_like_kernel_log(text):  # last: the loosest test (a time prefix on most lines)
+        return "kernel-log"
     return None
 
 
@@ -187,6 +191,9 @@ def _fill(capture: Capture, text: str) -> None:
             capture.note = "no NVIDIA GPU in this lspci output"
     elif kind == "proc-version":
         capture.kernel_module_version = proc_version.parse_kernel_module_version(text)
+    elif kind == "kernel-log":
+        capture.kernel_log = kernel_log.parse_kernel_log(text, capture.path)
+        capture.note = f"kernel log: {capture.kernel_log.lines} lines, {len(capture.kernel_log.events)} NVIDIA event line(s), judged by gpu.xid"
     check_gpu_count(len(capture.gpus), f"this {kind} capture")
     if not capture.gpus and kind in ("smi-xml", "smi-text", "smi-csv", "smi-table"):
         raise CaptureError(f"the {kind} capture lists no GPU")
@@ -361,6 +368,8 @@ def merge(captures: list[Capture]) -> Machine:
             _merge_nvlinks(machine, c.nvlinks)
         if c.pci_names:
             _merge_lspci(machine, c)
+        if c.kernel_log is not None:
+            _merge_kernel_log(machine, c.kernel_log)
     if machine.topology is not None:
         _ensure_topology_gpus(machine)
     if not machine.gpus:
@@ -496,6 +505,21 @@ def _check_lspci_has_gpus(captures: list[Capture]) -> None:
                 f"{c.path}: lspci output with no NVIDIA GPU (vendor 10de, display class); give the GPU machine's "
                 "`sudo lspci -vvv -d 10de:` output, or its `nvidia-smi -q -x` with it"
             )
+
+
+def _merge_kernel_log(machine: Machine, log: KernelLog) -> None:
+    """Several kernel logs of one machine (dmesg and an older syslog) are read as one; their events
+    are matched to the GPUs by PCI bus id when gpu.xid judges them."""
+    have = machine.kernel_log
+    if have is None:
+        machine.kernel_log = log
+        return
+    have.source = f"{have.source} + {log.source}"
+    have.lines += log.lines
+    have.events += log.events
+    have.gpu_buses = list(dict.fromkeys(have.gpu_buses + log.gpu_buses))
+    have.since_boot = bool(have.since_boot or log.since_boot)
+    have.first, have.last = have.first or log.first, log.last or have.last
 
 
 def _merge_nvlinks(machine: Machine, statuses: list[nvlink_status.NvlinkStatus]) -> None:

@@ -11,7 +11,12 @@ from typing import Any, Callable
 
 from ..facts import Driver, Gpu, Host, Machine, Topology
 from . import host as host_probe
-from . import audit, network, nvml, proc_version, stack, sysfs_pcie
+from . import audit, kernel_log, network, nvml, proc_version, stack, sysfs_pcie
+
+
+# Reading the kernel log is a file read or one subprocess; a journal of a long boot can take a
+# second or two, a hung journald longer: past this, gpu.xid says it could not be read in time.
+KERNEL_LOG_DEADLINE_S = 5.0
 
 
 def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torch: bool | None = None) -> Machine:
@@ -20,6 +25,8 @@ def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torc
     machine = Machine(source="live")
     host_job = _Isolated("host", lambda: _host(workdir, steal_window_s), timeout_s=steal_window_s + 10)
     audit_job = _Isolated("audit", audit.collect_audit, timeout_s=15)
+    kernel_job = _Isolated("kernel_log", lambda: kernel_log.read_kernel_log(KERNEL_LOG_DEADLINE_S),
+                           timeout_s=KERNEL_LOG_DEADLINE_S + 2)
     gpu_facts = _Isolated("gpu", _gpus, timeout_s=30).result(machine)
     if gpu_facts is None:
         machine.gpu_error = f"GPU probe failed: {machine.probe_errors.get('gpu')}"
@@ -30,6 +37,7 @@ def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torc
     machine.host = host_job.result(machine)
     machine.stack = stack_job.result(machine)
     machine.audit = audit_job.result(machine)
+    machine.kernel_log = kernel_job.result(machine)
     return machine
 
 

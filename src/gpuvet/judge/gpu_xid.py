@@ -1,0 +1,171 @@
+"""gpu.xid: what the NVIDIA driver logged in the kernel log since boot (Xid, NVSwitch SXid, a GPU
+fallen off the bus, a GPU the driver could not start, PCIe AER errors on a GPU's bus), judged
+against the Xid table in data/xid.csv (code, meaning, hardware or not, what to do; every row
+sourced from NVIDIA's Xid catalogue or the Fabric Manager guide's SXid list)."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+from dataclasses import dataclass
+from importlib import resources
+
+from ..facts import Gpu, KernelEvent, KernelLog
+from ..record import Finding
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
+
+XID_FILE = "xid.csv"
+TABLE_NOTE = "gpuvet's Xid table (judge/data/xid.csv)"
+# What a user runs where gpuvet could not read the log, or to read it again on that machine.
+READ_COMMAND = "sudo dmesg -T | grep -E 'NVRM|SXid|AER'"
+EXPECTED = "no Xid, SXid, fallen-off-the-bus, RmInitAdapter or PCIe AER error for the GPUs since boot"
+
+
+@dataclass(frozen=True)
+class XidEntry:
+    kind: str  # "xid" or "sxid"
+    code: int
+    name: str
+    hardware: bool
+    verdict: str  # fail, warn, pending (fail while a row or page waits for a reset), line (the line says fatal or not)
+    action: str
+    meaning: str
+    source: str
+
+
+@functools.cache
+def xid_table() -> dict[tuple[str, int], XidEntry]:
+    text = resources.files("gpuvet.judge").joinpath("data").joinpath(XID_FILE).read_text(encoding="utf-8")
+    table = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        entry = XidEntry(row["kind"], int(row["code"]), row["name"], row["hardware"] == "yes", row["verdict"],
+                         row["action"], row["meaning"], row["source"])
+        table[(entry.kind, entry.code)] = entry
+    return table
+
+
+def check_xid(ctx: Context) -> list[Finding]:
+    machine = ctx.machine
+    log = machine.kernel_log
+    if log is None:
+        where = "no kernel log among the captures" if machine.source == "capture" else "the kernel log was not read"
+        return [finding("gpu.xid", "machine", SKIP, f"{where}: Xid and SXid events not checked",
+                        remedy=f"on that machine: `{READ_COMMAND}` (or `sudo journalctl -k -b > kernel.txt`), "
+                               "then `gpuvet inspect kernel.txt` with its other captures")]
+    if not log.read:
+        return [finding("gpu.xid", "machine", SKIP, f"could not read the kernel log: {log.why_unread or 'no reason given'}",
+                        remedy=f"`{READ_COMMAND}` as root (or `sudo journalctl -k -b`), or give its output to `gpuvet inspect`")]
+    gpu_of_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
+    gpu_buses = set(gpu_of_bus) | set(log.gpu_buses)
+    groups: dict[tuple[str, str, int | str | None], list[KernelEvent]] = {}
+    for event in log.events:
+        if event.kind == "aer" and event.bus_id not in gpu_buses:
+            continue  # a root port's or a NIC's error is not this check's; the GPU's own bus is
+        groups.setdefault(_key(event), []).append(event)
+    findings = [_judge_group(key, events, log, gpu_of_bus) for key, events in groups.items()]
+    hit = {key[0] for key in groups}
+    clean = [g for g in machine.gpus if g.pcie.bus_id not in hit]
+    if not groups:
+        findings.append(_clean("machine", log, "no NVIDIA driver error"))
+    elif clean:
+        findings += [_clean(subject(g), log, "none for this GPU") for g in clean]
+    return findings
+
+
+def _key(event: KernelEvent) -> tuple[str, str, int | str | None]:
+    bus = event.bus_id or "?"
+    if event.kind == "fallen_off_bus":
+        return bus, "xid", 79  # the driver prints both; one event
+    if event.kind == "aer":
+        return bus, "aer", "corrected" if event.severity == "corrected" else "uncorrected"
+    return bus, event.kind, event.code
+
+
+def _span(log: KernelLog) -> str:
+    if log.since_boot:
+        return f"since boot ({log.first or 'first line'} to {log.last or 'last line'})" if log.first else "since boot"
+    if log.first:
+        return f"from {log.first} to {log.last} (older lines may have left the kernel's ring buffer)"
+    return "lines without times"
+
+
+def _clean(subj: str, log: KernelLog, what: str) -> Finding:
+    return finding("gpu.xid", subj, PASS, f"{what} in the kernel log ({log.lines} lines {_span(log)})",
+                   measured=f"0 events for {'the GPUs' if subj == 'machine' else subj} in {log.lines} lines of {log.source}",
+                   expected=EXPECTED, source=f"the kernel log ({log.source}) against {TABLE_NOTE}")
+
+
+def _subject(bus: str, kind: str, gpu_of_bus: dict[str, Gpu]) -> str:
+    if kind == "sxid":
+        return f"nvswitch {bus}"
+    gpu = gpu_of_bus.get(bus)
+    return subject(gpu) if gpu is not None else f"pci {bus}"
+
+
+def _times(events: list[KernelEvent]) -> tuple[int, str]:
+    """How many times it happened and when: lines at one instant are one event, and an SXid is
+    logged over several lines (its severity line, then "Severity ..." and "Data {...}")."""
+    heads = [e for e in events if e.kind != "sxid" or e.severity is not None] or \
+        [e for e in events if "Data {" in e.line] or events
+    instants = list(dict.fromkeys(e.when or f"line {i}" for i, e in enumerate(heads)))
+    when = instants[0] if len(instants) == 1 else f"first {instants[0]}, last {instants[-1]}"
+    return len(instants), when
+
+
+def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEvent], log: KernelLog,
+                 gpu_of_bus: dict[str, Gpu]) -> Finding:
+    bus, kind, code = key
+    subj = _subject(bus, kind, gpu_of_bus)
+    count, when = _times(events)
+    times = f"{count} time{'s' if count != 1 else ''}"
+    example = events[0].line if len(events[0].line) <= 200 else events[0].line[:197] + "..."
+    measured = f"{len(events)} line(s) in {log.source}, {when}; e.g. {example!r}"
+    processes = sorted({e.process for e in events if e.process})
+    hit = f"; hit process {', '.join(processes)}" if processes else ""
+    gpu = gpu_of_bus.get(bus)
+    if kind == "init_failed":
+        return finding("gpu.xid", subj, FAIL, f"the driver could not start this GPU (RmInitAdapter failed), {times} ({when})",
+                       measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source})",
+                       remedy=f"reboot; if it repeats, ask the provider (the GPU, its power or its slot); `{READ_COMMAND}`")
+    if kind == "aer":
+        corrected = code == "corrected"
+        text = ("corrected PCIe errors on this GPU's bus (the link retried; many slow it down)" if corrected
+                else "uncorrected PCIe errors on this GPU's bus (data lost on the link; the GPU may fall off the bus)")
+        return finding("gpu.xid", subj, WARN if corrected else FAIL, f"{text}, {times} ({when})", measured=measured,
+                       expected=EXPECTED, source=f"the kernel log's PCIe AER lines ({log.source})",
+                       remedy=f"`sudo lspci -vvv -s {bus}` (DevSta, AER counters); reseat or replace the riser or GPU, "
+                              "or ask the provider")
+    assert isinstance(code, int)
+    entry = xid_table().get((kind, code))
+    fatal = any(e.severity == "fatal" for e in events)
+    label = f"{'SXid' if kind == 'sxid' else 'Xid'} {code}"
+    if entry is None:
+        status = FAIL if fatal else WARN
+        return finding("gpu.xid", subj, status,
+                       f"{label} ({'fatal, ' if fatal else ''}not in gpuvet's table), {times} ({when}){hit}",
+                       measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source})",
+                       remedy="look the code up in NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors); "
+                              "reset the GPU if it repeats, and ask the provider")
+    status, why = _status(entry, fatal, gpu)
+    if entry.hardware:
+        nature = "a hardware fault" if status == FAIL else "a hardware event"
+    else:
+        nature = "an NVSwitch event the switch recovers from" if kind == "sxid" else "usually the application, not the GPU"
+    return finding("gpu.xid", subj, status, f"{label} ({entry.name}), {times} ({when}): {nature}; {entry.meaning}{why}{hit}",
+                   measured=measured, expected=EXPECTED, source=f"{entry.source}, via {TABLE_NOTE}",
+                   remedy=entry.action.replace("-i N", f"-i {gpu.index}") if gpu is not None else entry.action)
+
+
+def _status(entry: XidEntry, fatal: bool, gpu: Gpu | None) -> tuple[str, str]:
+    if entry.verdict == "fail":
+        return FAIL, ""
+    if entry.verdict == "line":
+        return (FAIL, " (the line says Fatal)") if fatal else (WARN, " (the line says non-fatal)")
+    if entry.verdict == "pending":
+        pending = None if gpu is None else (gpu.ecc.remapped_rows_pending or gpu.ecc.retired_pages_pending)
+        if pending:
+            return FAIL, " (a remap or retirement is still pending: reset the GPU)"
+        return WARN, " (nothing pending now)" if pending is False else " (whether it is still pending is not known)"
+    return WARN, ""
+

@@ -1,0 +1,291 @@
+"""The kernel log's NVIDIA lines: Xid and SXid events, GPUs fallen off the bus, GPUs the driver
+could not start, and PCIe AER reports, each with its time and the PCI bus it names.
+
+Two ways in, one parser: `read_kernel_log` reads this machine's log live (/dev/kmsg, then
+`journalctl -k`, then `dmesg`: whichever this user may read, each under a deadline), and
+`parse_kernel_log` reads a log captured elsewhere (dmesg, `dmesg -T`, `dmesg -x --time-format
+iso`, `journalctl -k`, syslog, /dev/kmsg records). Facts only: which of them is a fault is
+decided in judge/gpu_xid.py against the Xid table.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from ..facts import KernelEvent, KernelLog
+from . import values as v
+
+KMSG_PATH = "/dev/kmsg"
+DMESG_RESTRICT_PATH = "/proc/sys/kernel/dmesg_restrict"
+READ_COMMAND = "sudo dmesg -T | grep -E 'NVRM|SXid|AER'"  # what a user runs when gpuvet could not read it
+_MAX_BYTES = 64 * 1024 * 1024  # a kernel ring buffer is at most a few MiB; a journal since boot can be more
+
+# -- line prefixes: where the time is, in each form a kernel log is kept in ---------------------
+_BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_PREFIXES = (
+    # /dev/kmsg: "6,3964,206764307,-;message" (priority, sequence, microseconds since boot)
+    ("kmsg", re.compile(r"^\d+,(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")),
+    # dmesg -x / --time-format iso: "kern  :err   : 2025-01-25T10:34:54,859532+00:00 message"
+    ("iso", re.compile(r"^(?:\w+\s*:\s*\w+\s*: )?(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]?\d*[+-]\d\d:?\d\d)\s+(?P<msg>.*)$")),
+    # dmesg: "[74889.644138] message" (optionally after -x's facility:level)
+    ("uptime", re.compile(r"^(?:\w+\s*:\s*\w+\s*: )?\[\s*(?P<up>\d+\.\d+)\]\s?(?P<msg>.*)$")),
+    # dmesg -T: "[Fri Aug 30 11:43:09 2024] message"
+    ("ctime", re.compile(r"^\[(?P<when>\w{3} \w{3} +\d{1,2} \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")),
+    # journalctl -k -o short-iso, syslog with ISO times: "2025-02-14T05:03:41+0000 host kernel: message"
+    ("journal-iso", re.compile(r"^(?P<when>\d{4}-\d\d-\d\dT\S+) \S+ kernel: (?:\[\s*(?P<up>\d+\.\d+)\] )?(?P<msg>.*)$")),
+    # journalctl -k, /var/log/syslog, kern.log: "Feb 09 15:47:06 debian kernel: [  885.2] message"
+    ("syslog", re.compile(r"^(?P<when>\S{3,4}\.? +\d{1,2} \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*(?P<up>\d+\.\d+)\] )?(?P<msg>.*)$")),
+)
+
+# -- the messages -------------------------------------------------------------------------------
+_XID = re.compile(rf"NVRM: Xid \(PCI:(?P<bus>{_BUS})\): (?P<code>\d+),\s*(?P<rest>.*)")
+_SXID = re.compile(rf"SXid \(PCI:(?P<bus>{_BUS})\): (?P<code>\d+),\s*(?P<rest>.*)")
+_FALLEN = re.compile(rf"(?:GPU at (?:PCI:)?(?P<bus1>{_BUS}) has fallen off the bus|NVRM: GPU (?P<bus2>{_BUS}): GPU has fallen off the bus)")
+# Newer drivers say it over three lines: "NVRM: The NVIDIA GPU 0000:b3:00.0" / "(PCI ID: ...) installed
+# in this system has" / "fallen off the bus and is not responding to commands."
+_FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU (?P<bus>{_BUS})\s*$")
+_INIT_FAILED = re.compile(rf"NVRM: GPU (?P<bus>{_BUS}): RmInitAdapter failed!?\s*(?P<rest>.*)")
+_AER = re.compile(rf"^\S+ (?P<bus>{_BUS}): (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+)")
+_GPU_AT = re.compile(rf"NVRM: GPU at PCI:(?P<bus>{_BUS}): GPU-")
+_NVIDIA_DEVICE = re.compile(rf"^nvidia (?P<bus>{_BUS}): ")
+# The kernel tells the drivers below a port about its AER error: "nvidia 0000:02:00.0: device has no
+# AER-aware driver" names the GPU behind the root port that logged it.
+_AER_BELOW = re.compile(rf"^nvidia (?P<bus>{_BUS}): (?:AER|.*AER-aware|.*error_detected)")
+_PROCESS = re.compile(r"name=(?P<name>[^,\s]+)")
+_NVRM_ANYWHERE = re.compile(r"NVRM:|SXid \(PCI:|nvidia-nvswitch|PCIe Bus Error")
+# Lines a kernel log starts with at boot (dmesg's ring buffer has not wrapped when one is there).
+_BOOT_LINE = re.compile(r"^Linux version \d")
+
+
+def normal_bus(raw: str) -> str | None:
+    """ "0000:02:00" (Xid lines leave the function out) and "00000000:1a:00.0" -> "0000:02:00.0"."""
+    return v.bus_id(raw if "." in raw else f"{raw}.0")
+
+
+def looks_like_kernel_log(text: str) -> bool:
+    """A kernel log captured with dmesg, journalctl, syslog or /dev/kmsg: most of its first lines
+    carry one of the kernel log's time prefixes, or it holds the NVIDIA driver's own lines."""
+    lines = [line for line in text.splitlines()[:60] if line.strip()]
+    if not lines:
+        return False
+    prefixed = sum(1 for line in lines if _split(line.strip())[0] is not None)
+    return prefixed * 2 >= len(lines) or any(_NVRM_ANYWHERE.search(line) for line in lines)
+
+
+def _split(line: str) -> tuple[str | None, str | None, float | None, str]:
+    """(form, time as printed, seconds since boot, message) of one log line; form None: no prefix."""
+    for form, pattern in _PREFIXES:
+        m = pattern.match(line)
+        if not m:
+            continue
+        groups = m.groupdict()
+        if form == "kmsg":
+            up = int(groups["usec"]) / 1e6
+            return form, f"[{up:.6f}]", up, groups["msg"]
+        up = float(groups["up"]) if groups.get("up") else None
+        when = groups.get("when") or (f"[{groups['up']}]" if groups.get("up") else None)
+        return form, when, up, groups["msg"]
+    return None, None, None, line
+
+
+def parse_kernel_log(text: str, source: str) -> KernelLog:
+    """Every NVIDIA-related event in `text`, with the span of time the text covers."""
+    log = KernelLog(source=source, read=True)
+    pending_fallen: tuple[str, str | None, float | None, int] | None = None  # bus, when, uptime, line number
+    last_aer: tuple[KernelEvent, int] | None = None  # the latest port AER error, and its line number
+    buses: dict[str, None] = {}
+    first_uptime: float | None = None
+    for number, raw in enumerate(text.splitlines()):
+        line = raw.strip()
+        if not line or (raw[:1] == " " and "=" in line.split(" ", 1)[0] and not line.startswith("NVRM")):
+            continue  # /dev/kmsg continuation records (" SUBSYSTEM=pci")
+        form, when, uptime, msg = _split(line)
+        msg = msg.strip()
+        log.lines += 1
+        if when is not None:
+            log.first = log.first or when
+            log.last = when
+        if uptime is not None and first_uptime is None:
+            first_uptime = uptime
+        if _BOOT_LINE.match(msg):
+            log.since_boot = True
+        event = _event(msg, when, uptime)
+        if event is not None:
+            log.events.append(event)
+            if event.kind == "aer":
+                last_aer = (event, number)
+        below = _AER_BELOW.search(msg)
+        if below and last_aer is not None and number - last_aer[1] <= 8:
+            port_event, _ = last_aer
+            gpu_bus = normal_bus(below.group("bus"))
+            if gpu_bus and gpu_bus != port_event.bus_id:
+                log.events.append(KernelEvent("aer", gpu_bus, None, port_event.severity, None, port_event.when,
+                                              port_event.uptime_s, f"{port_event.line} (the port above {gpu_bus})"))
+            last_aer = None
+        if pending_fallen is not None:
+            if "fallen off the bus" in msg:
+                bus, p_when, p_up, _ = pending_fallen
+                log.events.append(KernelEvent("fallen_off_bus", bus, 79, "fatal", None, p_when, p_up,
+                                              "NVRM: The NVIDIA GPU ... has fallen off the bus and is not responding to commands"))
+                pending_fallen = None
+            elif number - pending_fallen[3] > 3:
+                pending_fallen = None
+        start = _FALLEN_START.search(msg)
+        if start:
+            bus = normal_bus(start.group("bus"))
+            if bus:
+                pending_fallen = (bus, when, uptime, number)
+        for pattern in (_GPU_AT, _NVIDIA_DEVICE):
+            m = pattern.search(msg)
+            if m and (bus := normal_bus(m.group("bus"))):
+                buses[bus] = None
+    if log.since_boot is None and first_uptime is not None:
+        log.since_boot = first_uptime < 10.0  # dmesg's first line a few seconds after boot: not wrapped
+    log.gpu_buses = list(buses)
+    return log
+
+
+def _event(msg: str, when: str | None, uptime: float | None) -> KernelEvent | None:
+    m = _XID.search(msg)
+    if m:
+        rest = m.group("rest")
+        process = _PROCESS.search(rest)
+        name = process.group("name").strip("'\"") if process else None
+        return KernelEvent("xid", normal_bus(m.group("bus")), int(m.group("code")), _severity_word(rest),
+                           None if name in (None, "<unknown>") else name, when, uptime, msg)
+    m = _SXID.search(msg)
+    if m:
+        return KernelEvent("sxid", normal_bus(m.group("bus")), int(m.group("code")), _severity_word(m.group("rest")),
+                           None, when, uptime, msg)
+    m = _FALLEN.search(msg)
+    if m:
+        return KernelEvent("fallen_off_bus", normal_bus(m.group("bus1") or m.group("bus2")), 79, "fatal", None, when, uptime, msg)
+    m = _INIT_FAILED.search(msg)
+    if m:
+        return KernelEvent("init_failed", normal_bus(m.group("bus")), None, "fatal", None, when, uptime, msg)
+    m = _AER.search(msg)
+    if m:
+        word = m.group("severity").strip().lower()
+        severity = "corrected" if word.startswith("correct") else "uncorrected_fatal" if "fatal" in word and "non" not in word \
+            else "uncorrected"
+        return KernelEvent("aer", normal_bus(m.group("bus")), None, severity, None, when, uptime, msg)
+    return None
+
+
+def _severity_word(rest: str) -> str | None:
+    """NVLink Xids (144-150) and SXids say themselves whether they are fatal."""
+    lowered = rest.lower()
+    if re.search(r"\bnon-?fatal\b", lowered):
+        return "nonfatal"
+    if re.search(r"\bfatal\b", lowered):
+        return "fatal"
+    return None
+
+
+# -- live ---------------------------------------------------------------------------------------
+
+def read_kernel_log(deadline_s: float = 5.0, kmsg_path: str | None = None) -> KernelLog:
+    """This machine's kernel log since boot, from the first of /dev/kmsg, `journalctl -k -b` and
+    `dmesg` this user may read, all within `deadline_s`. When none can be read, the KernelLog says
+    why for each (`why_unread`): kernel.dmesg_restrict, a container without the host's log, no
+    permission on the journal, a command that hung."""
+    end = time.monotonic() + deadline_s
+    reasons: list[str] = []
+    readers = ((kmsg_path or KMSG_PATH, _read_kmsg), ("journalctl -k", _read_journal), ("dmesg", _read_dmesg))
+    for name, reader in readers:
+        left = end - time.monotonic()
+        if left <= 0:
+            reasons.append(f"{name}: not tried, the {deadline_s:g} s deadline had passed")
+            continue
+        text, why = reader(name, left)
+        if text is not None:
+            log = parse_kernel_log(text, name)
+            if name == "journalctl -k":
+                log.since_boot = True  # -b: the journal keeps the whole boot
+            if reasons:
+                log.why_unread = "; ".join(reasons)  # kept: why the earlier sources were passed over
+            return log
+        reasons.append(f"{name}: {why}")
+    return KernelLog(source=None, read=False, why_unread="; ".join(reasons))
+
+
+def _read_kmsg(path: str, deadline_s: float) -> tuple[str | None, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None, "not present (a container without the host's kernel log?)"
+    except PermissionError:
+        return None, f"permission denied{_restrict_note()}"
+    except OSError as err:
+        return None, err.strerror or str(err)
+    chunks: list[bytes] = []
+    size, end = 0, time.monotonic() + deadline_s
+    try:
+        while size < _MAX_BYTES and time.monotonic() < end:
+            try:
+                chunk = os.read(fd, 8192)  # one record per read on /dev/kmsg
+            except BlockingIOError:
+                break  # EAGAIN: every record so far has been read
+            except OSError as err:
+                if err.errno == errno.EPIPE:
+                    continue  # a record overwritten while reading: the next read gets the next one
+                if err.errno in (errno.EPERM, errno.EACCES):
+                    return None, f"permission denied{_restrict_note()}"
+                return None, err.strerror or str(err)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    return (text, "") if text.strip() else (None, "read, but empty")
+
+
+def _restrict_note() -> str:
+    try:
+        with open(DMESG_RESTRICT_PATH, encoding="ascii") as f:
+            restricted = f.read().strip() == "1"
+    except OSError:
+        return ""
+    return " (kernel.dmesg_restrict=1: only root or CAP_SYSLOG may read the kernel log)" if restricted else ""
+
+
+def _run(argv: list[str], deadline_s: float) -> tuple[str | None, str]:
+    if shutil.which(argv[0]) is None:
+        return None, "not installed"
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=max(deadline_s, 0.1), check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"gave no answer within {deadline_s:.1f} s"
+    except OSError as err:
+        return None, err.strerror or str(err)
+    out = done.stdout[:_MAX_BYTES].decode("utf-8", errors="replace")
+    err_text = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+    if done.returncode != 0:
+        detail = err_text[0] if err_text else f"exit status {done.returncode}"
+        if "not permitted" in detail.lower() or "permission" in detail.lower():
+            detail += _restrict_note()
+        return None, detail
+    return out, ""
+
+
+def _read_journal(name: str, deadline_s: float) -> tuple[str | None, str]:
+    text, why = _run(["journalctl", "-k", "-b", "--no-pager", "-q", "-o", "short-iso"], deadline_s)
+    if text is None:
+        return None, why
+    if not any(" kernel: " in line for line in text.splitlines()[:200]):
+        return None, "no kernel lines (no journal kept here, or this user is not in the adm or systemd-journal group)"
+    return text, ""
+
+
+def _read_dmesg(name: str, deadline_s: float) -> tuple[str | None, str]:
+    text, why = _run(["dmesg"], deadline_s)
+    if text is None:
+        return None, why
+    return (text, "") if text.strip() else (None, "printed nothing")
