@@ -31,7 +31,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import BenchContext, Skip, measurement, summary
+from .leftovers import scratch_dir
 
 MiB = 1024 * 1024
 LATENCY_BYTES = MiB
@@ -190,7 +190,7 @@ def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int
     "hung" set, saying where, when the deadline passed after some sizes were measured).
     Raises AllReduceHung (deadline passed, nothing measured) or RankFailed (a rank exited with an error)."""
     deadline = time.monotonic() + timeout_s
-    with tempfile.TemporaryDirectory(prefix="gpuvet-allreduce-") as workdir:
+    with scratch_dir("gpuvet-allreduce-") as workdir:  # removed on SIGTERM too (the worker's handler)
         configs = [RankConfig(rank=r, world_size=len(devices), backend=backend, device=d,
                               deadline=deadline, workdir=workdir, parent_pid=os.getpid(), max_bytes=max_bytes,
                               hang=r == hang_rank, stall_after_sizes=stall_after_sizes)

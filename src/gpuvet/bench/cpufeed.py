@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from .leftovers import signals_deferred
+
 # ImageNet's most common image size is 500x375 (landscape) and its average training JPEG is
 # about 110 KB (about 140 GB for 1.28 M images); the generated images aim for both.
 IMAGE_WIDTH, IMAGE_HEIGHT = 500, 375
@@ -240,7 +242,10 @@ class Crew:
             for job in jobs:
                 ours, theirs = context.Pipe()
                 process = context.Process(target=target, args=(theirs, job), daemon=True, name=f"gpuvet-cpufeed-{job.index}")
-                process.start()
+                # A signal mid-start would cut the pickled job the child is reading: it would
+                # print an UnpicklingError traceback of its own. The signal waits for the start.
+                with signals_deferred():
+                    process.start()
                 theirs.close()
                 self.processes.append(process)
                 self.pipes.append(ours)

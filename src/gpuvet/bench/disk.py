@@ -52,6 +52,7 @@ from typing import Any, Callable
 from ..facts import Storage
 from ..probe.host import storage_for
 from .common import measurement
+from .leftovers import owned_prefix, register, remove, sweep_stale
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 SEQ_BLOCK = 1 * MIB
@@ -166,10 +167,12 @@ def _run_path(path: str, chosen: str, fio: str | None, fallback: bool, seconds: 
         return [note(path, "skipped", f"only {free / MIB:.0f} MiB free: the disk test needs "
                                       f"{MIN_TEST_BYTES / FREE_SHARE / MIB:.0f} MiB free, since it writes at most "
                                       f"{FREE_SHARE:.0%} of the free space and no less than {MIN_TEST_BYTES // MIB} MiB")]
+    sweep_stale(TEMP_PREFIX, path)  # a killed run's folder (its 1 GiB file, 4,000 small ones)
     try:
-        workdir = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=path)
+        workdir = tempfile.mkdtemp(prefix=owned_prefix(TEMP_PREFIX), dir=path)
     except OSError as err:
         return [note(path, "skipped", _not_writable(err, path))]
+    register(workdir)
     results: list[dict] = []
     try:
         target = _target(path, workdir, size)
@@ -180,7 +183,7 @@ def _run_path(path: str, chosen: str, fio: str | None, fallback: bool, seconds: 
     except Exception as err:  # noqa: BLE001 - an IO error on one path must not end the run
         results.append(note(path, "failed", f"{type(err).__name__}: {err}"))
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove(workdir)  # with Ctrl-C held back: a second one must not leave half the files
     return results
 
 

@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable
 
 from .common import measurement
+from .leftovers import die_with_parent
 
 PROTOCOL = "GPUVET-NET/1"
 DEFAULT_PORT = 5201  # iperf3's; gpuvet's own server listens on DEFAULT_PORT + 1
@@ -315,12 +316,13 @@ def parse_iperf3_json(text: str) -> dict[str, Any]:
 
 
 class _Iperf3Server:
-    """`iperf3 -s` on a port, until closed."""
+    """`iperf3 -s` on a port, until closed, and never longer than gpuvet lives (kill -9 of
+    gpuvet included: Linux sends it SIGTERM then). `one_off`: it exits after its one client."""
 
-    def __init__(self, binary: str, port: int, bind: str | None = None):
-        command = [binary, "-s", "-p", str(port)] + (["-B", bind] if bind else [])
+    def __init__(self, binary: str, port: int, bind: str | None = None, one_off: bool = False):
+        command = [binary, "-s", "-p", str(port)] + (["-B", bind] if bind else []) + (["-1"] if one_off else [])
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE)
+                                        stderr=subprocess.PIPE, preexec_fn=die_with_parent())
         self.port = port
 
     def wait_listening(self, timeout: float = START_TIMEOUT_S) -> None:
@@ -435,7 +437,7 @@ def _loopback_throughput(engine: str, builtin_port: int, seconds: int) -> dict:
     if engine == "iperf3" and binary is None:
         return note("loopback", "skipped", "iperf3 is not installed (`apt-get install iperf3`); or use --engine builtin")
     if binary:
-        server = _Iperf3Server(binary, _free_port(), bind="127.0.0.1")
+        server = _Iperf3Server(binary, _free_port(), bind="127.0.0.1", one_off=True)
         try:
             server.wait_listening()
             result = iperf3_client(binary, "127.0.0.1", server.port, seconds)

@@ -29,6 +29,7 @@ import traceback
 from typing import Any, TextIO
 
 from .common import STUCK_ON_GPU, BenchContext, Budget, OutOfTime, Skip
+from .leftovers import exit_on_sigterm
 
 MODULES = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
 
@@ -139,6 +140,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def main() -> None:
+    # gpuvet stops a worker with SIGTERM, then SIGKILL a second later: the benchmarks' scratch
+    # (all-reduce's folder, the workload's checkpoint) goes in between, not left behind.
+    exit_on_sigterm()
     # Protocol lines go to the real stdout; anything else printed, by Python or by a C library
     # writing to fd 1 (NCCL does), goes to stderr instead.
     replies = os.fdopen(os.dup(1), "w")

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import BenchContext, Budget, OutOfTime, free_memory_bytes, measurement
+from .leftovers import owned_prefix, register, remove, sweep_stale
 
 CHECKPOINT_FORMAT = "gpuvet-workload/1"
 
@@ -85,6 +86,7 @@ RESUME_RTOL = {"cpu": {"loss": 1e-6, "update": 1e-6}, "cuda": {"loss": 2e-3, "up
 RESUME_RTOL_MAX = {"cpu": {"loss": 1e-6, "update": 1e-6}, "cuda": {"loss": 1e-2, "update": 2e-2}}
 NOISE_FACTOR = 5.0  # an L2 distance over ~1e8 weights concentrates: two restored runs drift alike
 UPDATE_SKETCH_SEED = 7
+CHECKPOINT_PREFIX = "gpuvet-workload-"  # + pid@host-: see leftovers
 TRAIN_SHARE = 0.55  # of the budget; the rest is for the checkpoint and the fresh process
 WORD_LEN = 8  # tokens per synthetic word
 FLOPS_FORMULA = ("6 x N + 12 x layers x seq_len x d_model per token (PaLM appendix B): N counts the parameters "
@@ -576,7 +578,7 @@ def checkpoint_trial(ctx: BenchContext, trainer: Trainer) -> list[dict]:
         blob = serialize(trainer.checkpoint())
         serialize_s = time.perf_counter() - t0
         try:
-            write = write_checkpoint(blob, directory, written)
+            write = write_checkpoint(blob, directory, written, keep=bool(ctx.params.get("keep_checkpoint")))
         except OSError as err:
             return _write_failed(ctx, where, err)
         write_m = measurement("workload.checkpoint_write", write["bytes"] / write["seconds"] / 1e6, "MB/s", ctx.subject,
@@ -617,8 +619,7 @@ def checkpoint_trial(ctx: BenchContext, trainer: Trainer) -> list[dict]:
     finally:
         if not ctx.params.get("keep_checkpoint"):
             for path in written:
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+                remove(path)
 
 
 def replay_in_process(blob: bytes, device: str, steps: int) -> dict[str, Any]:
@@ -645,12 +646,17 @@ def serialize(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def write_checkpoint(blob: bytes, directory: str, written: list[str]) -> dict[str, Any]:
+def write_checkpoint(blob: bytes, directory: str, written: list[str], keep: bool = False) -> dict[str, Any]:
     """Write to a temporary name, fsync, rename: what a careful training script does, so a crash
     mid-write never leaves a truncated checkpoint under the final name. Raises OSError."""
-    final = os.path.join(directory, f"gpuvet-workload-{os.getpid()}-{secrets.token_hex(4)}.pt")
+    sweep_stale(CHECKPOINT_PREFIX, directory)  # a killed run's checkpoint (about 1 GB)
+    # A kept checkpoint gets a name no later run sweeps; the others the name of this process.
+    owner = f"{CHECKPOINT_PREFIX}kept-" if keep else owned_prefix(CHECKPOINT_PREFIX)
+    final = os.path.join(directory, f"{owner}{secrets.token_hex(4)}.pt")
     temporary = final + ".tmp"
     written += [temporary, final]
+    for path in written if not keep else ():
+        register(path)  # removed by the worker's SIGTERM handler if the run is stopped
     t0 = time.perf_counter()
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

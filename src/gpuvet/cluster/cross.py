@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from ..bench.leftovers import scratch_dir
 from .cross_rank import CHILD_GRACE_S, FINISHED, CrossRankConfig, run_rank, transfer_step
 from .launch import Launch, interface_towards
 from .options import Options
@@ -65,7 +65,7 @@ def run_cross_node(plan: Plan, member: int, rendezvous: Rendezvous, options: Opt
     deadline = time.monotonic() + plan.timeout_s
     env = _rank_env(rendezvous.launch, plan)
     in_processes = plan.backend == "nccl" or options.rank_processes
-    with tempfile.TemporaryDirectory(prefix="gpuvet-cluster-") as workdir:
+    with scratch_dir("gpuvet-cluster-") as workdir:
         configs = [CrossRankConfig(asdict(plan), member, local, rendezvous.launch.master_addr, rendezvous.launch.master_port,
                                rendezvous.prefix, workdir, os.getpid(), deadline, pause=options.test_pause_at == "cross",
                                backend_env={} if in_processes else _gloo_env(env))

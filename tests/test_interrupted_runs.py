@@ -1,0 +1,115 @@
+"""Interrupted and killed runs leave nothing behind: cleanup cannot be cut by a second Ctrl-C,
+a SIGTERM'd worker removes its scratch, a killed run's folders go at the next run (only
+gpuvet's, only this host's, only of a pid that is gone), and servers die with gpuvet."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuvet.bench import leftovers
+
+PREFIX = ".gpuvet-disk-"
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid  # reaped: no process has it (until the kernel reuses it, which takes a while)
+
+
+def test_a_dead_runs_folder_is_removed_and_nothing_else(tmp_path):
+    mine = leftovers.owned_prefix(PREFIX)
+    tag = mine.rsplit("@", 1)[1]
+    dead = tmp_path / f"{PREFIX}{dead_pid()}@{tag}abcd1234"
+    alive = tmp_path / f"{PREFIX}{os.getppid()}@{tag}abcd1234"  # a live process's run
+    other_host = tmp_path / f"{PREFIX}{dead_pid()}@00000000-abcd1234"  # a node sharing this file system
+    user_folder = tmp_path / ".gpuvet-diskette"
+    for folder in (dead, alive, other_host, user_folder):
+        folder.mkdir()
+        (folder / "seq.bin").write_bytes(b"x" * 1024)
+    assert leftovers.sweep_stale(PREFIX, str(tmp_path)) == [str(dead)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (alive, other_host, user_folder))
+
+
+def test_ctrl_c_during_cleanup_waits_until_every_file_is_gone(tmp_path, monkeypatch):
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    for i in range(50):
+        (folder / f"small{i}").write_bytes(b"x")
+    real_rmtree = leftovers.shutil.rmtree
+
+    def interrupted_rmtree(path, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C (again) while files are removed
+        real_rmtree(path, **kwargs)
+
+    monkeypatch.setattr(leftovers.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        leftovers.remove(str(folder))  # the held-back signal arrives as the cleanup ends
+    assert not folder.exists()
+
+
+CHILD = """
+import sys, time
+from gpuvet.bench import leftovers
+leftovers.exit_on_sigterm()
+with leftovers.scratch_dir("gpuvet-allreduce-", sys.argv[1]) as path:
+    open(path + "/rank0.json", "w").write("{}")
+    print(path, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_worker_stopped_by_sigterm_removes_its_scratch_folder(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    folder = Path(child.stdout.readline().strip())
+    assert folder.is_dir()
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 143
+    assert list(tmp_path.iterdir()) == []
+
+
+SERVER_PARENT = """
+import subprocess, sys, time
+from gpuvet.bench.leftovers import die_with_parent
+server = subprocess.Popen(["sleep", "600"], preexec_fn=die_with_parent())
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_gpuvet_started_dies_when_gpuvet_is_killed_with_sigkill():
+    parent = subprocess.Popen([sys.executable, "-c", SERVER_PARENT], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    server_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _running(server_pid):
+        time.sleep(0.05)
+    assert not _running(server_pid)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for init to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_signals_wait_while_a_worker_process_starts():
+    with pytest.raises(KeyboardInterrupt):
+        with leftovers.signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            started = True  # not interrupted inside: a child's pickled job is never cut
+    assert started
