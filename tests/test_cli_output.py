@@ -102,3 +102,16 @@ def test_bench_reports_only_the_chosen_benchmarks_checks():
     text = _gpuvet("bench", "gemm", "--no-save").stdout
     assert "env." not in text and "host.cpu" not in text and "storage.workdir" not in text
     assert "gpu.gemm" in text and "nothing could be checked from this input" not in text
+
+
+def test_a_mistyped_expect_is_a_usage_error_with_the_model_it_meant():
+    done = _gpuvet("inspect", "--expect", "H10O 80GB", H100_VM)
+    assert done.returncode == 2 and "did you mean 'H100 80GB'?" in done.stderr and not done.stdout
+    assert _gpuvet("inspect", "--expect", "H100 80GB", H100_VM).returncode == 1  # a real model: judged (gpu2 fails)
+    assert _gpuvet("inspect", "--expect", "Quantum 9000", H100_VM).returncode == 1  # nothing close: judged as told
+
+
+def test_a_path_that_does_not_exist_is_refused_before_anything_runs(tmp_path):
+    done = _gpuvet("run", "--path", str(tmp_path / "missing"), "--no-save")
+    assert done.returncode == 2 and "does not exist" in done.stderr and "(see gpuvet run --help)" in done.stderr
+    assert "reading the machine's facts" not in done.stderr and not done.stdout

@@ -25,6 +25,7 @@ import pytest
 from gpuvet import cluster
 from gpuvet.cluster import (LaunchError, NodeState, Options, Plan, combine_rank_reports, cross_measurements,
                             expand_hostlist, launch_from_env, make_plan, print_launch, shuffled_rings, summarise_record)
+from gpuvet.cluster.launch import torchrun_command
 from gpuvet.judge.cluster import ALLREDUCE_BUSBW, NOTE, RING
 from gpuvet.store import Store
 
@@ -48,9 +49,40 @@ def test_slurm_host_lists_expand(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-def test_a_malformed_host_range_is_refused():
+SLURM_LISTS = ["node[01-04,07],gpu-a[1-2]-x", "n[1-2][3-4]", "node[1-3]-ib", "node[001-010]", "n[9-11]",
+               "rack[1-2]-n[01-02]", "node[1-2,5-6]x", "n[01-1]", "a,,b", "gpu-01.cluster.local,gpu-02.cluster.local",
+               "x[7]", "n[0-0]"]
+
+
+@pytest.mark.parametrize("text", SLURM_LISTS)
+def test_host_lists_read_as_slurm_reads_them(text):
+    hostlist = pytest.importorskip("hostlist")  # python-hostlist (LLNL's Slurm syntax), the oracle
+    assert expand_hostlist(text) == hostlist.expand_hostlist(text)
+
+
+@pytest.mark.parametrize("text", ["node[a-c]", "node[1-4", "node[4-1]", "node[]", "n[1-2]]", "node01:29400", "a b",
+                                  "n[1-[2]]", ","])
+def test_a_malformed_host_list_is_refused(text):
     with pytest.raises(LaunchError):
-        expand_hostlist("node[a-c]")
+        expand_hostlist(text)
+
+
+def test_a_malformed_nodes_option_is_a_usage_error_not_an_endpoint():
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cluster.command, ["--print-launch", "--nodes", "node[1-4"])
+    assert result.exit_code == 2 and "unbalanced brackets" in result.output and "--rdzv-endpoint" not in result.output
+
+
+def test_the_printed_line_calls_torchrun_by_path_when_it_is_not_on_path(monkeypatch, tmp_path):
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "torchrun").write_text("#!/bin/sh\n")
+    (venv / "torchrun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert print_launch({}, python=str(venv / "python")).startswith(f"{venv / 'torchrun'} --nnodes ")
+    (venv / "torchrun").unlink()  # no torchrun at all: torch's module through gpuvet's Python
+    assert print_launch({}, python=str(venv / "python")).startswith(f"{venv / 'python'} -m torch.distributed.run --nnodes ")
 
 
 def test_torchrun_environment():
@@ -96,7 +128,7 @@ def test_print_launch_inside_and_outside_slurm():
     assert "--nodes=3" in counted
     outside = print_launch({}, options=["--quick"])
     # Elastic: the run starts with the nodes that came instead of a rendezvous traceback.
-    assert outside.startswith("torchrun --nnodes 1:<NUMBER_OF_NODES> --nproc-per-node 1 --rdzv-backend c10d "
+    assert outside.startswith(f"{torchrun_command()} --nnodes 1:<NUMBER_OF_NODES> --nproc-per-node 1 --rdzv-backend c10d "
                               "--rdzv-endpoint <FIRST_NODE_HOST>:29400 ")
     assert "--rdzv-conf join_timeout=660,last_call_timeout=300 --max-restarts 0 " in outside
     # gpuvet is told how many nodes to expect, so that one that never comes is counted.
@@ -125,7 +157,7 @@ def test_print_launch_passes_on_the_options_given_with_the_node_count_and_first_
     line = result.stdout.strip()  # the line alone on stdout; what to do with it on stderr
     assert "same line on every node" in result.stderr and "refused by torchrun" in result.stderr
     assert result.stdout == CliRunner().invoke(cluster.command, args).stdout
-    assert line.startswith("torchrun --nnodes 1:4 ") and "--rdzv-endpoint n1:29400 " in line
+    assert line.startswith(f"{torchrun_command()} --nnodes 1:4 ") and "--rdzv-endpoint n1:29400 " in line
     assert "last_call_timeout=120" in line
     assert line.endswith("-m gpuvet.cluster --quick --device cpu --on-demand --nodes 'n[1-4]' --join-timeout 120 "
                          "--out gpuvet-cluster.json")

@@ -78,9 +78,19 @@ def _report_needs_out(fn):
         if kwargs.get("report_format", "json") != "json" and not kwargs.get("out"):
             fmt = kwargs["report_format"]
             raise UsageProblem(f"--report {fmt} writes a file: add --out FILE (e.g. --out report.{fmt})")
+        check_expect(kwargs.get("expect"))
         return fn(*args, **kwargs)
 
     return checked
+
+
+def check_expect(expect: str | None) -> None:
+    """A mistyped --expect is refused before any work (a usage error, not a FAIL of the machine)."""
+    from ..judge.gpu_identity import expect_typo
+
+    guess = expect_typo(expect) if expect else None
+    if guess:
+        raise UsageProblem(f"--expect {expect!r} names no GPU model gpuvet knows: did you mean {guess!r}?")
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ def host_bench_options(fn):
                       help="Dataset size read per epoch, to judge storage against (default 50).")(fn)
     fn = click.option("--engine", type=click.Choice(["auto", "fio", "iperf3", "builtin"]), default="auto", show_default=True,
                       help="Storage/network engine: fio and iperf3 when installed, gpuvet's own otherwise (--engine fio or iperf3: the external tools for both).")(fn)
-    fn = click.option("--path", "paths", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+    fn = click.option("--path", "paths", multiple=True, type=click.Path(file_okay=False, exists=True), metavar="DIR",
                       help="Test storage here too (repeatable): the shared or network path your data lives on.")(fn)
     return fn
 
@@ -135,7 +135,7 @@ def _check_stdin(files: tuple[str, ...]) -> None:
 
 @cli.command()
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
-@click.option("--path", "path", type=click.Path(file_okay=False), metavar="DIR",
+@click.option("--path", "path", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="Where to save the checkpoint (default: here): the shared or persistent path your job will use.")
 @click.option("--steps", type=click.IntRange(min=2), metavar="N", help="Training steps (default: a short run).")
 @output_options

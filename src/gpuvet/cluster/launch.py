@@ -35,11 +35,24 @@ class Launch:
 
 def expand_hostlist(text: str) -> list[str]:
     """Slurm's compressed host list: "node[01-04,07],gpu-a[1-2]-x" -> node01..node04, node07,
-    gpu-a1-x, gpu-a2-x (zero padding kept; several bracket groups multiply)."""
+    gpu-a1-x, gpu-a2-x (zero padding kept; several bracket groups multiply), as `scontrol show
+    hostnames` reads it (the tests hold it against python-hostlist). Anything else (an unclosed
+    bracket, a range that runs backwards, a name with a space or a port) is refused: it would
+    otherwise become a rendezvous endpoint no node can reach."""
+    if text.count("[") != text.count("]") or re.search(r"\[[^\]]*\[|\][^\[]*\]", text):
+        raise LaunchError("unbalanced brackets")
     hosts: list[str] = []
     for item in _split_top_level(text.strip()):
         hosts += _expand_one(item)
+    for host in hosts:
+        if not HOST_NAME.fullmatch(host):
+            raise LaunchError(f"{host!r} is not a host name (letters, digits, '.', '-', '_')")
+    if not hosts:
+        raise LaunchError("no host in it")
     return hosts
+
+
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -65,12 +78,14 @@ def _expand_one(item: str) -> list[str]:
 def _range_values(spec: str) -> list[str]:
     values = []
     for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        if not high:
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise LaunchError(f"cannot read the host range [{spec}]")
+        if not dash:
             values.append(low)
             continue
-        if not (low.isdigit() and high.isdigit()):
-            raise LaunchError(f"cannot read the host range [{spec}]")
+        if int(low) > int(high):
+            raise LaunchError(f"the host range [{spec}] runs backwards")
         width = len(low) if low.startswith("0") else 0
         values += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
     return values
@@ -155,11 +170,27 @@ def print_launch(env: dict[str, str] | os._Environ = os.environ, options: list[s
     rdzv_id = run_id or "gpuvet-" + hashlib.sha256(" ".join([first, count, *(nodes or [])]).encode()).hexdigest()[:10]
     # join_timeout: how long a node waits for the rendezvous to complete, which is last_call_timeout
     # after the last arrival; it leaves the nodes `wait` seconds more to come one after another.
-    line = [f"torchrun --nnodes 1:{count} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {first}:{RDZV_PORT} "
+    line = [f"{torchrun_command(python)} --nnodes 1:{count} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {first}:{RDZV_PORT} "
             f"--rdzv-id {rdzv_id} --rdzv-conf join_timeout={2 * wait + 60},last_call_timeout={wait} "
             "--max-restarts 0 -m gpuvet.cluster"]
     expect = [] if nodes or "--expect-nodes" in extra else ["--expect-nodes", count]
     return " ".join(line + extra + expect + out)
+
+
+def torchrun_command(python: str | None = None) -> str:
+    """torchrun as the printed line must call it: by name when it is on PATH, else the one in
+    gpuvet's own environment by path (a virtual environment not activated), else torch's module
+    through that Python."""
+    import shlex
+    import shutil
+
+    python = python or sys.executable
+    if shutil.which("torchrun"):
+        return "torchrun"
+    beside = os.path.join(os.path.dirname(python), "torchrun")
+    if os.access(beside, os.X_OK):
+        return shlex.quote(beside)
+    return f"{shlex.quote(python)} -m torch.distributed.run"
 
 
 def launch_help(env: dict[str, str] | os._Environ = os.environ, join_timeout_s: float = 300.0) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from ..facts import Gpu
@@ -332,3 +333,28 @@ def _odd_ones_out(gpus: list[Gpu], label: str, value, same) -> list[str]:
     unit = _UNITS.get(label, "")
     shown = ", ".join(f"gpu{g.index} {_shown(v)}{unit}" for g, v in odd)
     return [f"{label} {shown} (others {_shown(common)}{unit})"]
+
+
+def expect_typo(expect: str) -> str | None:
+    """The known model a mistyped --expect most likely meant ("H10O 80GB" -> "H100 80GB"), or
+    None: some known model fits it, or no known model is close (a model gpuvet has no reference
+    for is judged as written). A typo is the user's mistake, not a FAIL of the machine."""
+    refs = reference.all_references()
+    if any(_known_model_fits(expect, r) for r in refs):
+        return None
+    tokens = {t for r in refs for tokens in [_words(r.name), *_reference_tokens(r)] for t in tokens}
+    words = re.findall(r"[A-Za-z0-9]+|[^A-Za-z0-9]+", expect)
+    changed = False
+    for i, word in enumerate(words):
+        low = word.lower()
+        if not low.isalnum() or low in tokens or _MEMORY_WORD.fullmatch(low) or low in _IGNORED:
+            continue
+        close = difflib.get_close_matches(low, sorted(tokens), n=1, cutoff=0.7)
+        if close:
+            words[i], changed = close[0].upper() if word.isupper() or any(c.isdigit() for c in word) else close[0], True
+    guess = "".join(words)
+    return guess if changed and any(_known_model_fits(guess, r) for r in refs) else None
+
+
+def _known_model_fits(expect: str, ref: Reference) -> bool:
+    return _name_matches(expect, ref.name, ref.number("nvidia_smi_memory_total_mib"), ref)
