@@ -256,3 +256,37 @@ def test_a_bundle_with_crlf_line_ends_is_read_like_the_original():
     plain = capture.read_captures(str(FIXTURES / "bundles/l40s-vm-595.80.txt"))
     assert [(c.kind, c.phase) for c in edited] == [(c.kind, c.phase) for c in plain]
     assert capture.merge(edited).gpus[0].name == "NVIDIA L40S"
+
+
+# -- processes unknown vs none; an idle GPU the driver wakes is not a neighbour ---------------------
+
+def test_a_capture_without_a_process_table_says_processes_unknown():
+    f = found(machine_from("smi_csv/h100-80gb-hbm3-vm-590.48.01-idle.csv"), "gpu.isolation")["gpu0"]
+    assert f.status == "pass" and "processes unknown (the capture has no process list)" in f.summary
+    assert "nothing else running" not in f.summary
+
+
+def test_memory_not_reported_is_not_zero_gib_in_use():
+    f = found(machine_from("smi_text/dmon-h100-vm-load-590.48.01.txt"), "gpu.isolation")["gpu0"]  # 100% SM, no memory column
+    assert "memory use not reported, 100% busy" in f.summary and "0.0 GiB" not in f.summary
+
+
+def test_a_few_percent_on_an_idle_gpu_without_a_context_is_not_a_tenant__utilization_edited_in_the_test():
+    m = machine_from("smi_text/q-l40s-vm-595.80-idle.txt")  # real: 0 MiB used, no process, persistence off, 100%
+    m.gpus[0].utilization_pct = 6  # edited: a few percent
+    f = found(m, "gpu.isolation")["gpu0"]
+    assert f.status == "pass" and "nothing else running on it" in f.summary
+
+
+def test_watch_does_not_call_the_driver_waking_an_idle_gpu_a_neighbour():
+    from gpuvet.judge.diagnose import diagnose_gpu
+    from gpuvet.telemetry import Sample
+
+    # The real idle L40S report (0 MiB used, no process, persistence off, utilization 100%) read
+    # once a second for a minute, as `gpuvet watch` would see it.
+    gpu = machine_from("smi_text/q-l40s-vm-595.80-idle.txt").gpus[0]
+    samples = [Sample(t=1_790_000_000.0 + i, power_w=gpu.power.draw_w, power_limit_w=gpu.power.enforced_limit_w,
+                      sm_mhz=gpu.clocks.sm_mhz, temp_c=gpu.thermal.gpu_c, util_pct=gpu.utilization_pct,
+                      mem_used_mib=gpu.memory_used_mib) for i in range(60)]
+    d = diagnose_gpu(samples, gpu, processes=[])
+    assert d.state != "neighbour", d

@@ -10,13 +10,13 @@ from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
 from . import reference
 from .reference import Reference
 
-__all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context"]
+__all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context", "NO_CONTEXT_MIB"]
 
 # No CUDA context is on a GPU whose used memory is below these. A context takes ~250 MiB or more
 # on current GPUs; idle GPUs with no process report 0-120 MiB in the fixtures when the driver's
 # reserve is shown apart (nvidia-smi since R510). When it is not (NVML's v1 memory info), "used"
 # includes that reserve, up to ~870 MiB (A100 80GB, a100-sxm4-80gb-mig capture).
-_NO_CONTEXT_MIB = 256
+NO_CONTEXT_MIB = 256
 _NO_CONTEXT_WITH_RESERVE_MIB = 1024
 
 
@@ -64,5 +64,5 @@ def holds_no_context(gpu: Gpu) -> bool:
     """Nothing runs on this GPU: no process listed and too little memory used for a CUDA context."""
     if gpu.memory_used_mib is None or gpu.processes:
         return False
-    limit = _NO_CONTEXT_MIB if gpu.memory_reserved_mib is not None else _NO_CONTEXT_WITH_RESERVE_MIB
+    limit = NO_CONTEXT_MIB if gpu.memory_reserved_mib is not None else _NO_CONTEXT_WITH_RESERVE_MIB
     return gpu.memory_used_mib < limit

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..facts import Gpu
 from ..record import Finding
 from ..samples import Sample, summarize
-from .common import FAIL, PASS, SKIP, WARN, finding
+from .common import FAIL, NO_CONTEXT_MIB, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
 from .gpu_sustained import _FAULTS as FAULT_LABELS  # short names of the slowdown reasons
 from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C
@@ -278,7 +278,10 @@ def _neighbour(ctx: _Ctx) -> Diagnosis | None:
     if used is not None and all(p.used_mib is not None for p in ctx.processes if p.visible):
         unseen_mib = max(0, used - sum(p.used_mib for p in ctx.processes if p.visible))
     others_mib = sum(p.used_mib or 0 for p in others)
-    util_theirs = not yours and ctx.util is not None and ctx.util >= NEIGHBOUR_UTIL_PCT
+    # Utilization on a GPU that lists no process and holds too little memory for a CUDA context
+    # is the driver waking it for each query (persistence mode off), not someone's kernel.
+    no_context = not ctx.processes and used is not None and used < NO_CONTEXT_MIB
+    util_theirs = not yours and not no_context and ctx.util is not None and ctx.util >= NEIGHBOUR_UTIL_PCT
     hidden = unseen_mib is not None and unseen_mib >= HIDDEN_MIB
     if not (hidden or util_theirs or others_mib >= HIDDEN_MIB or (others and util_theirs)):
         return None

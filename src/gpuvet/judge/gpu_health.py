@@ -14,6 +14,9 @@ _IDLE_MEMORY_SHARE = 0.02
 _HIDDEN_FAIL_SHARE = 0.10  # a tenth of the memory held by someone you cannot see is lost to you
 _ISOLATION_SOURCE = "the GPU's virtualization mode, MIG mode, memory use, utilization and process list (NVML / nvidia-smi)"
 _WAKING = "busy reading with no memory in use"
+# Below this, a busy reading on a GPU without a context is not worth a word: nvidia-smi's own
+# query wakes an idle GPU for a moment (persistence mode off), which NVML counts as utilization.
+WAKING_QUIET_PCT = 10
 
 _DRIVER_MEANING = {
     "vfio-pci": "bound to vfio-pci: reserved for passthrough to a virtual machine, CUDA cannot use it here",
@@ -59,7 +62,10 @@ def _isolation(gpu: Gpu) -> Finding:
     if not issues and gpu.memory_used_mib is None and gpu.processes is None:
         return finding("gpu.isolation", s, SKIP, _no_occupancy_reason(gpu), measured=measured)
     if not issues:
-        return finding("gpu.isolation", s, PASS, f"{whole}; nothing else running on it", measured=measured,
+        # Without a process table the capture says nothing of processes: "unknown", never "none".
+        what = ("nothing else running on it" if gpu.processes is not None else
+                f"{gib(gpu.memory_used_mib)} in use and idle; processes unknown (the capture has no process list)")
+        return finding("gpu.isolation", s, PASS, f"{whole}; {what}", measured=measured,
                        expected=expected, source=_ISOLATION_SOURCE)
     status = FAIL if any(st == FAIL for st, _ in issues) else WARN
     remedy = (f"`nvidia-smi -i {gpu.index}` (processes, memory) and `nvidia-smi -q -i {gpu.index} -d MEMORY,UTILIZATION`; "
@@ -115,14 +121,18 @@ def _occupancy(gpu: Gpu) -> list[tuple[str, str]]:
     threshold = max(_IDLE_MEMORY_MIB, _IDLE_MEMORY_SHARE * total)
     processes = gpu.processes
     busy = (gpu.utilization_pct or 0) >= 5
+    listed = "no process" if processes is not None else "processes not in the capture"
     if busy and holds_no_context(gpu):
         # No context on the GPU, so no kernel can be running: the utilisation sample covers the
         # driver initialising the GPU, which it does on every query while persistence mode is off.
+        if (gpu.utilization_pct or 0) < WAKING_QUIET_PCT:
+            return []  # a few percent on an idle GPU without a context: the driver's own work, not a tenant
         cause = ("likely the driver waking the GPU with persistence mode off" if gpu.persistence_mode is False
                  else "likely the driver initialising the GPU as it was read")
-        return [(WARN, f"{_WAKING} ({gpu.utilization_pct}% busy, {gpu.memory_used_mib} MiB used, no process): {cause}, "
+        return [(WARN, f"{_WAKING} ({gpu.utilization_pct}% busy, {gpu.memory_used_mib} MiB used, {listed}): {cause}, "
                        "not another user")]
-    load = f"{gib(used)} in use" + (f", {gpu.utilization_pct}% busy" if busy else "")
+    load = (f"{gib(used)} in use" if gpu.memory_used_mib is not None else "memory use not reported") + (
+        f", {gpu.utilization_pct}% busy" if busy else "")
     if processes is None:
         return [(WARN, f"{load}; the capture has no process list to say whose")] if used > threshold or busy else []
     compute = [p for p in processes if (p.type or "C") != "G"]
