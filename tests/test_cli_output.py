@@ -115,3 +115,53 @@ def test_a_path_that_does_not_exist_is_refused_before_anything_runs(tmp_path):
     done = _gpuvet("run", "--path", str(tmp_path / "missing"), "--no-save")
     assert done.returncode == 2 and "does not exist" in done.stderr and "(see gpuvet run --help)" in done.stderr
     assert "reading the machine's facts" not in done.stderr and not done.stdout
+
+
+def _commands(command, path=()):
+    import click
+
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+    else:
+        yield " ".join(path), command
+
+
+def test_every_command_takes_json():
+    from gpuvet.cli import cli
+
+    for name, command in _commands(cli):
+        if name == "export":  # its output is JSON already
+            continue
+        opts = {o for p in command.params for o in getattr(p, "opts", [])}
+        formats = [getattr(p.type, "choices", ()) for p in command.params if "--format" in getattr(p, "opts", [])]
+        assert "--json" in opts or any("json" in choices for choices in formats), name
+
+
+def test_label_import_and_doctor_print_json(tmp_path):
+    db = str(tmp_path / "runs.sqlite3")
+    imported = _gpuvet("import", str(FIXTURES / "records" / "cpu-quick.json"), "--db", db, "--json")
+    assert json.loads(imported.stdout) == [{"id": 1, "imported": True, "kept": []}], imported.stderr
+    labelled = _gpuvet("label", "1", "--label", "spot box", "--price", "1.5", "--db", db, "--json")
+    assert json.loads(labelled.stdout) == {"id": 1, "label": "spot box", "price": 1.5}
+    symptoms = json.loads(_gpuvet("doctor", "--json").stdout)
+    assert {"name": "slower-and-slower", "description": "Normal at first, then slower and slower"} in symptoms
+    answer = json.loads(_gpuvet("doctor", "slower and slower", "--run", str(FIXTURES / "records" / "h100-8x-synthetic-sustained.json"),
+                                "--json").stdout)
+    assert answer["symptom"] == "slower-and-slower" and answer["run"]["verdict"] == "fail"
+    assert {c["state"] for c in answer["causes"]} <= {"confirmed", "unknown", "ruled_out"} and answer["causes"]
+
+
+def test_net_serve_prints_the_ports_it_serves_as_json_once_listening():
+    from test_bench_net import free_port_pair
+
+    port = free_port_pair()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    server = subprocess.Popen([sys.executable, "-m", "gpuvet", "net", "serve", "--port", str(port), "--engine", "builtin",
+                               "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = server.stdout.readline()  # blocks until the server listens (or exits)
+        assert json.loads(line) == {"serving": True, "port": port + 1, "iperf3_port": None}
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -452,9 +452,10 @@ def _loopback_throughput(engine: str, builtin_port: int, seconds: int) -> dict:
 # -- node to node -----------------------------------------------------------------------------
 
 def serve(port: int = DEFAULT_PORT, engine: str = "auto", ready: Callable[[str], None] = lambda m: None,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, listening: Callable[[dict], None] = lambda ports: None) -> None:
     """Serve `gpuvet net test` clients until Ctrl-C (or `stop` is set): gpuvet-net/1 on
-    `port + 1`, and `iperf3 -s` on `port` when iperf3 is installed and the engine allows it."""
+    `port + 1`, and `iperf3 -s` on `port` when iperf3 is installed and the engine allows it.
+    `ready` gets the sentence for a person, `listening` the ports ({"port", "iperf3_port"})."""
     engine = _engine(engine)
     binary = find_iperf3() if engine in ("auto", "iperf3") else None
     if engine == "iperf3" and binary is None:
@@ -468,6 +469,7 @@ def serve(port: int = DEFAULT_PORT, engine: str = "auto", ready: Callable[[str],
         ready(f"gpuvet net server on TCP port {port + 1}" + (f", iperf3 server on port {port}" if iperf3 else
                                                              " (throughput: gpuvet's own stream)")
               + f"; on the other machine run `gpuvet net test <this host> --port {port}`")
+        listening({"port": port + 1, "iperf3_port": port if iperf3 else None})
         while not (stop and stop.is_set()):
             if iperf3 and iperf3.process.poll() is not None:
                 raise NetError(f"iperf3 -s stopped (exit status {iperf3.process.returncode})")

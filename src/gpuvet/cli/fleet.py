@@ -100,15 +100,21 @@ def _slurm(outcome: str, summary: str, node: str | None) -> None:
 @cli.command(name="node-labels")
 @click.argument("record_file", metavar="RUN.json")
 @click.option("--apply", "node", metavar="NODE", help="Label this Kubernetes node (from inside a pod, with its service account).")
-def node_labels_command(record_file: str, node: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the labels as one JSON object.")
+def node_labels_command(record_file: str, node: str | None, as_json: bool) -> None:
     """A run record's verdict, kind, GPU count, model and power cap as Kubernetes node labels
     (gpuvet.dev/...): printed as key=value lines, or put on NODE with --apply."""
     try:
         labels = node_labels(load_run_file(record_file))
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
-    for key, value in labels.items():
-        click.echo(f"{key}={value}")
+    if as_json:
+        import json
+
+        click.echo(json.dumps(labels, indent=2))
+    else:
+        for key, value in labels.items():
+            click.echo(f"{key}={value}")
     if node:
         try:
             kubernetes.label_node(kubernetes.in_cluster(), node, labels)

@@ -23,6 +23,7 @@ from ..store import NoStoreYet, Store, StoreError, check_price
 from .base import PRICE, UsageProblem, check_out_path, cli, open_store, show_record
 
 _db = click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
+_json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 _redact = click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 
 
@@ -168,8 +169,9 @@ def show(run_id: int, fmt: str, out: str | None, redact: bool, verbose: bool, db
 @click.argument("run_id", type=int)
 @click.option("--label", metavar="TEXT", help='Where the run was taken, e.g. "provider A, region x" ("" removes it).')
 @click.option("--price", type=PRICE, metavar="USD_PER_HOUR", help="What the machine cost per hour.")
+@_json
 @_db
-def label_run(run_id: int, label: str | None, price: float | None, db: str | None) -> None:
+def label_run(run_id: int, label: str | None, price: float | None, as_json: bool, db: str | None) -> None:
     """Give a stored run a label and/or a price afterwards (compare uses them)."""
     if label is None and price is None:
         raise UsageProblem("label: give --label TEXT and/or --price USD_PER_HOUR")
@@ -178,6 +180,9 @@ def label_run(run_id: int, label: str | None, price: float | None, db: str | Non
             options = store.set_label(run_id, label=label, price_per_hour=price)
         except StoreError as err:
             raise UsageProblem(str(err)) from None
+    if as_json:
+        click.echo(json.dumps({"id": run_id, "label": options.get("label") or None, "price": options.get("price")}))
+        return
     shown_label = repr(options["label"]) if options.get("label") else "none"
     shown_price = f"${options['price']:.2f}/h" if options.get("price") is not None else "none"
     click.echo(f"run {run_id}: label {shown_label} · price {shown_price}")
@@ -212,8 +217,9 @@ def _redacted_dicts(runs: list[dict]) -> list[dict]:
 
 @cli.command("import")
 @click.argument("path", metavar="FILE|-")
+@_json
 @_db
-def import_runs(path: str, db: str | None) -> None:
+def import_runs(path: str, as_json: bool, db: str | None) -> None:
     """Add runs exported elsewhere (or a run record) to this machine's history; - reads stdin."""
     loaded = load(path, (RUN, EXPORT))  # RecordError: one line, exit 2
     name = loaded.where
@@ -226,6 +232,9 @@ def import_runs(path: str, db: str | None) -> None:
         except (StoreError, ValueError) as err:
             raise UsageProblem(f"{name}: {err}") from None
     new = [o.id for o in outcomes if not o.already]
+    if as_json:
+        click.echo(json.dumps([{"id": o.id, "imported": not o.already, "kept": list(o.kept or [])} for o in outcomes], indent=2))
+        return
     if new:
         click.echo(f"imported {len(new)} run(s) as {', '.join(map(str, new))}")
     for o in outcomes:

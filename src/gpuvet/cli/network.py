@@ -24,12 +24,19 @@ def net() -> None:
 @click.option("--port", type=click.IntRange(1, 65534), default=5201, show_default=True,
               help="iperf3's port; gpuvet's own server listens on PORT + 1.")
 @click.option("--engine", type=click.Choice(NET_ENGINES), default="auto", show_default=True, help=ENGINE_HELP)
-def serve(port: int, engine: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Once listening, print one JSON line on stdout: the ports served.")
+def serve(port: int, engine: str, as_json: bool) -> None:
     """Wait for `gpuvet net test` from another machine (Ctrl-C to stop)."""
+    import json
+
     from ..bench import net as net_bench
 
+    def listening(ports: dict) -> None:
+        if as_json:
+            click.echo(json.dumps({"serving": True, **ports}))
+
     try:
-        net_bench.serve(port=port, engine=engine, ready=lambda message: click.echo(message, err=True))
+        net_bench.serve(port=port, engine=engine, ready=lambda message: click.echo(message, err=True), listening=listening)
     except (net_bench.NetError, OSError) as err:
         raise UsageProblem(f"net serve: {net_bench._why(err)}") from None
 

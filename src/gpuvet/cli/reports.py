@@ -40,18 +40,39 @@ def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) ->
 @click.argument("symptom", required=False, metavar='["SYMPTOM"]')
 @click.option("--run", "run_path", metavar="FILE", help="Answer from this run record (default: the latest stored run).")
 @click.option("--db", metavar="PATH", help="The history database to take the latest run from.")
-def doctor(symptom: str | None, run_path: str | None, db: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the symptoms, or the diagnosis, as JSON.")
+def doctor(symptom: str | None, run_path: str | None, db: str | None, as_json: bool) -> None:
     """From a symptom ("slower and slower", "no kernel image") to its likely causes and the checks that tell them apart."""
     console = terminal.stdout_console()
     if not symptom:
-        doctor_module.render_doctor(console)
+        _doctor_out(console, None, as_json)
         return
     found = doctor_module.find_symptom(symptom)
     if found is None:
-        doctor_module.render_doctor(console)
-        raise UsageProblem(f"unknown symptom {symptom!r}: pick one of those listed above")
+        if not as_json:
+            doctor_module.render_doctor(console)
+        raise UsageProblem(f"unknown symptom {symptom!r}: pick one of `gpuvet doctor` lists")
     record, source, note = _record_for_doctor(run_path, db)
-    doctor_module.render_doctor(console, doctor_module.diagnose(found, record, source, note))
+    _doctor_out(console, doctor_module.diagnose(found, record, source, note), as_json)
+
+
+def _doctor_out(console, diagnosis, as_json: bool) -> None:
+    if not as_json:
+        doctor_module.render_doctor(console, diagnosis)
+        return
+    import json
+
+    if diagnosis is None:
+        data: object = [{"name": s.name, "description": s.description} for s in doctor_module.SYMPTOMS]
+    else:
+        record = diagnosis.record
+        data = {"symptom": diagnosis.symptom.name, "description": diagnosis.symptom.description,
+                "advice": diagnosis.symptom.advice or None,
+                "run": None if record is None else {"source": diagnosis.source, "started_at": record.started_at,
+                                                    "verdict": record.verdict, "note": diagnosis.source_note},
+                "causes": [{"cause": r.cause.name, "state": r.state, "figures": r.figures, "next_step": r.next_step or None,
+                            "measure": r.cause.measure, "commands": list(r.cause.commands)} for r in diagnosis.results]}
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
 FULL_PROFILES = ("default", "soak")  # a plain `gpuvet run` (or --soak): facts and every benchmark
