@@ -165,3 +165,24 @@ def test_net_serve_prints_the_ports_it_serves_as_json_once_listening():
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_bench_without_torch_on_a_gpu_machine_is_one_skip_line_with_the_pip_line_for_its_driver():
+    from gpuvet import judge
+    from gpuvet.bench import plan
+    from gpuvet.facts import Stack, Torch
+    from gpuvet.probe import capture
+    from gpuvet.record import Measurement
+
+    machine = capture.merge(capture.read_captures(H100_VM))  # 8 x H100, driver 535 (CUDA 12.2)
+    machine.stack = Stack(torch=Torch(installed=False))
+    outcome = plan.run(machine, ["gemm"], device="cuda")
+    measurements = [Measurement(**m) for m in outcome.measurements]
+    options = {"profile": "bench", "benchmarks": ["gemm"], "device": "cuda"}
+    findings = judge.of_benchmarks(judge.judge(machine, measurements, options), ["gemm"])
+    record = RunRecord(machine=machine, started_at="2026-12-01T00:00:00", measurements=measurements, findings=findings,
+                       options=options)
+    out = _on_terminal(record, width=400)
+    skips = [line for line in out.splitlines() if "SKIP " in line]
+    assert len(skips) == 1 and "PyTorch is not installed" in skips[0], out
+    assert "install torch==2.5.1 --index-url https://download.pytorch.org/whl/cu121`" in skips[0]  # CUDA 12.2's newest

@@ -271,9 +271,8 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
             where = subject_range(list(dict.fromkeys(f.subject for f in skipped)))
             if len(checks) == 1:
                 emit(console, f"  {_badge(SKIP)}  {checks[0]:<18} {where:<8} {escape(summary)}", indent=8, style="dim")
-            else:  # several checks, one reason: the checks on one line, the reason under them
-                emit(console, f"  {_badge(SKIP)}  {', '.join(checks)} ({where})", indent=8, style="dim")
-                emit(console, f"        {escape(summary)}", indent=10, style="dim")
+            else:  # several checks, one reason: one line, the reason said once
+                emit(console, f"  {_badge(SKIP)}  {', '.join(checks)} ({where}): {escape(summary)}", indent=8, style="dim")
         return
     for check, group in groupby(findings, key=lambda f: f.check):
         by_summary: dict[str, list[str]] = {}
