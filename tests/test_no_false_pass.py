@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuvet.facts import Machine, PcieLink
+from gpuvet.facts import Audit, Machine, PcieLink
 from gpuvet.judge import judge
 from gpuvet.probe import capture
 from gpuvet.record import MEASURED, Measurement
@@ -290,3 +290,57 @@ def test_watch_does_not_call_the_driver_waking_an_idle_gpu_a_neighbour():
                       mem_used_mib=gpu.memory_used_mib) for i in range(60)]
     d = diagnose_gpu(samples, gpu, processes=[])
     assert d.state != "neighbour", d
+
+
+# -- security and Jupyter settings of seed 2, 6.4 --------------------------------------------------
+
+def test_code_server_auth_none_quoted_is_read_as_none():
+    from gpuvet.probe.audit import parse_code_server_auth
+
+    assert parse_code_server_auth('bind-addr: 0.0.0.0:8080\nauth: "none"\ncert: false\n') == "none"  # YAML allows quotes
+    assert parse_code_server_auth("auth: 'none'  # no login\n") == "none"
+    assert parse_code_server_auth("auth: password\npassword: x\n") == "password"
+
+
+def _home_with(tmp_path, files: dict[str, str]):
+    for relative, text in files.items():
+        path = tmp_path / "home" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path / "home"), str(tmp_path / "etc")
+
+
+NBRESUSE = (FIXTURES / "jupyter/nbresuse-serverextension.json").read_text()  # real: the file nbresuse installs
+
+
+def test_an_enabled_resource_monitor_extension_warns(tmp_path):
+    from gpuvet.judge import env
+    from gpuvet.probe.audit import collect_audit
+
+    home, etc = _home_with(tmp_path, {".jupyter/jupyter_notebook_config.d/nbresuse.json": NBRESUSE})
+    audit = collect_audit(home, etc, environ={})
+    assert "nbresuse" in audit.jupyter["resource_monitors"]
+    (f,) = [f for f in env.check_jupyter(audit) if "resource-monitor" in f.summary]
+    assert f.status == "warn" and "jupyter server extension disable nbresuse" in f.remedy
+    assert "section 6.4" in f.evidence.source
+
+
+def test_the_seeds_empty_extension_dict_turns_the_monitor_off(tmp_path):
+    from gpuvet.probe.audit import collect_audit
+
+    home, etc = _home_with(tmp_path, {".jupyter/jupyter_notebook_config.d/nbresuse.json": NBRESUSE,
+                                      ".jupyter/jupyter_notebook_config.py": "c.NotebookApp.nbserver_extensions = {}\n"
+                                                                             "c.NotebookApp.autosave_interval = 0\n"})
+    audit = collect_audit(home, etc, environ={})
+    assert "resource_monitors" not in audit.jupyter
+    assert audit.jupyter["autosave"].startswith("off")
+
+
+def test_autosave_onto_a_network_notebook_directory_warns():
+    from gpuvet.judge import env
+
+    audit = Audit(jupyter={"running": "yes", "server": "jupyter-lab pid 42 on 0.0.0.0:8888",
+                           "autosave": "on (JupyterLab's default: every 120 s)", "root_dir": "/mnt/nfs/notebooks",
+                           "root_dir.at": "command line", "root_dir.kind": "network", "root_dir.fs_type": "nfs4"})
+    found_ = [f for f in env.check_jupyter(audit) if "autosave" in f.summary]
+    assert found_ and found_[0].status == "warn" and "autosave_interval = 0" in found_[0].remedy

@@ -18,6 +18,7 @@ from .common import FAIL, PASS, SKIP, WARN, Context, finding
 SECURITY_SOURCE = ("GPU time is stolen through open notebook servers and SSH reverse tunnels; sshd_config(5) "
                  "(PermitRootLogin, PasswordAuthentication, AllowTcpForwarding), authorized_keys options in sshd(8), "
                  "Jupyter Server's security docs (token or password)")
+_KEYS_EXPECTED = "keys restricted with no-port-forwarding,no-X11-forwarding, or sshd forbidding TCP forwarding"
 TUNING_SOURCE = "sshd_config(5) ClientAliveInterval/ClientAliveCountMax; Jupyter Server's ServerApp.iopub_data_rate_limit"
 
 
@@ -198,7 +199,8 @@ def check_ssh_login(audit: Audit) -> list[Finding]:
     listening = _ssh_listening(audit)
     state = {True: "sshd is listening", False: "sshd is not listening now", None: "sshd listening state unknown"}[listening]
     if not problems:
-        return [finding("env.ssh_login", "host", PASS, f"SSH logins need a key ({state})", measured=measured)]
+        return [finding("env.ssh_login", "host", PASS, f"SSH logins need a key ({state})", measured=measured,
+                        expected="PermitRootLogin no/prohibit-password, PasswordAuthentication no", source=SECURITY_SOURCE)]
     if listening is False:  # an installed but stopped sshd: the risk starts the moment it does
         status = WARN
     suffix = "" if listening is not False else " (applies when sshd starts)"
@@ -223,19 +225,21 @@ def check_authorized_keys(audit: Audit) -> list[Finding]:
         return [finding("env.authorized_keys", "host", SKIP, f"authorized_keys not readable: {reason}")]
     if not audit.authorized_keys:
         return [finding("env.authorized_keys", "host", PASS, "no authorized_keys entries for this user",
-                        measured=reason or "the file has no keys")]
+                        measured=reason or "the file has no keys", expected=_KEYS_EXPECTED, source=SECURITY_SOURCE)]
     loose = [key for key in audit.authorized_keys if key.get("restricted") != "yes"]
     listing = "; ".join(_key_words(key) for key in loose)
     measured = f"{len(audit.authorized_keys)} key(s), {len(loose)} without no-port-forwarding and no-X11-forwarding: {listing}"
     if not loose:
         return [finding("env.authorized_keys", "host", PASS,
                         f"all {len(audit.authorized_keys)} authorized key(s) are restricted (no forwarding)",
-                        measured=f"{len(audit.authorized_keys)} key(s), all restricted")]
+                        measured=f"{len(audit.authorized_keys)} key(s), all restricted", expected=_KEYS_EXPECTED,
+                        source=SECURITY_SOURCE)]
     forwarding, where = sshd_value(audit, "AllowTcpForwarding")
     if forwarding in ("no", "local"):
         return [finding("env.authorized_keys", "host", PASS,
                         f"{len(loose)} key(s) without forwarding restrictions, but sshd forbids reverse tunnels "
-                        f"(AllowTcpForwarding {forwarding}, {where})", measured=measured)]
+                        f"(AllowTcpForwarding {forwarding}, {where})", measured=measured, expected=_KEYS_EXPECTED,
+                        source=SECURITY_SOURCE)]
     return [finding(
         "env.authorized_keys", "host", WARN,
         f"{len(loose)} of {len(audit.authorized_keys)} authorized key(s) may open tunnels (ssh -R / -L) into and out of "
@@ -269,7 +273,9 @@ def check_ssh_keepalive(audit: Audit) -> list[Finding]:
               + "; or on this machine (root) add `ClientAliveInterval 30` and `ClientAliveCountMax 3` to /etc/ssh/sshd_config")
     if server or client:
         side = "this machine's sshd probes idle sessions" if server else "ssh from this machine sends keep-alives"
-        return [finding("env.ssh_keepalive", "host", PASS, f"SSH keep-alive is on: {side}", measured=measured)]
+        return [finding("env.ssh_keepalive", "host", PASS, f"SSH keep-alive is on: {side}", measured=measured,
+                        expected="ServerAliveInterval 30 on the client, or ClientAliveInterval > 0 in sshd",
+                        source=TUNING_SOURCE + ": TCPKeepAlive yes, ServerAliveInterval 30")]
     listening = _ssh_listening(audit)
     if listening is False or (not _has_sshd(audit) and listening is None):
         return [finding("env.ssh_keepalive", "host", SKIP,
@@ -298,20 +304,56 @@ IOPUB_DEFAULT = 1e6  # NotebookApp, ServerApp and ZMQChannelsWebsocketConnection
 def check_jupyter(audit: Audit) -> list[Finding]:
     settings = audit.jupyter
     running = settings.get("running") == "yes"
-    if not running and not settings.get("config_files"):
+    if not running and not settings.get("config_files") and not settings.get("resource_monitors"):
         return [finding("env.jupyter", "host", SKIP, "no Jupyter server running and no Jupyter configuration here",
                         remedy=f"if you start Jupyter here: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} and a "
                                "root_dir on local disk")]
-    where = settings.get("server") or f"config {settings.get('config_files')}"
+    where = settings.get("server") or f"config {settings.get('config_files') or settings.get('resource_monitors')}"
     findings = [_iopub(settings, where)]
-    findings += [f for f in (_network_root(settings), _ephemeral_root(settings)) if f is not None]
+    findings += [f for f in (_network_root(settings), _ephemeral_root(settings), _resource_monitors(settings),
+                             _autosave_on_network(settings)) if f is not None]
     return findings
+
+
+JUPYTER_TUNING_SOURCE = "seed 2, section 6.4 (JupyterLab: switch off resource-monitor extensions and autosave)"
+
+
+def _resource_monitors(settings: dict[str, str]) -> Finding | None:
+    """jupyter-resource-usage (nbresuse) polls ps and nvidia-smi every few seconds: CPU taken from
+    the training process (seed 2: every 5 s, a performance killer)."""
+    monitors = settings.get("resource_monitors")
+    if not monitors:
+        return None
+    names = [part.split(" (", 1)[0] for part in monitors.split(", ")]
+    return finding("env.jupyter", "host", WARN,
+                   f"Jupyter resource-monitor extension enabled: {monitors}: it polls processes and nvidia-smi every "
+                   "few seconds, taking CPU from your training and delaying its scheduling",
+                   measured=f"enabled: {monitors}", expected="no resource-monitor server extension",
+                   source=JUPYTER_TUNING_SOURCE,
+                   remedy="; ".join(f"`jupyter server extension disable {name}`" for name in names)
+                          + " (classic Notebook: c.NotebookApp.nbserver_extensions = {}); restart Jupyter")
+
+
+def _autosave_on_network(settings: dict[str, str]) -> Finding | None:
+    """Autosave writes every open notebook every 2 minutes: on network storage with few IOPS that
+    competes with the job's own reads (seed 2: switch it off on cloud storage)."""
+    autosave = settings.get("autosave") or ""
+    if not autosave.startswith("on") or settings.get("root_dir.kind") != "network":
+        return None
+    return finding("env.jupyter", "host", WARN,
+                   f"Jupyter autosave is {autosave} onto the network file system of its notebook directory "
+                   f"({settings.get('root_dir')}): the writes compete with your data loading for the storage's IOPS",
+                   measured=f"autosave {autosave}; root_dir {settings.get('root_dir')} on {settings.get('root_dir.fs_type')}",
+                   expected="autosave off on network storage", source=JUPYTER_TUNING_SOURCE,
+                   remedy="c.NotebookApp.autosave_interval = 0 (classic Notebook), or JupyterLab Settings > Document "
+                          "Manager > autosave off; save by hand")
 
 
 def _iopub(settings: dict[str, str], where: str) -> Finding:
     if settings.get("limit_rate", "").lower() == "false":
         return finding("env.jupyter", "host", PASS, "Jupyter's output rate limit is off (limit_rate False)",
-                       measured=f"limit_rate False ({settings.get('limit_rate.at')}); {where}")
+                       measured=f"limit_rate False ({settings.get('limit_rate.at')}); {where}",
+                       expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE + " (section 6.4)")
     raw = settings.get("iopub_data_rate_limit")
     try:
         limit = float(raw) if raw is not None else IOPUB_DEFAULT
@@ -327,7 +369,8 @@ def _iopub(settings: dict[str, str], where: str) -> Finding:
                        remedy=f"in ~/.jupyter/jupyter_server_config.py: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} "
                               f"(classic Notebook < 7: c.NotebookApp.iopub_data_rate_limit), or start it with "
                               f"--ServerApp.iopub_data_rate_limit={IOPUB_MIN:.0f}; restart Jupyter")
-    return finding("env.jupyter", "host", PASS, f"Jupyter's output rate limit is {limit:.3g} bytes/s", measured=measured)
+    return finding("env.jupyter", "host", PASS, f"Jupyter's output rate limit is {limit:.3g} bytes/s", measured=measured,
+                   expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE + " (section 6.4)")
 
 
 def _network_root(settings: dict[str, str]) -> Finding | None:
@@ -367,6 +410,7 @@ def _ephemeral_root(settings: dict[str, str]) -> Finding | None:
 LAZY_DEFAULT_SINCE = (12, 2)  # CUDA drivers from 12.2 load modules lazily by default on Linux
 LAZY_AVAILABLE_SINCE = (11, 7)  # the runtime a program is built with must be 11.7 or newer
 TORCH_SETS_LAZY_SINCE = (1, 13)  # PyTorch sets CUDA_MODULE_LOADING=LAZY itself when it is unset
+_LAZY_EXPECTED = "lazy CUDA module loading in effect (set, the default of the runtime, or set by PyTorch)"
 LAZY_SOURCE = ("NVIDIA CUDA Programming Guide, Lazy Loading: introduced in 11.7, default on Linux since 12.2; "
                "PyTorch >= 1.13 sets LAZY when unset (its CUDA initialisation code)")
 
@@ -389,20 +433,22 @@ def check_cuda_module_loading(ctx: Context, audit: Audit) -> list[Finding]:
                         remedy="unset CUDA_MODULE_LOADING where it is set to EAGER (shell profile, job script, container "
                                "image), or " + remedy)]
     if value and value.upper() in ("LAZY", "DEFAULT"):
-        return [finding("env.cuda_module_loading", "host", PASS, f"CUDA_MODULE_LOADING={value}", measured=measured)]
+        return [finding("env.cuda_module_loading", "host", PASS, f"CUDA_MODULE_LOADING={value}", measured=measured,
+                        expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     if driver_cuda and driver_cuda >= LAZY_DEFAULT_SINCE:
         return [finding("env.cuda_module_loading", "host", PASS,
                         "CUDA_MODULE_LOADING unset: LAZY is the default since CUDA 12.2, and this driver supports "
-                        f"CUDA {ctx.machine.driver.cuda_version}", measured=measured)]
+                        f"CUDA {ctx.machine.driver.cuda_version}", measured=measured, expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     runtime = _version(torch.cuda if torch else None)
     if runtime and runtime < LAZY_AVAILABLE_SINCE:
         return [finding("env.cuda_module_loading", "host", PASS,
-                        f"lazy loading needs a CUDA 11.7+ runtime; this PyTorch uses CUDA {torch.cuda}", measured=measured)]
+                        f"lazy loading needs a CUDA 11.7+ runtime; this PyTorch uses CUDA {torch.cuda}", measured=measured,
+                        expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     torch_version = _version(torch.version if torch else None)
     if torch_version and torch_version >= TORCH_SETS_LAZY_SINCE and runtime:
         return [finding("env.cuda_module_loading", "host", PASS,
                         f"CUDA_MODULE_LOADING unset: PyTorch {torch.version} sets LAZY itself; other CUDA programs load eagerly "
-                        "on this driver", measured=measured, remedy=remedy)]
+                        "on this driver", measured=measured, expected=_LAZY_EXPECTED, source=LAZY_SOURCE, remedy=remedy)]
     if driver_cuda is None:
         return [finding("env.cuda_module_loading", "host", SKIP,
                         "driver CUDA version unknown: cannot tell whether modules load lazily by default",

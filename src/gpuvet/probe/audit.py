@@ -220,9 +220,9 @@ def _fingerprint(blob: str) -> str:
 # -- Jupyter configuration --------------------------------------------------------------------
 
 JUPYTER_CLASSES = ("ServerApp", "NotebookApp", "IdentityProvider", "PasswordIdentityProvider",
-                   "ZMQChannelsWebsocketConnection")
+                   "ZMQChannelsWebsocketConnection", "FileContentsManager")
 JUPYTER_OPTIONS = ("token", "password", "hashed_password", "ip", "port", "iopub_data_rate_limit", "limit_rate",
-                   "root_dir", "notebook_dir", "allow_remote_access", "password_required")
+                   "root_dir", "notebook_dir", "allow_remote_access", "password_required", "autosave_interval")
 SECRET_OPTIONS = {"token", "password", "hashed_password"}
 JUPYTER_BASENAMES = ("jupyter_notebook_config", "jupyter_lab_config", "jupyter_server_config")
 
@@ -528,9 +528,80 @@ def _code_server_auth(cmdline: list[str], config_auth: str | None) -> str:
 
 
 def parse_code_server_auth(text: str) -> str | None:
-    """`auth: none|password` of ~/.config/code-server/config.yaml."""
-    match = re.search(r"^auth:\s*(\S+)", text, re.MULTILINE)
-    return match.group(1) if match else None
+    """`auth: none|password` of ~/.config/code-server/config.yaml; YAML allows the value quoted
+    (`auth: "none"`) and a comment after it."""
+    match = re.search(r"^auth:[ \t]*(?P<q>[\"']?)(?P<value>[^\"'#\s]*)(?P=q)", text, re.MULTILINE)
+    return match.group("value").lower() if match and match.group("value") else None
+
+
+# -- Jupyter extensions and autosave (seed 2, 6.4: switch off resource monitors and autosave) -----
+
+# Server extensions that poll `ps` and nvidia-smi every few seconds (the seed: nbresuse every 5 s).
+RESOURCE_MONITORS = ("jupyter_resource_usage", "nbresuse")
+_EXTENSION_OPTIONS = (("ServerApp", "jpserver_extensions"), ("NotebookApp", "nbserver_extensions"))
+
+
+def enabled_extensions(files: list[tuple[str, str]]) -> dict[str, str]:
+    """Resource-monitor extensions enabled by Jupyter's config.d JSON files or main config files
+    (`files`: (path, text) in load order, later ones override): name -> the file that enabled it.
+    An empty dict assigned in a config (`c.NotebookApp.nbserver_extensions = {}`, the seed's line)
+    turns them all off."""
+    enabled: dict[str, str] = {}
+    for path, text in files:
+        for options in _extension_dicts(path, text):
+            if not options:
+                enabled.clear()
+            for name, on in options.items():
+                if name not in RESOURCE_MONITORS:
+                    continue
+                if on:
+                    enabled[name] = path
+                else:
+                    enabled.pop(name, None)
+    return enabled
+
+
+def _extension_dicts(path: str, text: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if path.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return found
+        for cls, option in _EXTENSION_OPTIONS:
+            value = (data.get(cls) or {}).get(option) if isinstance(data, dict) and isinstance(data.get(cls), dict) else None
+            if isinstance(value, dict):
+                found.append(value)
+        return found
+    for raw in text.splitlines():
+        match = _PY_ASSIGNMENT.match(raw.strip())
+        if match and (match.group(1), match.group(2)) in _EXTENSION_OPTIONS:
+            value = _literal(_strip_comment(match.group(3)))
+            if isinstance(value, dict):
+                found.append(value)
+    return found
+
+
+_LAB_AUTOSAVE = "lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings"
+
+
+def autosave_setting(config: Mapping[str, str], lab_settings: str | None) -> str:
+    """ "off" or "on (every N s, where)" from JupyterLab's document-manager settings (JSON with
+    comments) or a config's autosave_interval (the seed's c.NotebookApp.autosave_interval = 0)."""
+    if lab_settings:
+        body = re.sub(r"^\s*//.*$", "", lab_settings, flags=re.M)
+        flag = re.search(r'"autosave"\s*:\s*(true|false)', body)
+        interval = re.search(r'"autosaveInterval"\s*:\s*(\d+)', body)
+        if flag and flag.group(1) == "false":
+            return f"off (JupyterLab settings, ~/.jupyter/{_LAB_AUTOSAVE})"
+        if interval:
+            return "off (autosaveInterval 0)" if interval.group(1) == "0" else f"on (every {interval.group(1)} s, JupyterLab settings)"
+    for cls in ("ServerApp", "NotebookApp", "FileContentsManager"):
+        value = config.get(f"{cls}.autosave_interval")
+        if value is not None:
+            where = config.get(f"{cls}.autosave_interval.at", "config")
+            return f"off ({where})" if value in ("0", "0.0") else f"on (every {value} s, {where})"
+    return "on (JupyterLab's default: every 120 s)"
 
 
 # -- effective Jupyter settings -----------------------------------------------------------------
@@ -643,6 +714,8 @@ def collect_audit(home: str | None = None, etc: str = "/etc", *, environ: Mappin
         config, files = read_jupyter_config(_jupyter_config_paths(home, etc, environ), read)
         audit.jupyter.update(config)
         audit.jupyter["config_files"] = ", ".join(files)
+    with _isolated(notes, "jupyter.extensions"):
+        _fill_jupyter_extensions(audit, config, home, etc, environ, read, glob)
     with _isolated(notes, "listeners"):
         code_server = read(f"{home}/.config/code-server/config.yaml")
         audit.listeners = listeners_from(_net_connections(), _remembered(_process_view), config,
@@ -669,12 +742,40 @@ def _fill_authorized_keys(audit: Audit, home: str, read: Read) -> None:
     audit.authorized_keys = parse_authorized_keys(text)
 
 
-def _jupyter_config_paths(home: str, etc: str, environ: Mapping[str, str]) -> list[str]:
+def _jupyter_dirs(home: str, etc: str, environ: Mapping[str, str]) -> tuple[str, list[str]]:
     user_dir = environ.get("JUPYTER_CONFIG_DIR") or f"{home}/.jupyter"
     system_dirs = [f"{etc}/jupyter"]
     if etc.rstrip("/") == "/etc":  # the real machine: also where pip and conda put system config
         system_dirs = [f"{sys.prefix}/etc/jupyter", "/usr/local/etc/jupyter", *system_dirs]
-    return jupyter_config_files(user_dir, system_dirs)
+    return user_dir, system_dirs
+
+
+def _jupyter_config_paths(home: str, etc: str, environ: Mapping[str, str]) -> list[str]:
+    return jupyter_config_files(*_jupyter_dirs(home, etc, environ))
+
+
+def _fill_jupyter_extensions(audit: Audit, config: Mapping[str, str], home: str, etc: str,
+                             environ: Mapping[str, str], read: Read, glob: Glob) -> None:
+    """Resource monitors enabled (config.d files as pip installs them, then the main configs) and
+    the autosave setting, into audit.jupyter["resource_monitors"] and ["autosave"]."""
+    user_dir, system_dirs = _jupyter_dirs(home, etc, environ)
+    files: list[tuple[str, str]] = []
+    for directory in [*reversed(system_dirs), user_dir]:
+        for sub in ("jupyter_notebook_config.d", "jupyter_server_config.d"):
+            for path in sorted(glob(f"{directory}/{sub}/*.json")):
+                text = read(path)
+                if text is not None:
+                    files.append((path, text))
+        for base in JUPYTER_BASENAMES:
+            for ext in (".py", ".json"):
+                text = read(os.path.join(directory, base + ext))
+                if text is not None:
+                    files.append((os.path.join(directory, base + ext), text))
+    monitors = enabled_extensions(files)
+    if monitors:
+        audit.jupyter["resource_monitors"] = ", ".join(f"{name} ({path})" for name, path in monitors.items())
+    if files or audit.jupyter.get("config_files"):
+        audit.jupyter["autosave"] = autosave_setting(config, read(f"{user_dir}/{_LAB_AUTOSAVE}"))
 
 
 def _fill_jupyter_settings(audit: Audit, config: Mapping[str, str]) -> None:
