@@ -165,10 +165,11 @@ class RunSummary:
     summary: str | None = None  # a health run's summary line (options.summary)
 
 
-# The kind is read from the stored record itself (its options.profile), so no layout change.
+# The kind is read from the stored record itself (its options.profile), so no layout change. A
+# record damaged outside gpuvet is not JSON: json_extract would fail the whole listing on it.
+_KIND = "coalesce(CASE WHEN json_valid(record) THEN json_extract(record, '$.options.profile') END, 'default')"
 _LISTED = ("id, started_at, label, price_per_hour, gpus, verdict, figures, machine_key, machine_basis, hostname, "
-           "coalesce(json_extract(record, '$.options.profile'), 'default') AS kind, "
-           "json_extract(record, '$.options.summary') AS summary")
+           f"{_KIND} AS kind, CASE WHEN json_valid(record) THEN json_extract(record, '$.options.summary') END AS summary")
 
 
 def _summary(row: sqlite3.Row) -> RunSummary:
@@ -537,7 +538,7 @@ class Store:
             conditions.append("machine_key LIKE ? ESCAPE '\\'")
             args.append(_like_prefix(machine_key))
         if kind:
-            conditions.append("coalesce(json_extract(record, '$.options.profile'), 'default') = ?")
+            conditions.append(f"{_KIND} = ?")
             args.append(kind)
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         query = f"SELECT {_LISTED} FROM runs {where} ORDER BY started_at DESC, id DESC"
