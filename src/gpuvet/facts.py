@@ -64,7 +64,10 @@ class Pcie:
     readings: list[PcieLink] = field(default_factory=list)
     device_max_gen: int | None = None  # what the GPU itself supports
     host_max_gen: int | None = None  # what the slot/root port supports
-    replay_count: int | None = None
+    replay_count: int | None = None  # PCIe replays since the GPU's last reset (NVML, 'Replays Since Reset')
+    # The host's AER counters for this device (sysfs aer_dev_correctable/nonfatal/fatal TOTAL_ERR_*):
+    # {"correctable": n, "nonfatal": n, "fatal": n}; None: not read (a capture, or no AER in sysfs).
+    aer_counts: dict[str, int] | None = None
     kernel_driver: str | None = None  # nvidia, vfio-pci, nouveau ... (None: unknown)
 
 
@@ -140,6 +143,16 @@ class NvLink:
 
 
 @dataclass
+class Fabric:
+    """NVSwitch systems (HGX/DGX): the GPU's registration with the fabric manager (NVML
+    GpuFabricInfo, the `Fabric` section of `nvidia-smi -q`). None on GPUs without a fabric."""
+
+    state: str | None = None  # "Not Started", "In Progress", "Completed" (nvidia-smi's words)
+    status: str | None = None  # "Success" or the error the registration ended with
+    health: str | None = None  # newer drivers: "Healthy", "Unhealthy", ...
+
+
+@dataclass
 class Gpu:
     index: int
     name: str | None = None
@@ -168,6 +181,16 @@ class Gpu:
     thermal: Thermal = field(default_factory=Thermal)
     ecc: Ecc = field(default_factory=Ecc)
     nvlinks: list[NvLink] | None = None  # None: not read; []: no link active
+    # NVLink error counters summed over the links: {"replay": n, "recovery": n, "crc": n}
+    # (NVML field values, `nvidia-smi nvlink -e`); None: not read.
+    nvlink_errors: dict[str, int] | None = None
+    fabric: Fabric | None = None  # None: not an NVSwitch system, or not read
+    recovery_action: str | None = None  # 'GPU Recovery Action': "None", "GPU Reset", "Drain and Reset" ...
+    # Time spent under each clock-event reason since the driver loaded, in microseconds
+    # ('Clocks Event Reasons Counters'; NVML's violation counters): reason name -> us.
+    clock_event_time_us: dict[str, float] | None = None
+    # 'Bank Remap Availability Histogram': banks with Max/High/Partial/Low/None spare rows left.
+    remap_histogram: dict[str, int] | None = None
     reference: str | None = None  # id of the matched reference-spec row
     unavailable: dict[str, str] = field(default_factory=dict)  # dotted field -> why
 
@@ -195,6 +218,9 @@ class Driver:
     cuda_version: str | None = None  # highest CUDA the driver supports, "12.4"
     nvml_version: str | None = None
     kernel_module_version: str | None = None  # /proc/driver/nvidia/version
+    # NVSwitch systems: the fabric manager service (live only; None: not read or no NVSwitch).
+    fabric_manager_state: str | None = None  # systemctl is-active: "active", "inactive", "failed", "not installed"
+    fabric_manager_version: str | None = None  # nv-fabricmanager --version
 
 
 @dataclass
@@ -259,6 +285,7 @@ class Host:
     steal_window_s: float | None = None
     steal_since_boot_pct: float | None = None
     somaxconn: int | None = None
+    uptime_s: float | None = None  # /proc/uptime: turns counters since boot into rates
     workdir: Storage | None = None
     nics: list[Nic] | None = None  # None: not read
     rdma: list[RdmaPort] | None = None  # None: not read; []: no RDMA device

@@ -21,6 +21,7 @@ from . import (
     gpu_links,
     gpu_multi,
     gpu_power,
+    gpu_signals,
     gpu_sustained,
     gpu_xid,
     gpu_trend,
@@ -47,6 +48,11 @@ RULES: dict[str, Rule] = {
     "gpu.temperature": gpu_power.check_temperature,
     "gpu.ecc": gpu_health.check_ecc,
     "gpu.xid": gpu_xid.check_xid,  # the kernel log since boot (live, or a dmesg/journalctl capture)
+    "gpu.link_errors": gpu_signals.check_link_errors,
+    "gpu.fabric": gpu_signals.check_fabric,
+    "gpu.recovery": gpu_signals.check_recovery,
+    "gpu.throttle_history": gpu_signals.check_throttle_history,
+    "gpu.persistence": gpu_signals.check_persistence,
     "gpu.trend": gpu_trend.check_trend,  # monitoring loops given to `inspect` (dmon, --query-gpu -l)
     # Benchmarks: only when the run planned them (record.options["benchmarks"]).
     "gpu.gemm": gpu_bench.check_gemm,
@@ -79,7 +85,8 @@ RULES: dict[str, Rule] = {
 # Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks
 # explain their own absence (bench.<name> notes), so they are not in this set.
 _PER_GPU = {"gpu.isolation", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
-            "gpu.temperature", "gpu.ecc"}
+            "gpu.temperature", "gpu.ecc", "gpu.link_errors", "gpu.fabric", "gpu.recovery", "gpu.throttle_history",
+            "gpu.persistence"}
 
 
 def judge(machine: Machine, measurements: list[Measurement] | None = None,

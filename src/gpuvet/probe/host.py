@@ -29,6 +29,7 @@ PROC_STAT = "/proc/stat"
 PROC_CPUINFO = "/proc/cpuinfo"
 PROC_MOUNTINFO = "/proc/self/mountinfo"
 SOMAXCONN = "/proc/sys/net/core/somaxconn"
+PROC_UPTIME = "/proc/uptime"
 DMI_DIR = "/sys/class/dmi/id"
 SYS_HYPERVISOR_TYPE = "/sys/hypervisor/type"
 CLOCKSOURCES = "/sys/devices/system/clocksource/clocksource0/available_clocksource"
@@ -698,6 +699,8 @@ def collect_host(workdir: str | None = None, steal_window_s: float = 0.5) -> Hos
     _fill_platform(host)
     with _isolated(notes, "somaxconn"):
         host.somaxconn = int(_read(SOMAXCONN))
+    with _isolated(notes, "uptime_s"):
+        host.uptime_s = float(_read(PROC_UPTIME).split()[0])
     with _isolated(notes, "workdir"):
         host.workdir = storage_for(workdir or os.getcwd(), notes)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ..facts import Driver, Gpu, Host, Machine, Topology
 from . import host as host_probe
-from . import audit, kernel_log, network, nvml, proc_version, stack, sysfs_pcie
+from . import audit, fabric_manager, kernel_log, network, nvml, proc_version, stack, sysfs_pcie
 
 
 # Reading the kernel log is a file read or one subprocess; a journal of a long boot can take a
@@ -80,6 +80,8 @@ def _gpus() -> tuple[Driver, list[Gpu], Topology | None, str | None]:
             nvml.shutdown()
     driver.kernel_module_version = proc_version.read_kernel_module_version()
     _add_sysfs(gpus, error)
+    if any(g.fabric is not None for g in gpus):  # an NVSwitch system: its fabric manager must run
+        driver.fabric_manager_state, driver.fabric_manager_version = fabric_manager.read_state()
     return driver, gpus, topology, error
 
 
@@ -97,6 +99,7 @@ def _add_sysfs(gpus: list[Gpu], nvml_error: str | None) -> None:
         if link is not None:
             gpu.pcie.readings.append(link)
         gpu.pcie.kernel_driver = sysfs_pcie.kernel_driver(bus)
+        gpu.pcie.aer_counts = sysfs_pcie.aer_counts(bus)
 
 
 class _Isolated:

@@ -19,6 +19,7 @@ from ..facts import (
     Topology,
     reasons_from_mask,
 )
+from . import nvml_health
 from .values import bus_id
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not stop the host checks
@@ -183,6 +184,7 @@ def _fill(gpu: Gpu, h: Any) -> None:
     _thermal(gpu, h, q)
     _ecc(gpu, h, q)
     gpu.nvlinks = _nvlinks(h, q)
+    nvml_health.fill(gpu, h, q)
 
 
 def _flag(value: Any) -> bool | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from ..facts import Ecc, Gpu, PcieLink
+from ..facts import Ecc, Fabric, Gpu, PcieLink
 from . import values as v
 
 
@@ -88,7 +88,27 @@ def build_gpu(index: int, report: Report, paths: Paths) -> Gpu:
     _clocks(r, gpu)
     _thermal(r, gpu)
     gpu.ecc = _ecc(r)
+    _health_signals(r, gpu)
     return gpu
+
+
+_EVENT_TIME_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+_REMAP_LEVELS = ("max", "high", "partial", "low", "none")
+
+
+def _health_signals(r: Reader, gpu: Gpu) -> None:
+    """What newer reports add for fleet health: the recovery action the driver asks for, the
+    NVSwitch fabric registration, time spent under each clock-event reason, spare rows per bank."""
+    gpu.recovery_action = v.text(r.raw("recovery_action"))
+    state, status = v.text(r.raw("fabric_state")), v.text(r.raw("fabric_status"))
+    if state or status:  # "N/A" on GPUs without an NVSwitch fabric: no Fabric at all
+        gpu.fabric = Fabric(state=state, status=status, health=v.text(r.raw("fabric_health")))
+    times = {name: v.number(r.raw("event_time_" + name)) for name in _EVENT_TIME_REASONS}
+    if any(t is not None for t in times.values()):
+        gpu.clock_event_time_us = {name: t for name, t in times.items() if t is not None}
+    banks = {level: v.integer(r.raw("remap_bank_" + level)) for level in _REMAP_LEVELS}
+    if any(b is not None for b in banks.values()):
+        gpu.remap_histogram = {level: b for level, b in banks.items() if b is not None}
 
 
 def _power(r: Reader, gpu: Gpu) -> None:

@@ -93,7 +93,17 @@ PATHS: Paths = {
     "remap_uncorrectable": ("Remapped Rows/Uncorrectable Error",),
     "remap_pending": ("Remapped Rows/Pending",),
     "remap_failure": ("Remapped Rows/Remapping Failure Occurred",),
+    "recovery_action": ("GPU Recovery Action",),
+    "fabric_state": ("Fabric/State",),
+    "fabric_status": ("Fabric/Status",),
+    "fabric_health": ("Fabric/Health/Summary",),
 }
+for _name, _label in (("sw_power_cap", "SW Power Capping"), ("sync_boost", "Sync Boost"),
+                      ("sw_thermal_slowdown", "SW Thermal Slowdown"), ("hw_thermal_slowdown", "HW Thermal Slowdown"),
+                      ("hw_power_brake_slowdown", "HW Power Braking")):
+    PATHS["event_time_" + _name] = (f"Clocks Event Reasons Counters/{_label}",)
+for _level in ("Max", "High", "Partial", "Low", "None"):
+    PATHS["remap_bank_" + _level.lower()] = (f"Remapped Rows/Bank Remap Availability Histogram/{_level}",)
 for _scope in ("Volatile", "Aggregate"):
     _key = _scope.lower()
     PATHS[f"{_key}_corrected_parts"] = (f"ECC Errors/{_scope}/SRAM Correctable", f"ECC Errors/{_scope}/DRAM Correctable")

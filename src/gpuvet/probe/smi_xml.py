@@ -75,7 +75,17 @@ PATHS: Paths = {
     "remap_uncorrectable": ("remapped_rows/remapped_row_unc",),
     "remap_pending": ("remapped_rows/remapped_row_pending",),
     "remap_failure": ("remapped_rows/remapped_row_failure",),
+    "recovery_action": ("gpu_recovery_action",),
+    "fabric_state": ("fabric/state",),
+    "fabric_status": ("fabric/status",),
+    "fabric_health": ("fabric/health/summary",),
 }
+for _name, _tag in (("sw_power_cap", "sw_power_cap"), ("sync_boost", "sync_boost"),
+                    ("sw_thermal_slowdown", "sw_therm_slowdown"), ("hw_thermal_slowdown", "hw_therm_slowdown"),
+                    ("hw_power_brake_slowdown", "hw_power_brake")):
+    PATHS["event_time_" + _name] = (f"clocks_event_reasons_counters/clocks_event_reasons_counters_{_tag}",)
+for _level in ("max", "high", "partial", "low", "none"):
+    PATHS["remap_bank_" + _level] = (f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{_level}",)
 for _scope in ("volatile", "aggregate"):
     PATHS[f"{_scope}_corrected_parts"] = (f"ecc_errors/{_scope}/sram_correctable", f"ecc_errors/{_scope}/dram_correctable")
     PATHS[f"{_scope}_uncorrected_parts"] = tuple(

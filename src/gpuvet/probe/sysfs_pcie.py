@@ -129,6 +129,27 @@ def numa_node(bus_id: str, root: str = PCI_DEVICES) -> int | None:
     return None if device is None else parse_numa_node(_read(os.path.join(device, "numa_node")))
 
 
+# The kernel's AER counters per device (Linux 5.x: aer_dev_correctable, _nonfatal, _fatal), each
+# a list of "NAME count" lines ending with TOTAL_ERR_COR / TOTAL_ERR_NONFATAL / TOTAL_ERR_FATAL.
+_AER_FILES = (("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"), ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+              ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"))
+
+
+def aer_counts(bus_id: str, root: str = PCI_DEVICES) -> dict[str, int] | None:
+    """{"correctable": n, "nonfatal": n, "fatal": n} since boot; None without AER in sysfs."""
+    device = _device_dir(bus_id, root)
+    if device is None:
+        return None
+    counts = {}
+    for name, filename, total in _AER_FILES:
+        text = _read(os.path.join(device, filename))
+        for line in (text or "").splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == total and parts[1].isdigit():
+                counts[name] = int(parts[1])
+    return counts or None
+
+
 def _device_dir(bus_id: str, root: str) -> str | None:
     """The device's directory; accepts any bus id form ("00000000:01:00.0" from NVML, "01:00.0")."""
     normalised = values.bus_id(bus_id)

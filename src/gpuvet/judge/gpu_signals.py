@@ -1,0 +1,239 @@
+"""The counters fleet health checkers read beyond one instant (NVIDIA gpud, DCGM's health watches,
+Azure's health checks): link error counters, the NVSwitch fabric, the recovery action the driver
+asks for, time spent slowed down since the driver loaded, and persistence mode."""
+
+from __future__ import annotations
+
+import re
+
+from ..facts import Gpu, Machine
+from ..record import MEASURED, Finding
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
+
+# DCGM's PCIe health watch: "Detected more than 8 PCIe replays per minute" (DCGM_FR_PCI_REPLAY_RATE,
+# DCGM_LIMIT_MAX_PCIREPLAY_RATE = 8).
+REPLAYS_PER_MINUTE_LIMIT = 8
+_REPLAY_SOURCE = "DCGM PCIe health watch (DCGM_FR_PCI_REPLAY_RATE: more than 8 replays per minute)"
+_WORST = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
+
+
+def _worst(statuses: list[str]) -> str:
+    return max(statuses, key=lambda s: _WORST.get(s, 0)) if statuses else PASS
+
+
+# -- gpu.link_errors ------------------------------------------------------------------------------
+
+def check_link_errors(ctx: Context) -> list[Finding]:
+    uptime = ctx.machine.host.uptime_s if ctx.machine.host else None
+    return [_link_errors(gpu, uptime) for gpu in ctx.machine.gpus]
+
+
+def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
+    s = subject(gpu)
+    parts: list[tuple[str, str]] = []  # (status, text)
+    judged = False
+    replays = gpu.pcie.replay_count
+    if replays is not None:
+        if uptime_s and uptime_s > 0:
+            judged = True
+            rate = replays / (uptime_s / 60.0)
+            status = WARN if rate > REPLAYS_PER_MINUTE_LIMIT else PASS
+            parts.append((status, f"{replays} PCIe replays since reset ({rate:.2f}/min at most, over {uptime_s / 3600:.1f} h up)"))
+        else:
+            parts.append((PASS, f"{replays} PCIe replays since reset (no uptime in the capture to make a rate of it)"))
+    aer = gpu.pcie.aer_counts
+    if aer is not None:
+        judged = True
+        bad = aer.get("fatal", 0) + aer.get("nonfatal", 0)
+        corrected = aer.get("correctable", 0)
+        status = FAIL if bad else WARN if corrected else PASS
+        parts.append((status, f"AER since boot: {corrected} corrected, {aer.get('nonfatal', 0)} non-fatal, {aer.get('fatal', 0)} fatal"))
+    nvlink = gpu.nvlink_errors
+    if nvlink is not None:
+        judged = True
+        total = sum(nvlink.values())
+        parts.append((WARN if total else PASS, "NVLink errors: " + ", ".join(f"{n} {k}" for k, n in sorted(nvlink.items()))))
+    if not parts:
+        return finding("gpu.link_errors", s, SKIP, "no link error counter read (PCIe replays, AER, NVLink)",
+                       remedy=f"`nvidia-smi -q -i {gpu.index} -d PCIE` and `nvidia-smi nvlink -e -i {gpu.index}`")
+    status = _worst([st for st, _ in parts])
+    if status == PASS and not judged:
+        status = MEASURED  # a count with no time to make a rate of it: shown, not judged
+    measured = "; ".join(text for _, text in parts)
+    expected = (f"at most {REPLAYS_PER_MINUTE_LIMIT} PCIe replays per minute, no uncorrected AER error, no NVLink error"
+                if judged else None)
+    summary = {PASS: "link error counters clean", MEASURED: "counted, not judged", WARN: "link errors counted",
+               FAIL: "uncorrected PCIe errors counted"}[status]
+    return finding("gpu.link_errors", s, status, f"{summary}: {measured}", measured=measured, expected=expected,
+                   source=f"{_REPLAY_SOURCE}; the kernel's AER counters (sysfs aer_dev_*); NVML NVLink error counters",
+                   remedy=None if status in (PASS, MEASURED) else
+                   f"`nvidia-smi -q -i {gpu.index} -d PCIE`, `sudo lspci -vvv -s {gpu.pcie.bus_id or 'BUS'}`, "
+                   f"`nvidia-smi nvlink -e -i {gpu.index}`; reseat the GPU or its riser, or ask the provider")
+
+
+# -- gpu.fabric -----------------------------------------------------------------------------------
+
+_FABRIC_SOURCE = "NVML GpuFabricInfo / nvidia-smi -q 'Fabric' (NVIDIA Fabric Manager user guide)"
+_ERROR_802 = "until it completes CUDA fails with error 802 \"system not yet initialized\""
+
+
+def check_fabric(ctx: Context) -> list[Finding]:
+    machine = ctx.machine
+    with_fabric = [g for g in machine.gpus if g.fabric is not None]
+    if not with_fabric:
+        return [finding("gpu.fabric", "machine", SKIP, "no NVSwitch fabric on these GPUs (Fabric N/A or not reported)")]
+    findings = [_fabric(gpu) for gpu in with_fabric]
+    findings += _fabric_manager(machine)
+    return findings
+
+
+def _fabric(gpu: Gpu) -> Finding:
+    fabric = gpu.fabric
+    assert fabric is not None
+    measured = f"state {fabric.state}, status {fabric.status}" + (f", health {fabric.health}" if fabric.health else "")
+    remedy = ("`systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`; start it "
+              "(`sudo systemctl start nvidia-fabricmanager`) with the driver's own version, or ask the provider")
+    if fabric.state != "Completed":
+        return finding("gpu.fabric", subject(gpu), FAIL, f"NVSwitch fabric registration {fabric.state or 'unknown'}: {_ERROR_802}",
+                       measured=measured, expected="state Completed, status Success", source=_FABRIC_SOURCE, remedy=remedy)
+    if fabric.status and fabric.status.lower() != "success":
+        return finding("gpu.fabric", subject(gpu), FAIL, f"NVSwitch fabric registration failed ({fabric.status}): {_ERROR_802}",
+                       measured=measured, expected="state Completed, status Success", source=_FABRIC_SOURCE, remedy=remedy)
+    return finding("gpu.fabric", subject(gpu), PASS, "registered with the NVSwitch fabric", measured=measured,
+                   expected="state Completed, status Success", source=_FABRIC_SOURCE)
+
+
+def _fabric_manager(machine: Machine) -> list[Finding]:
+    state, version = machine.driver.fabric_manager_state, machine.driver.fabric_manager_version
+    if state is None:
+        return []  # not read (a capture): the GPUs' own registration above says whether it ran
+    source = "systemctl is-active nvidia-fabricmanager; nv-fabricmanager --version (Fabric Manager user guide)"
+    if state != "active":
+        return [finding("gpu.fabric", "machine", FAIL, f"the fabric manager service is {state}: {_ERROR_802}",
+                        measured=f"nvidia-fabricmanager {state}", expected="active", source=source,
+                        remedy="`sudo systemctl enable --now nvidia-fabricmanager` (the package of the driver's exact version)")]
+    if version and machine.driver.version and version != machine.driver.version:
+        return [finding("gpu.fabric", "machine", FAIL, f"fabric manager {version} with driver {machine.driver.version}: "
+                        "it must be the driver's exact version", measured=f"fabric manager {version}",
+                        expected=f"{machine.driver.version} (the driver)", source=source,
+                        remedy=f"install nvidia-fabricmanager {machine.driver.version} (or the driver of {version})")]
+    return [finding("gpu.fabric", "machine", PASS, f"fabric manager running{f' ({version})' if version else ''}",
+                    measured=f"nvidia-fabricmanager active{f', {version}' if version else ''}",
+                    expected=f"active{f', version {machine.driver.version}' if machine.driver.version else ''}", source=source)]
+
+
+# -- gpu.recovery ---------------------------------------------------------------------------------
+
+_RECOVERY_SOURCE = "nvidia-smi 'GPU Recovery Action' / NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; 'Bank Remap Availability Histogram'"
+
+
+def check_recovery(ctx: Context) -> list[Finding]:
+    return [_recovery(gpu) for gpu in ctx.machine.gpus]
+
+
+def _recovery(gpu: Gpu) -> Finding:
+    s = subject(gpu)
+    action, banks = gpu.recovery_action, gpu.remap_histogram
+    if action is None and banks is None:
+        return finding("gpu.recovery", s, SKIP, "this driver or capture reports no recovery action or remap histogram "
+                                               "(drivers since R550 on datacenter GPUs do)")
+    parts: list[tuple[str, str]] = []
+    remedy = None
+    if action is not None:
+        if action.lower() in ("none", "no action"):
+            parts.append((PASS, "no recovery action asked for"))
+        else:
+            parts.append((FAIL, f"the driver asks for: {action}"))
+            remedy = (f"drain the GPU's jobs, then `sudo nvidia-smi -r -i {gpu.index}` (GPU reset) or reboot as asked; "
+                      "if it comes back, ask the provider")
+    if banks is not None:
+        if banks.get("none", 0):
+            parts.append((FAIL, f"{banks['none']} memory bank(s) with no spare row left: the next uncorrectable error there "
+                                "cannot be remapped"))
+            remedy = remedy or "ask the provider for another GPU (its memory can no longer repair itself)"
+        elif banks.get("low", 0):
+            parts.append((WARN, f"{banks['low']} memory bank(s) low on spare rows"))
+            remedy = remedy or f"watch `nvidia-smi -q -i {gpu.index} -d ROW_REMAPPER`; ask the provider if it grows"
+        else:
+            parts.append((PASS, "spare rows left in every memory bank"))
+    status = _worst([st for st, _ in parts])
+    measured = "; ".join(text for _, text in parts)
+    histogram = f"; banks {banks}" if banks else ""
+    return finding("gpu.recovery", s, status, measured, measured=f"recovery action {action}{histogram}",
+                   expected="recovery action None; no bank without spare rows", source=_RECOVERY_SOURCE, remedy=remedy)
+
+
+# -- gpu.throttle_history -------------------------------------------------------------------------
+
+_FAULT_TIMES = {"hw_thermal_slowdown": "HW thermal slowdown", "hw_power_brake_slowdown": "HW power brake",
+                "sw_thermal_slowdown": "SW thermal slowdown", "thermal": "thermal limit", "hw_slowdown": "HW slowdown"}
+FAIL_AFTER_S = 60.0  # a minute slowed by heat or a power brake since the driver loaded is not a blip
+_HISTORY_SOURCE = "nvidia-smi 'Clocks Event Reasons Counters' / NVML violation counters (time since the driver loaded)"
+
+
+def check_throttle_history(ctx: Context) -> list[Finding]:
+    return [_throttle_history(gpu) for gpu in ctx.machine.gpus]
+
+
+def _throttle_history(gpu: Gpu) -> Finding:
+    s = subject(gpu)
+    times = gpu.clock_event_time_us
+    if times is None:
+        return finding("gpu.throttle_history", s, SKIP, "no clock-event time counters (drivers since R535 report them: "
+                                                       "`nvidia-smi -q -d PERFORMANCE`)")
+    slowed = {name: us / 1e6 for name, us in times.items() if name in _FAULT_TIMES and us > 0}
+    capped = times.get("sw_power_cap", 0.0) / 1e6
+    measured = ", ".join(f"{_FAULT_TIMES.get(k, k.replace('_', ' '))} {_duration(v / 1e6)}" for k, v in sorted(times.items()))
+    cap_note = f"; {_duration(capped)} at the power cap (the limit, not a fault)" if capped else ""
+    if not slowed:
+        return finding("gpu.throttle_history", s, PASS, f"never slowed by heat or a power brake since the driver loaded{cap_note}",
+                       measured=measured, expected="no time in HW slowdown, thermal slowdown or power brake",
+                       source=_HISTORY_SOURCE)
+    longest = max(slowed.values())
+    status = FAIL if longest >= FAIL_AFTER_S else WARN
+    what = ", ".join(f"{_FAULT_TIMES[k]} {_duration(v)}" for k, v in sorted(slowed.items(), key=lambda kv: -kv[1]))
+    return finding("gpu.throttle_history", s, status, f"slowed since the driver loaded: {what}{cap_note}", measured=measured,
+                   expected=f"no time in HW slowdown, thermal slowdown or power brake (fails from {FAIL_AFTER_S:.0f} s)",
+                   source=_HISTORY_SOURCE,
+                   remedy=f"watch `nvidia-smi -q -i {gpu.index} -d PERFORMANCE,TEMPERATURE` under load; check cooling "
+                          "and power cabling, or ask the provider")
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+# -- gpu.persistence ------------------------------------------------------------------------------
+
+# Datacenter GPUs, where a CUDA start without persistence mode re-initialises the GPU (seconds on
+# 8-GPU machines) and nvidia-persistenced is the documented setting.
+_DATACENTER = re.compile(r"\b(Tesla|A100|A800|A30|A40|A10G?|A16|A2|L4|L40S?|L20|H100|H800|H200|H20|GH200|B100|B200|GB200|"
+                         r"V100S?|T4|P100|P40|K80)\b")
+_PERSISTENCE_SOURCE = "NVIDIA driver persistence documentation (nvidia-persistenced); NVML persistence mode"
+
+
+def check_persistence(ctx: Context) -> list[Finding]:
+    return [_persistence(gpu) for gpu in ctx.machine.gpus]
+
+
+def _persistence(gpu: Gpu) -> Finding:
+    s = subject(gpu)
+    if gpu.driver_model is not None:
+        return finding("gpu.persistence", s, SKIP, "Windows (WDDM/TCC): persistence mode is a Linux setting")
+    if gpu.persistence_mode is None:
+        return finding("gpu.persistence", s, SKIP, "persistence mode not reported")
+    datacenter = bool(gpu.name and _DATACENTER.search(gpu.name))
+    if gpu.persistence_mode:
+        return finding("gpu.persistence", s, PASS, "persistence mode on", measured="persistence mode Enabled",
+                       expected="Enabled on a datacenter GPU", source=_PERSISTENCE_SOURCE)
+    if not datacenter:
+        return finding("gpu.persistence", s, PASS, "persistence mode off (a desktop GPU: only its CUDA start is slower)",
+                       measured="persistence mode Disabled", expected="any on a non-datacenter GPU", source=_PERSISTENCE_SOURCE)
+    return finding("gpu.persistence", s, WARN, "persistence mode off on a datacenter GPU: every CUDA start re-initialises it "
+                                            "(seconds per process, and NVML reads wake it)",
+                   measured="persistence mode Disabled", expected="Enabled (nvidia-persistenced)", source=_PERSISTENCE_SOURCE,
+                   remedy="`sudo systemctl enable --now nvidia-persistenced` (or `sudo nvidia-smi -pm 1`, lost at reboot)")
