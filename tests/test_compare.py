@@ -467,3 +467,40 @@ def test_the_trend_follows_disk_network_cpu_feed_and_steal_where_runs_have_them(
     assert set(trend) == {"disk.seq_read", "disk.rand_read_iops", "net.loopback_throughput", "cpu.feed_rate", "host.steal_pct"}
     assert trend["disk.seq_read"].sentence.endswith("44% lower by day")
     assert trend["host.steal_pct"].sentence.endswith("3.9 points higher by day")
+
+
+def _same_machine_twice(h100: RunRecord, tokens: float, p10: float, p90: float, cpu_share: float | None = None) -> RunRecord:
+    """A copy of the real 8x H100 record with a SYNTHETIC workload run: tokens/s, the step times
+    behind it (median, p10, p90 in ms) and a resume check, as the workload records them."""
+    record = copy.deepcopy(h100)
+    median = 1000.0 / tokens
+    record.measurements += [Measurement("workload.tokens_per_s", tokens, "tokens/s", "gpu0"),
+                            Measurement("workload.step_time_ms", median, "ms", "gpu0", {"p10": p10, "p90": p90}),
+                            Measurement("workload.resume_ok", 1.0, "bool", "gpu0")]
+    if cpu_share is not None:  # the CPU feed benchmark saw its workers get this share of their cores
+        record.measurements.append(Measurement("cpu.feed_rate", 900.0, "samples/s", "cpu", {"cpu_share": cpu_share}))
+    return record
+
+
+def test_two_runs_of_one_machine_within_their_own_spread_are_not_called_a_difference(h100):
+    steady = _same_machine_twice(h100, 801.0, 1.0, 1.6)  # step times 1.25 ms median, 1.0-1.6 ms
+    noisy = _same_machine_twice(h100, 375.0, 1.2, 6.0, cpu_share=0.45)  # 2.7 ms median, 1.2-6.0 ms: very jittery
+    result = compare([("first", steady, 2.0), ("again", noisy, 2.0)])
+    rows = {r.name: r for r in result.measurements}
+    assert rows["workload.tokens_per_s"].within_spread == [False, True]
+    assert "differs from the best workload.tokens_per_s by less than the runs' own run-to-run spread" in result.verdict
+    assert "again ran with contended CPUs" in result.verdict and "measure again before choosing" in result.verdict
+    assert any("again: its CPU feed workers got only 45% of their cores' time" in n for n in result.notes)
+    console = Console(record=True, width=250, color_system=None)
+    compare_view.render(result, console)
+    text = console.export_text()
+    assert "within run-to-run spread" in text
+    resume = next(line for line in text.splitlines() if "workload.resume_ok" in line)
+    assert "yes" in resume and "bool" not in resume and " 1 " not in resume
+
+
+def test_a_difference_wider_than_both_spreads_is_still_a_difference(h100):
+    result = compare([("fast", _same_machine_twice(h100, 801.0, 1.2, 1.3), 2.0),
+                      ("slow", _same_machine_twice(h100, 375.0, 2.6, 2.8), 2.0)])
+    rows = {r.name: r for r in result.measurements}
+    assert rows["workload.tokens_per_s"].within_spread == [False, False] and "Caveat" not in result.verdict

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from .facts import Machine
+from . import run_noise
 from .record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 
 TOKENS = "workload.tokens_per_s"
@@ -200,6 +201,7 @@ class Row:
     best_runs: list[int] = field(default_factory=list)  # every run with the best value (ties)
     closer_to_zero: bool = False  # a signed figure judged by its size (lower_is_better of |value|)
     not_comparable: str | None = None  # why the values are shown but not ranked (no best, no difference)
+    within_spread: list[bool] = field(default_factory=list)  # differs from the best by less than the runs' own noise
 
 
 @dataclass
@@ -274,6 +276,11 @@ def compare(records: list[tuple[str, RunRecord, float | None]], job: str | None 
     costs = _cost_rows(runs, prices, notes, shapes_differ)
     estimate = _job_estimate(job, names, runs, prices, notes, comparable_tokens=not shapes_differ) if job else None
     basis, unit, ranking, unranked = _ranking(names, runs, prices, costs, estimate)
+    shared = {name: why for name, r in zip(names, runs) if (why := run_noise.contended(r))}
+    notes += [f"{name}: {why}, so its figures may be low for reasons other than the machine" for name, why in shared.items()]
+    verdict = _verdict_sentence(ranking, unit, names, runs, prices, basis, estimate) if ranking else None
+    if verdict:
+        verdict += _noise_caveat(basis, measurement_rows, names, ranking, shared)
     return Comparison(
         runs=[_column(name, r, p) for name, r, p in zip(names, runs, prices)],
         measurements=measurement_rows,
@@ -284,7 +291,7 @@ def compare(records: list[tuple[str, RunRecord, float | None]], job: str | None 
         rank_unit=unit,
         ranking=ranking,
         unranked=unranked,
-        verdict=_verdict_sentence(ranking, unit, names, runs, prices, basis, estimate) if ranking else None,
+        verdict=verdict,
         notes=list(dict.fromkeys(notes)),
         single_run_measurements=single,
     )
@@ -349,8 +356,9 @@ def _measurement_rows(runs: list[RunRecord], shapes_differ: str | None) -> tuple
         if sum(v is not None for v in values) < needed:
             single += 1
             continue
-        rows.append(_row(name, name, unit, values, lower_is_better(name, unit),
-                         shapes_differ if name in SHAPE_DEPENDENT else None))
+        row = _row(name, name, unit, values, lower_is_better(name, unit), shapes_differ if name in SHAPE_DEPENDENT else None)
+        row.within_spread = run_noise.within_spread(values, [run_noise.spread(r, name) for r in runs], row.best)
+        rows.append(row)
         if name == STEP_TIME:
             rows += _step_time_spread(runs, shapes_differ)
     return rows, single
@@ -601,6 +609,24 @@ def _verdict_sentence(ranking: list[Ranked], unit: str | None, names: list[str],
     return (f"{cheapest_hour.name} is the cheapest per hour (${cheapest_hour.price_per_hour:.2f}/h vs "
             f"${best.price_per_hour:.2f}/h) but not per result: {best.name} costs {_money(best.cost)} {what} against "
             f"{_money(cheapest_hour.cost)}{because}.")
+
+
+def _noise_caveat(basis: str | None, rows: list[Row], names: list[str], ranking: list[Ranked],
+                  shared: dict[str, str]) -> str:
+    """What the ranking cannot claim: a throughput difference inside the runs' own spread, or a
+    ranked run whose CPUs were shared."""
+    metric = next((m for m, key, _, _ in COST_BASES if key == basis), None)
+    row = next((r for r in rows if r.name == metric), None)
+    ranked = {r.name for r in ranking}
+    words = []
+    noisy = [names[i] for i, inside in enumerate(row.within_spread if row else []) if inside and names[i] in ranked]
+    if noisy:
+        words.append(f"{' and '.join(noisy)} differ{'s' if len(noisy) == 1 else ''} from the best {metric} by less than "
+                     "the runs' own run-to-run spread: that difference is not shown to be the machines'")
+    contended = [n for n in shared if n in ranked]
+    if contended:
+        words.append(f"{' and '.join(contended)} ran with contended CPUs")
+    return f" Caveat: {'; '.join(words)}; measure again before choosing." if words else ""
 
 
 def _next_best(price_ratio: float, speed: float | None) -> str:

@@ -29,7 +29,21 @@ def _number(value: float | None, unit: str) -> str:
         return "—"
     if unit == "USD":
         return f"${value:,.2f}" if abs(value) >= 0.1 else f"${value:.4f}"
+    if unit == "bool":  # a yes/no figure (workload.resume_ok), not "1"
+        return "yes" if value else "no"
     return number(value)
+
+
+def _unit_words(row: Row) -> str:
+    """The unit after a row's label: none for money (its cells carry $) and yes/no figures."""
+    return "" if row.unit in ("USD", "bool") else f" {row.unit}"
+
+
+def _within_spread(row: Row, i: int) -> bool:
+    return bool(row.within_spread) and row.within_spread[i]
+
+
+SPREAD_WORDS = "within run-to-run spread"
 
 
 def _relative(pct: float | None) -> str:
@@ -140,7 +154,7 @@ def _section(table: Table, title: str, rows: list[Row]) -> None:
     table.add_section()
     table.add_row(f"[bold]{title}[/]", *[""] * len(rows[0].values))
     for row in rows:
-        unit = "" if row.unit == "USD" else f" {row.unit}"
+        unit = _unit_words(row)
         note = _row_note(row)
         label = escape(f"{row.label}{unit}") + (f" [dim]{escape(note)}[/]" if note else "")
         table.add_row(label, *[_cell(row, i) for i in range(len(row.values))])
@@ -153,6 +167,8 @@ def _cell(row: Row, i: int) -> str:
     if _is_best(row, i):
         return f"[bold green]{text}[/] [dim]best[/]"
     relative = _relative(row.relative_pct[i] if row.relative_pct else None)
+    if relative and _within_spread(row, i):
+        relative += f", {SPREAD_WORDS}"
     return f"{text} [dim]{relative}[/]" if relative else text
 
 
@@ -227,9 +243,11 @@ def _md_row(row: Row) -> str:
             text = f"**{text}** (best)"
         elif value is not None:
             relative = _relative(row.relative_pct[i] if row.relative_pct else None)
+            if relative and _within_spread(row, i):
+                relative += f", {SPREAD_WORDS}"
             text = f"{text} ({relative})" if relative else text
         cells.append(text)
-    unit = "" if row.unit == "USD" else f" {row.unit}"
+    unit = _unit_words(row)
     note = _row_note(row)
     return f"| {_md(row.label + unit + (' ' + note if note else ''))} | " + " | ".join(cells) + " |"
 
