@@ -259,7 +259,7 @@ def _old_driver(record: RunRecord) -> FactVerdict | None:
     if not major:
         return None
     if int(major.group(1)) < 450:
-        return CONFIRMED, f"driver {version}: older drivers account memory coarsely (seed 2: 418-era drivers over-report)"
+        return CONFIRMED, f"driver {version}: older drivers account memory coarsely (418-era drivers over-report used memory)"
     return RULED_OUT, f"driver {version}"
 
 
@@ -330,7 +330,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
             ("gpu utilization low", "low gpu utilization", "low gpu util", "gpu util low", "low utilization", "gpu idle",
              "cpu bound", "cpu high", "dataloader", "data loader", "利用率", "CPU很高"),
             (_CPU_FEED, _LOADER, _SHM, _STORAGE, _STEAL),
-            "raise DataLoader num_workers and prefetch_factor (the seed's first fix); pin_memory=True"),
+            "raise DataLoader num_workers and prefetch_factor (the first fix to try); pin_memory=True"),
     Symptom("multi-gpu-scaling", "Multi-GPU speed-up far below ideal",
             "多卡训练加速比远低于理论值",
             ("scaling", "speedup", "speed-up", "multi gpu slow", "distributed slow", "allreduce slow", "加速比", "多卡"),
@@ -481,12 +481,12 @@ def render_doctor(console: Console, diagnosis: Diagnosis | None = None) -> None:
 def _symptom_list(console: Console) -> None:
     console.print("[bold]Symptoms gpuvet doctor knows[/]  [dim](gpuvet doctor NAME, or describe it in your words)[/]")
     for s in SYMPTOMS:
-        console.print(f"  [cyan]{s.name:<24}[/] {escape(s.description)}  [dim]{escape(s.seed)}[/]")
+        console.print(f"  [cyan]{s.name:<24}[/] {escape(s.description)}")  # the original words stay searchable
 
 
 def _diagnosis(console: Console, d: Diagnosis) -> None:
     s = d.symptom
-    console.print(f"[bold]{escape(s.description)}[/]  [dim]({s.name}; seed: {escape(s.seed)})[/]")
+    console.print(f"[bold]{escape(s.description)}[/]  [dim]({s.name})[/]")
     if d.record is None:
         console.print("[dim]No run record: the likely causes and how to tell them apart.[/]")
     else:
