@@ -344,3 +344,30 @@ def test_autosave_onto_a_network_notebook_directory_warns():
                            "root_dir.at": "command line", "root_dir.kind": "network", "root_dir.fs_type": "nfs4"})
     found_ = [f for f in env.check_jupyter(audit) if "autosave" in f.summary]
     assert found_ and found_[0].status == "warn" and "autosave_interval = 0" in found_[0].remedy
+
+
+# -- the checklist does not contradict the checks, and its per-GPU words read -----------------------
+
+def _checklist_line(path: str, key: str):
+    from gpuvet import runner
+    from gpuvet.report.checklist import checklist
+
+    record = runner.inspect([str(FIXTURES / path)])
+    return next(line for line in checklist(record) if line.item.key == key), record
+
+
+def test_one_gpu_of_a_four_gpu_report_is_not_nvlink_not_applicable():
+    # Real: attached_gpus 4, one <gpu> element (the contributor trimmed the others).
+    line, record = _checklist_line("smi_xml/a100-sxm4-80gb-mig-4x1g-535.54.03-v12.xml", "nvlink")
+    assert "not applicable: one GPU" not in line.figure and line.state != "ticked"
+    (f,) = [f for f in record.findings if f.check == "gpu.nvlink"]
+    assert "NVLink only matters between GPUs" not in f.summary
+
+
+def test_per_gpu_words_are_whole_phrases_not_fragments():
+    k80, _ = _checklist_line("smi_xml/tesla-k80-x4-azure-ecc-retired-430.26-v10.xml", "whole_card")
+    assert "gpu1: 58642)" not in k80.figure and k80.figure.count("(") == k80.figure.count(")")
+    nvlink, _ = _checklist_line("smi_text/nvlink-status-8x-v100-sxm2-some-inactive.txt", "nvlink")
+    assert "inactive:;" not in nvlink.figure and not nvlink.figure.endswith(":")
+    view, _ = _checklist_line("smi_text/dmon-h100-vm-load-590.48.01.txt", "pcie_driver_view")
+    assert "only no reading" not in view.figure and "no reading of the link at all" in view.figure

@@ -353,6 +353,7 @@ class CaptureEntry(_CaptureEntryBase, total=False):
     """A capture a record was made from (gpuvet inspect)."""
 
     note: str  # why it could not be read, for kind "error"
+    attached: int  # GPUs on the machine by the report's header (more than it lists with `-i N`)
 
 
 @dataclass

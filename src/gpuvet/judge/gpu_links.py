@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..facts import Gpu, PcieLink, Topology
+from ..facts import Gpu, Machine, PcieLink, Topology
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
 from .reference import Reference
@@ -178,8 +178,18 @@ def check_nvlink(ctx: Context) -> list[Finding]:
     topology = ctx.machine.topology
     totals = _topology_totals(topology) if topology and topology.shows_nvlink else {}
     # One GPU numbered 0 is a one-GPU machine; "GPU 6" alone is one GPU of a bigger box.
-    single = len(ctx.machine.gpus) == 1 and ctx.machine.gpus[0].index == 0
+    single = attached_gpus(ctx.machine) == 1
     return [_nvlink(gpu, ctx.ref(gpu), topology, totals, single) for gpu in ctx.machine.gpus]
+
+
+def attached_gpus(machine: Machine) -> int:
+    """How many GPUs the machine has: those in the facts, or more where a report's header says so
+    (`nvidia-smi -q -i 0` of a 4-GPU machine lists one GPU of "Attached GPUs: 4"). One GPU numbered
+    other than 0 is one GPU of a bigger box."""
+    attached = max([len(machine.gpus)] + [int(c.get("attached") or 0) for c in machine.captures])
+    if attached == 1 and machine.gpus and machine.gpus[0].index != 0:
+        return machine.gpus[0].index + 1
+    return attached
 
 
 def _nv_count(code: str) -> int:

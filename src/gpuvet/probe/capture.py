@@ -347,8 +347,7 @@ def merge(captures: list[Capture]) -> Machine:
     """
     _check_lspci_has_gpus(captures)
     machine = Machine(source="capture")
-    machine.captures = [CaptureEntry(path=c.path, kind=c.kind, note=c.note) if c.note else CaptureEntry(path=c.path, kind=c.kind)
-                        for c in captures]
+    machine.captures = [_entry(c) for c in captures]
     reports = sorted((c for c in captures if c.kind in _RANK), key=_base_order)
     if reports:
         base = reports[0]
@@ -375,6 +374,15 @@ def merge(captures: list[Capture]) -> Machine:
     if not machine.gpus:
         machine.gpu_error = "the captures hold no per-GPU facts"
     return machine
+
+
+def _entry(c: Capture) -> CaptureEntry:
+    entry = CaptureEntry(path=c.path, kind=c.kind)
+    if c.note:
+        entry["note"] = c.note
+    if c.attached:  # "Attached GPUs: 4" of a `-i 0` report: the machine has more than it lists
+        entry["attached"] = c.attached
+    return entry
 
 
 def _find(machine: Machine, gpu: Gpu) -> Gpu | None:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..facts import Gpu, PcieLink
 from ..judge import reference
+from ..judge.gpu_links import attached_gpus
 from ..judge.gpu_sustained import short_load_words
 from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
@@ -140,7 +141,15 @@ def _difference(first: str, other: str) -> str:
             unit = j2 < len(b) and not re.search(r"[A-Za-z]", b[j2 - 1])  # "2.2" needs its "GiB"
             parts.append(" ".join(b[j1:j2 + 1] if unit else b[j1:j2]))
     changed = " … ".join(parts)
-    return changed if parts and len(changed) < 0.6 * len(other) else other
+    readable = all(_whole_phrase(part) for part in parts)
+    return changed if parts and readable and len(changed) < 0.6 * len(other) else other
+
+
+def _whole_phrase(part: str) -> bool:
+    """A fragment that reads on its own: brackets closed, not cut at a colon or semicolon ("58642)"
+    or "1 inactive:;" are cut out of a sentence and mean nothing alone)."""
+    return (part.count("(") == part.count(")") and part.count("[") == part.count("]")
+            and not re.search(r"[:;,]$", part) and not re.match(r"^[:;,)\]]", part))
 
 
 def _join(*parts: str) -> str:
@@ -313,8 +322,9 @@ def _pcie_driver_view(record: RunRecord, item: Item) -> Line:
              if not any(r.source in _DRIVER_SOURCES and (r.max_width or r.current_width) for r in g.pcie.readings)]
     if blind and line.state != CROSSED:
         # Only the host (lspci, sysfs) read the link: the seed's point is that the driver may see less.
-        host = next((r.source for g in blind for r in g.pcie.readings), "no reading")
-        return Line(item, UNKNOWN, f"{_gpu_range(blind)}: the driver's view was not read (only {host}): "
+        host = next((r.source for g in blind for r in g.pcie.readings), None)
+        seen = f"only {host}" if host else "no reading of the link at all"
+        return Line(item, UNKNOWN, f"{_gpu_range(blind)}: the driver's view was not read ({seen}): "
                                    "run `nvidia-smi -q -d PCIE` or `gpuvet run`", line.findings)
     if _VIEWS_DIFFER in line.figure and line.state in (TICKED, UNKNOWN):
         # The judge rates the best reading; two views that disagree are the seed's virtualised
@@ -441,7 +451,7 @@ def _nvlink(record: RunRecord, item: Item) -> Line:
     gpus = record.machine.gpus
     if line.state != UNKNOWN or not gpus:
         return line
-    if len(gpus) == 1 and gpus[0].index == 0:
+    if attached_gpus(record.machine) == 1:  # not a `-i 0` report of a bigger machine
         return Line(item, TICKED, "not applicable: one GPU, nothing to link it to", line.findings)
     without = [g for g in gpus if (ref := reference.by_id(g.reference)) is not None and ref.nvlink == "none"]
     if len(without) != len(gpus):
