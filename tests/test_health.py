@@ -165,3 +165,21 @@ def test_gpus_on_the_bus_with_the_driver_not_loaded_are_a_problem():
     record = health.check(machine=live.collect_passive(read_gpus=driver_not_loaded))
     assert health.outcome(record) == PROBLEM
     assert summary_line(record, PROBLEM).startswith("gpuvet: gpu0 gpu.reachable (+1 more): not answering: NVML does not")
+
+
+XID79_ON_GPU3 = FIXTURES / "edited" / "dmesg-tesla-k40m-xid79-390.30-edited-bus-86-as-h100-gpu3.txt"
+
+
+def test_an_xid_in_the_kernel_log_names_the_gpu_first():
+    """The H100 report's gpu2 is power-braked; the kernel log (edited to name its gpu3's bus)
+    says gpu3 fell off the bus: that is what the drain reason must say."""
+    done = gpuvet("--from", str(POWER_BRAKE), "--from", str(XID79_ON_GPU3), "--brief")
+    assert done.returncode == 1
+    _summary_fits(done.stdout.strip())
+    assert done.stdout.startswith("gpuvet: gpu3 gpu.xid (+2 more): Xid 79 (GPU has fallen off the bus)")
+
+
+def test_a_skipped_check_is_said_and_not_judged():
+    done = gpuvet("--from", str(POWER_BRAKE), "--skip", "gpu.throttle", "-v")
+    assert done.returncode == 0
+    assert any(line.split()[:2] == ["SKIP", "gpu.throttle"] and "(--skip)" in line for line in done.stdout.splitlines())

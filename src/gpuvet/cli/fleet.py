@@ -10,6 +10,7 @@ import click
 
 from ..fleet import health as fleet_health
 from ..fleet import kubernetes, slurm
+from ..judge import HEALTH_RULES
 from ..judge.health import EXIT_CODES, HEALTHY, PROBLEM
 from ..probe import live
 from ..probe.errors import CaptureError
@@ -32,6 +33,9 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
 @click.option("--gpu-deadline", type=click.FloatRange(min=0.1, max=60), default=live.HEALTH_BUDGETS_S["gpu"],
               show_default=True, metavar="S",
               help="Seconds NVML may take before the GPU probe counts as hung (a finding, exit 1).")
+@click.option("--skip", "skipped", multiple=True, type=click.Choice(sorted(HEALTH_RULES)), metavar="CHECK",
+              help="Leave this check out (repeatable), e.g. gpu.xid after a GPU reset without a reboot "
+                   "(the kernel log keeps its Xid until then), or gpu.power_limit on a fleet capped on purpose.")
 @click.option("--from", "captures", multiple=True, metavar="FILE",
               help="Judge these captures (nvidia-smi -q -x, -q, ...) instead of this node's GPUs (repeatable).")
 @click.option("--brief", is_flag=True, help="Print the summary line only (node-problem-detector keeps 80 bytes).")
@@ -41,14 +45,14 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
               help="changes: keep a run in the history only when its summary changed, or hourly (for schedulers).")
 @click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
 @click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
-def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadline: float, captures: tuple[str, ...],
-           brief: bool, as_json: bool, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
+def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadline: float, skipped: tuple[str, ...],
+           captures: tuple[str, ...], brief: bool, as_json: bool, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
     """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
     history row. First line: a summary short enough for a drain reason. Exit 0 healthy, 1 a
     problem, 2 could not tell (node-problem-detector's OK / NonOK / Unknown)."""
     try:
         record = fleet_health.check(captures=list(captures) or None, expect_gpus=expect_gpus,
-                                    budgets_s={"gpu": gpu_deadline})
+                                    budgets_s={"gpu": gpu_deadline}, skip=list(skipped))
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     outcome = fleet_health.outcome(record)

@@ -21,7 +21,8 @@ def _now() -> str:
 
 
 def check(captures: list[str] | None = None, expect_gpus: int | None = None,
-          budgets_s: dict[str, float] | None = None, machine: Machine | None = None) -> RunRecord:
+          budgets_s: dict[str, float] | None = None, machine: Machine | None = None,
+          skip: list[str] | None = None) -> RunRecord:
     """This node's health (or that of the machine in `captures`, or a `machine` already read)."""
     started, t0 = _now(), time.monotonic()
     budgets = {**live.HEALTH_BUDGETS_S, **(budgets_s or {})}
@@ -34,6 +35,8 @@ def check(captures: list[str] | None = None, expect_gpus: int | None = None,
     options = RunOptions(profile=PROFILE, probe_budgets_s=budgets)
     if expect_gpus is not None:
         options["expect_gpus"] = expect_gpus
+    if skip:
+        options["skip"] = sorted(set(skip))
     record = RunRecord(machine=machine, started_at=started, options=options)
     record.findings = judge.judge_health(machine, options)
     record.duration_s = time.monotonic() - t0

@@ -12,8 +12,10 @@ from .common import FAIL, PASS, SKIP, Context, finding, subject
 # gpu.isolation (a running job's processes and memory are the point of the node, not a fault),
 # gpu.uniform (a configuration difference is an acceptance question, not a reason to drain),
 # host.*, storage.*, net.*, stack.* and env.* (not GPU health, and some read for seconds).
+# gpu.xid judges the kernel log since boot: a fatal Xid stays a failure until the node reboots
+# (or the check is skipped with --skip gpu.xid after a GPU reset).
 HEALTH_CHECKS = ("gpu.model", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
-                 "gpu.temperature", "gpu.ecc")
+                 "gpu.temperature", "gpu.ecc", "gpu.xid")
 
 HEALTHY, PROBLEM, UNKNOWN = "healthy", "problem", "unknown"
 # node-problem-detector's custom plugin protocol (pkg/custompluginmonitor/types: OK 0, NonOK 1,

@@ -44,21 +44,28 @@ def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torc
 # `gpuvet health` must answer within node-problem-detector's default 5 s plugin timeout on an
 # 8-GPU node, Python's start-up included: each probe gets its own deadline, and one that passes
 # it is abandoned (its thread left behind) and recorded in `machine.probe_errors`.
-HEALTH_BUDGETS_S = {"gpu": 3.0}
+# The probes run at once: the answer takes the longest of them, not their sum.
+HEALTH_BUDGETS_S = {"gpu": 3.0, "kernel_log": 2.0}
+_KERNEL_LOG_MARGIN_S = 0.5  # the reader stops itself this much before its thread is abandoned
 
 
 def collect_passive(budgets_s: dict[str, float] | None = None,
                     read_gpus: Callable[[], tuple[Driver, list[Gpu], Topology | None, str | None]] | None = None) -> Machine:
     """The GPU facts `gpuvet health` judges, read without load and without writing anything:
-    NVML, the PCI bus in sysfs, the kernel module's version; each probe under its deadline.
-    `read_gpus` replaces the NVML + sysfs reader (tests: a reader that hangs like a dying GPU)."""
+    NVML, the PCI bus in sysfs, the kernel module's version, the kernel log's NVIDIA events; each
+    probe under its deadline. `read_gpus` replaces the NVML + sysfs reader (tests: a reader that
+    hangs like a dying GPU)."""
     budgets = {**HEALTH_BUDGETS_S, **(budgets_s or {})}
     machine = Machine(source="live", host=Host(hostname=socket.gethostname()))  # names the node in the history
+    log_budget = budgets["kernel_log"]
+    kernel_job = _Isolated("kernel_log", lambda: kernel_log.read_kernel_log(max(log_budget - _KERNEL_LOG_MARGIN_S, 0.1)),
+                           timeout_s=log_budget)
     gpu_facts = _Isolated("gpu", read_gpus or _gpus, timeout_s=budgets["gpu"]).result(machine)
     if gpu_facts is None:
         machine.gpu_error = f"GPU probe failed: {machine.probe_errors.get('gpu')}"
     else:
         machine.driver, machine.gpus, machine.topology, machine.gpu_error = gpu_facts
+    machine.kernel_log = kernel_job.result(machine)
     return machine
 
 

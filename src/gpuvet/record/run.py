@@ -93,6 +93,7 @@ class RunOptions(TypedDict, total=False):
     probe_budgets_s: dict[str, float]  # gpuvet health: each passive probe's deadline
     expect_gpus: int | None  # gpuvet health --expect-gpus
     summary: str  # gpuvet health: its one summary line
+    skip: list[str]  # gpuvet health --skip: the checks an admin left out
     peer: str  # gpuvet net test: the other end, its port and the engine
     port: int
     engine: str

@@ -14,6 +14,16 @@ SUMMARY_MAX = 80
 PREFIX = "gpuvet:"  # every summary starts with it: Slurm drains gpuvet made are told apart by it
 
 
+# Which failure names the node in a drain reason: a GPU gone or wedged before its symptoms.
+_FIRST = {check: rank for rank, check in enumerate(("health.probe", "gpu.reachable", "gpu.xid", "gpu.ecc"))}
+
+
+def _naming_order(f: Finding) -> tuple[int, int]:
+    """By check, then the driver's own words first (an Xid line over the PCIe error before it)."""
+    driver_said = f.summary.startswith(("Xid", "SXid")) or "fallen off the bus" in f.summary
+    return _FIRST.get(f.check, len(_FIRST)), 0 if driver_said else 1
+
+
 def ascii_line(text: str, limit: int = SUMMARY_MAX) -> str:
     """One line of printable ASCII, cut to `limit` bytes with "..." when longer."""
     flat = " ".join(text.split()).encode("ascii", "replace").decode("ascii")
@@ -23,7 +33,7 @@ def ascii_line(text: str, limit: int = SUMMARY_MAX) -> str:
 def summary_line(record: RunRecord, outcome: str) -> str:
     findings = record.findings
     if outcome == PROBLEM:
-        failed = [f for f in findings if f.status == FAIL]
+        failed = sorted((f for f in findings if f.status == FAIL), key=_naming_order)
         first = failed[0]
         more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
         where = "" if first.subject in ("machine", "gpu") else f"{first.subject} "
