@@ -322,7 +322,7 @@ def test_an_enabled_resource_monitor_extension_warns(tmp_path):
     assert "nbresuse" in audit.jupyter["resource_monitors"]
     (f,) = [f for f in env.check_jupyter(audit) if "resource-monitor" in f.summary]
     assert f.status == "warn" and "jupyter server extension disable nbresuse" in f.remedy
-    assert "section 6.4" in f.evidence.source
+    assert "resource-monitor extensions poll the GPU" in f.evidence.source
 
 
 def test_the_seeds_empty_extension_dict_turns_the_monitor_off(tmp_path):

@@ -315,7 +315,8 @@ def check_jupyter(audit: Audit) -> list[Finding]:
     return findings
 
 
-JUPYTER_TUNING_SOURCE = "seed 2, section 6.4 (JupyterLab: switch off resource-monitor extensions and autosave)"
+JUPYTER_TUNING_SOURCE = ("renters' JupyterLab tuning: resource-monitor extensions poll the GPU and autosave writes "
+                         "to network storage; JupyterLab's settings (Settings > Autosave Documents)")
 
 
 def _resource_monitors(settings: dict[str, str]) -> Finding | None:
@@ -353,7 +354,7 @@ def _iopub(settings: dict[str, str], where: str) -> Finding:
     if settings.get("limit_rate", "").lower() == "false":
         return finding("env.jupyter", "host", PASS, "Jupyter's output rate limit is off (limit_rate False)",
                        measured=f"limit_rate False ({settings.get('limit_rate.at')}); {where}",
-                       expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE + " (section 6.4)")
+                       expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE)
     raw = settings.get("iopub_data_rate_limit")
     try:
         limit = float(raw) if raw is not None else IOPUB_DEFAULT
@@ -365,12 +366,12 @@ def _iopub(settings: dict[str, str], where: str) -> Finding:
         return finding("env.jupyter", "host", WARN,
                        f"Jupyter limits cell output to {limit:.3g} bytes/s: large outputs (big plots, printed tensors, "
                        "progress bars) stop with 'IOPub data rate exceeded'",
-                       measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE + " (section 6.4)",
+                       measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE,
                        remedy=f"in ~/.jupyter/jupyter_server_config.py: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} "
                               f"(classic Notebook < 7: c.NotebookApp.iopub_data_rate_limit), or start it with "
                               f"--ServerApp.iopub_data_rate_limit={IOPUB_MIN:.0f}; restart Jupyter")
     return finding("env.jupyter", "host", PASS, f"Jupyter's output rate limit is {limit:.3g} bytes/s", measured=measured,
-                   expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE + " (section 6.4)")
+                   expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE)
 
 
 def _network_root(settings: dict[str, str]) -> Finding | None:

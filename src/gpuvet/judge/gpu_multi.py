@@ -146,7 +146,7 @@ def check_allreduce(ctx: Context) -> list[Finding]:
 # Seed 2, section 5: torch.distributed.all_reduce of a 1 MB tensor took 18 ms between two A100s
 # over PCIe and 2.3 ms over NVLink; gradient buckets are MB-sized, so this decides the epoch time.
 SEED_PCIE_1MB_MS, SEED_NVLINK_1MB_MS = 18.0, 2.3
-LATENCY_SOURCE = "seed 2, section 5: a 1 MB all-reduce took 18 ms over PCIe, 2.3 ms over NVLink"
+LATENCY_SOURCE = "renters' measurements: a 1 MB all-reduce took 18 ms over PCIe, 2.3 ms over NVLink"
 _MIB = 1 << 20
 
 
