@@ -219,8 +219,7 @@ def load_watch_log(path: str) -> RunRecord | None:
     when the log's last line was cut off (a watch stopped mid-write, or still writing: skipped).
     The record says it is a watch log by options["profile"] == "watch" (options["log"]: the file)."""
     from . import watch
-    from .judge.diagnose import watch_findings, watch_job_finding, watch_without_gpus
-    from .judge.common import SKIP, finding
+    from .judge.watch_log import judge_watch_log
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -240,27 +239,9 @@ def load_watch_log(path: str) -> RunRecord | None:
         raise RecordError(f"{path}: {err}") from None
     except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
         raise CaptureError(f"{path}: a broken watch log ({err})") from None
-    findings = []
-    for subject in sorted({s["subject"] for s in series if s["name"] == "watch.diagnosis" and s["subject"].startswith("gpu")},
-                          key=_gpu_order):
-        changes = [(s["rows"], sessions[s["t0"]]) for s in series if s["name"] == "watch.diagnosis" and s["subject"] == subject]
-        findings += watch_findings(subject, [([tuple(r) for r in rows], end) for rows, end in changes])
-    if not machine.gpus:
-        findings.append(watch_without_gpus(machine.gpu_error))
-    jobs = [s for s in series if s["name"] == "watch.job"]
-    for pid in dict.fromkeys(s.get("pid") for s in jobs):
-        job = watch_job_finding(pid if pid is not None else "?",
-                                [(s["columns"], s["rows"]) for s in jobs if s.get("pid") == pid])
-        findings += [job] if job is not None else []
-    findings += [finding("watch.log", "log", SKIP, note, measured=note, source=path,
-                         expected="whole JSON lines, as `gpuvet watch --log` writes them") for note in notes]
+    findings = judge_watch_log(series, sessions, bool(machine.gpus), machine.gpu_error, notes, path)
     return RunRecord(machine=machine, started_at=started, series=typing.cast(list[Series], series), findings=findings,
                      duration_s=sum(sessions.values()), options={"profile": "watch", "log": path})
-
-
-def _gpu_order(subject: str) -> tuple[int, str]:
-    digits = subject[3:]
-    return (int(digits), subject) if digits.isdigit() else (1 << 30, subject)
 
 
 def _watch_sessions(series: list[dict[str, Any]]) -> dict[Any, float]:

@@ -1,6 +1,8 @@
-"""Rendering stored records and answering symptoms: report, doctor."""
+"""Rendering stored records and answering symptoms: report, doctor; the catalogue of checks: checks."""
 
 from __future__ import annotations
+
+import json
 
 import click
 
@@ -142,3 +144,17 @@ def _cluster_report(record: dict, fmt: str, out: str | None, verbose: bool, reda
         write_atomically(out, text, redacted=redact)
     else:
         click.echo(text)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON (checks and benchmarks).")
+def checks(as_json: bool) -> None:
+    """Every check id gpuvet can emit and every benchmark it runs (like `dcgmi diag` lists its tests)."""
+    from .. import catalog
+    from ..report.catalog_view import catalog_lines
+
+    if as_json:
+        click.echo(json.dumps(catalog.as_json(), indent=2))
+        return
+    for line in catalog_lines(catalog.CHECKS, catalog.BENCHMARKS):
+        click.echo(line)

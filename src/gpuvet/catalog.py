@@ -1,0 +1,252 @@
+"""Every check id gpuvet can emit and every benchmark it runs: the one list the others derive from.
+
+Adding a check is one `Check(...)` entry in CHECKS; adding a benchmark one `Benchmark(...)` entry in
+BENCHMARKS. `gpuvet checks [--json]` prints both; tests hold the judge's rules, the README's check
+tables, doctor, the checklist and every id the tests use to this list.
+
+This module imports nothing of gpuvet, so probe, bench, judge and report may all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # what `gpuvet bench NAME` takes; its notes are measurements named bench.<name>
+    module: str  # where it is measured (relative to gpuvet)
+    where: str  # "host": in gpuvet's own process, no torch; "gpu": in the benchmark worker
+    cpu_capable: bool  # `--device cpu` measures it on the CPU for real
+    fresh_process: bool  # starts fresh processes on a GPU (needs a worker that has not opened it)
+    budget_s: float  # seconds it may use (per GPU; GPUs side by side where they run at once)
+    cpu_budget_s: float | None  # its budget on `--device cpu`
+    doc: str
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str  # stable: scripts depend on it
+    area: str  # the first part of the id: gpu, stack, host, storage, net, env, workload, cpu, cluster, watch
+    rule: str  # the function that makes it, relative to gpuvet.judge ("gpu_links.check_pcie_link")
+    benchmark: str | None  # the benchmark whose measurements feed it; None: facts alone
+    looks_at: str
+    fails_when: str
+    doc: str
+    emitted_by: str = "run"  # run (gpuvet run / inspect / bench), net test, cluster, watch log
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    # Host benchmarks: no GPU and no torch, run first.
+    Benchmark("disk", "bench.disk", "host", True, False, 10.0, None,
+              "sequential write/read, random 4k reads and small files on each path (fio when installed)"),
+    Benchmark("net", "bench.net", "host", True, False, 3.0, None,
+              "TCP latency and throughput over loopback (iperf3 when installed); `net test` between hosts"),
+    Benchmark("cpu", "bench.cpufeed", "host", True, False, 6.0, None,
+              "images/s the CPU decodes and augments, one worker per core"),
+    # GPU benchmarks: in the worker process, with deadlines. The default run aims at about two
+    # minutes on an 8-GPU node: GEMM, memory and the sustained load run on all GPUs at once; host
+    # copies go one GPU at a time, so theirs is short.
+    Benchmark("gemm", "bench.gemm", "gpu", True, False, 20.0, 8.0,
+              "TFLOPS per dtype over a shape sweep, and the products checked against float64"),
+    Benchmark("membw", "bench.membw", "gpu", True, False, 3.0, 3.0, "device-to-device copy bandwidth"),
+    Benchmark("pcie", "bench.pcie", "gpu", False, False, 2.5, None,
+              "host<->GPU copies, pinned and pageable, with the link read while they run"),
+    Benchmark("latency", "bench.latency", "gpu", False, True, 12.0, None,
+              "CUDA context start-up in fresh processes and kernel launch latency"),
+    Benchmark("sustained", "bench.sustained", "gpu", True, False, 30.0, 10.0,
+              "a sustained load on all GPUs at once with telemetry (`--soak` makes it longer)"),
+    Benchmark("p2p", "bench.p2p", "gpu", False, False, 10.0, None, "the GPU-to-GPU copy matrix"),
+    Benchmark("allreduce", "bench.allreduce", "gpu", True, True, 20.0, 20.0,
+              "all-reduce latency and bus bandwidth across the GPUs (one process per rank)"),
+    # Training, a ~1 GB checkpoint, and a fresh process that resumes it.
+    Benchmark("workload", "bench.workload", "gpu", True, False, 120.0, 60.0,
+              "a small GPT trained end to end: tokens/s, MFU, checkpoint, resume in a fresh process"),
+)
+
+_WATCH_REMEDY = "the watch log's diagnosis line says what held the GPU back"
+
+
+def _watch(state: str, words: str, fails: str) -> Check:
+    return Check(f"watch.{state}", "watch", "diagnose.watch_findings", None,
+                 f"a watch log: the share of watched time a GPU was {words}", fails,
+                 f"time a watched GPU spent {words}", "watch log")
+
+
+CHECKS: tuple[Check, ...] = (
+    # -- facts (gpuvet run --quick, gpuvet inspect) --------------------------------------------
+    Check("gpu.model", "gpu", "gpu_identity.check_model", None,
+          "the exact name and memory; the reference row it matches",
+          "with --expect, another model; warns on \"Graphics Device\" or memory well under the model's",
+          "is this the GPU you paid for"),
+    Check("gpu.uniform", "gpu", "gpu_identity.check_uniform", None,
+          "all GPUs alike: model, memory, power limit, max link, VBIOS, ECC, MIG",
+          "models differ (warns on configuration differences)", "are all GPUs of the box alike"),
+    Check("gpu.isolation", "gpu", "gpu_health.check_isolation", None,
+          "whole card, vGPU guest, MIG slice, processes and memory in use, the kernel driver bound",
+          "memory or load nobody you can see accounts for, or a driver other than nvidia",
+          "is the GPU yours alone"),
+    Check("gpu.power_limit", "gpu", "gpu_power.check_power_limit", None,
+          "enforced power limit vs the default (or the model's reference default)",
+          "at 80% of default or less (warns below 97%)", "is the power limit the model's"),
+    Check("gpu.pcie_link", "gpu", "gpu_links.check_pcie_link", None,
+          "current vs max PCIe generation and width (the reading under load when there is one)",
+          "width at a quarter of max or less, or a generation two steps low under load",
+          "does the PCIe link run at full width and speed"),
+    Check("gpu.nvlink", "gpu", "gpu_links.check_nvlink", None,
+          "NVLink state per link, or NV# links in topo -m",
+          "links inactive, no NVLink on a model built with it, or fewer links than the other GPUs",
+          "are the NVLinks up"),
+    Check("gpu.throttle", "gpu", "gpu_power.check_throttle", None, "active clock-event reasons",
+          "HW slowdown, HW/SW thermal slowdown, HW power brake", "is the GPU slowed down right now"),
+    Check("gpu.temperature", "gpu", "gpu_power.check_temperature", None,
+          "temperature vs the slowdown threshold", "within 3 C of slowdown (warns within 10 C)",
+          "is the GPU near its slowdown temperature"),
+    Check("gpu.ecc", "gpu", "gpu_health.check_ecc", None,
+          "ECC mode, uncorrectable errors, retired pages, remapped rows",
+          "errors since reset, a pending retirement or remap, a failed remap", "is the memory healthy"),
+    Check("stack.driver_cuda", "stack", "stack.check_driver_cuda", None,
+          "the driver's CUDA vs the CUDA PyTorch was built with",
+          "driver too old, or a CPU-only PyTorch on a GPU machine", "can this driver run this PyTorch"),
+    Check("stack.arch_support", "stack", "stack.check_arch_support", None,
+          "torch.cuda.get_arch_list() vs each GPU's compute capability",
+          "no kernels for this GPU, or torch.cuda.is_available() False", "does PyTorch have kernels for this GPU"),
+    Check("host.cpu", "host", "host.check_cpu", None, "usable cores per GPU", "under 4 cores per GPU",
+          "enough CPU cores for the GPUs"),
+    Check("host.shm", "host", "host.check_shm", None, "/dev/shm size", "under 1 GiB",
+          "enough shared memory for data loaders"),
+    Check("host.steal", "host", "host.check_steal", None, "CPU steal time", "15% steal or more",
+          "does a neighbour take the CPU"),
+    Check("host.somaxconn", "host", "host.check_somaxconn", None, "the TCP accept queue (net.core.somaxconn)",
+          "never (warns when small)", "can servers accept many connections"),
+    Check("storage.workdir", "storage", "host.check_workdir", None,
+          "the file system and device behind the working directory",
+          "never (warns on a container layer, tmpfs, network FS, instance storage, little free space)",
+          "where the work directory really lives"),
+    Check("net.nics", "net", "host_io.check_network", None, "NIC link speeds",
+          "with --multi-node: slow NICs", "how fast the NICs are"),
+    Check("net.rdma", "net", "host_io.check_network", None, "RDMA/InfiniBand ports and their state",
+          "with --multi-node: no active RDMA", "is RDMA there for multi-node jobs"),
+    Check("env.exposed_servers", "env", "env.check_environment", None,
+          "servers listening on all interfaces without a token", "an open server", "is anything left open"),
+    Check("env.ssh_login", "env", "env.check_environment", None, "SSH root and password login",
+          "never (advises with the line to add)", "is SSH login locked down"),
+    Check("env.authorized_keys", "env", "env.check_environment", None, "authorized_keys without restrictions",
+          "never (advises with the line to add)", "who may log in"),
+    Check("env.ssh_keepalive", "env", "env.check_environment", None, "SSH keep-alive settings",
+          "never (advises with the line to add)", "do idle SSH sessions survive"),
+    Check("env.jupyter", "env", "env.check_environment", None, "Jupyter output limits and root directory",
+          "never (advises with the line to add)", "is Jupyter set up to keep work"),
+    Check("env.cuda_module_loading", "env", "env.check_environment", None, "CUDA_MODULE_LOADING",
+          "never (advises with the line to add)", "are CUDA modules loaded lazily"),
+    # -- benchmarks (gpuvet run, gpuvet bench) ---------------------------------------------------
+    Check("gpu.gemm", "gpu", "gpu_bench.check_gemm", "gemm", "TFLOPS per dtype over a shape sweep",
+          "well under the best measured figure for the model, or the box's other GPUs", "does the GPU compute at speed"),
+    Check("gpu.correctness", "gpu", "gpu_bench.check_correctness", "gemm",
+          "the GEMM products against a float64 reference and a checksum", "any mismatch (silent data corruption)",
+          "does the GPU compute right"),
+    Check("gpu.memory_bandwidth", "gpu", "gpu_bench.check_memory_bandwidth", "membw", "device copy, read + write counted",
+          "well under the model's memory bandwidth", "is the memory as fast as the model's"),
+    Check("gpu.pcie_bandwidth", "gpu", "gpu_bench.check_pcie_bandwidth", "pcie",
+          "host<->GPU copies, pinned and pageable; the link read by NVML while they run",
+          "well under what the link carries, or the box's other GPUs", "do host copies reach the link's speed"),
+    Check("gpu.context_init", "gpu", "gpu_bench.check_context_init", "latency", "CUDA context creation in fresh processes",
+          "far slower than passthrough (vGPU-like)", "how long a CUDA context takes"),
+    Check("gpu.kernel_launch", "gpu", "gpu_bench.check_kernel_launch", "latency", "kernel launch latency",
+          "over 20 us to queue one PyTorch kernel", "how long a kernel launch takes"),
+    Check("gpu.sustained", "gpu", "gpu_sustained.check_sustained", "sustained", "a sustained load with telemetry at 10 Hz",
+          "throughput decay, thermal/power-brake reasons, clocks below max with power to spare, heat",
+          "does the GPU hold its speed under load"),
+    Check("gpu.p2p", "gpu", "gpu_multi.check_p2p", "p2p", "the P2P copy matrix",
+          "well under NVLink or PCIe from the topology", "how fast GPUs copy to each other"),
+    Check("gpu.allreduce", "gpu", "gpu_multi.check_allreduce", "allreduce", "all-reduce latency and bus bandwidth",
+          "well under NVLink or PCIe from the topology", "how fast the GPUs all-reduce"),
+    Check("storage.write", "storage", "host_io.check_storage", "disk", "sequential write MB/s on each path",
+          "well under the device type's figure", "how fast checkpoints write"),
+    Check("storage.read", "storage", "host_io.check_storage", "disk", "sequential read MB/s, data really on the device",
+          "well under the device type's figure", "how fast data sets read"),
+    Check("storage.random_read", "storage", "host_io.check_storage", "disk", "random 4k read IOPS",
+          "well under the device type's figure", "how fast shuffled samples read"),
+    Check("storage.small_files", "storage", "host_io.check_storage", "disk", "small-file reads per second",
+          "well under the device type's figure", "how fast many small files read"),
+    Check("net.loopback", "net", "host_io.check_network", "net", "TCP latency and throughput over loopback",
+          "far slower than the seeds' table (0.02 ms vs 0.38 ms)", "how fast the host's network stack is"),
+    Check("host.cpu_feed", "host", "feed.check_cpu_feed", "cpu", "images/s the CPU decodes and augments",
+          "less than the GPUs consume for a reference model", "can the CPU feed the GPUs"),
+    Check("workload.throughput", "workload", "workload.check_throughput", "workload", "a small GPT's tokens/s and MFU",
+          "well under the GPU's peak", "does real training run at speed"),
+    Check("workload.checkpoint", "workload", "workload.check_checkpoint", "workload", "checkpoint write and read",
+          "not writable, slow, or on storage that does not persist", "can training save its state"),
+    Check("workload.resume", "workload", "workload.check_resume", "workload", "resume in a fresh process",
+          "losses differ from an uninterrupted run", "does training resume where it stopped"),
+    *(Check(f"cpu.{name}", "cpu", "cpu_bench.check_cpu_benchmarks", name, f"the {name} benchmark measured on the CPU",
+            "never (no reference for a CPU); skips say why", f"{name} on --device cpu")
+      for name in ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")),
+    # -- between hosts (gpuvet net test) ---------------------------------------------------------
+    Check("net.node_to_node", "net", "host_io.check_network", "net", "TCP latency and throughput to another host",
+          "well under the link speed of the NIC on the route", "how fast this host reaches another",
+          "net test"),
+    # -- a multi-node run (gpuvet cluster) -------------------------------------------------------
+    Check("cluster.nodes", "cluster", "cluster.judge_cluster", None, "every node joined and reported",
+          "a node missing, or stuck in a phase the others passed", "did every node take part", "cluster"),
+    Check("cluster.node_checks", "cluster", "cluster.judge_cluster", None, "the nodes' own findings, grouped by check",
+          "a node's check failed", "which nodes fail which checks", "cluster"),
+    Check("cluster.uniform", "cluster", "cluster.judge_cluster", None, "GPU model, driver, CUDA, link across nodes",
+          "models differ between nodes (warns on configuration)", "are all nodes alike", "cluster"),
+    Check("cluster.stragglers", "cluster", "cluster.judge_cluster", None, "each node's figures vs the others'",
+          "a node well below the cluster's baseline", "which node holds the others back", "cluster"),
+    Check("cluster.ring", "cluster", "cluster.judge_cluster", None, "node-to-node transfers in a ring",
+          "a node or a link much slower than the others", "is the network between nodes even", "cluster"),
+    Check("cluster.allreduce", "cluster", "cluster.judge_cluster", None, "the cross-node all-reduce bus bandwidth",
+          "far below what the NICs carry", "how fast the nodes all-reduce", "cluster"),
+    Check("cluster.fallback", "cluster", "cluster.judge_cluster", None, "the backend the meeting ran over",
+          "never (warns when gloo on the CPUs stood in for NCCL)", "did the cluster run on the GPUs", "cluster"),
+    Check("cluster.run", "cluster", "cluster.judge_cluster", None, "whether the run reached its end",
+          "stopped before its end", "is this report complete", "cluster"),
+    # -- a watch log (gpuvet report LOG) ---------------------------------------------------------
+    Check("watch.diagnosis", "watch", "diagnose.watch_findings", None, "a watched GPU's diagnoses over the log",
+          "never (passes when the GPU stayed ok or idle)", "a GPU that stayed ok", "watch log"),
+    _watch("lost", "lost (NVML could no longer read it)", "at any time"),
+    _watch("thermal", "slowed down by heat", "over the fault share of the watched time (warns under it)"),
+    _watch("hw_slowdown", "slowed down by hardware (clocks cut)", "over the fault share of the watched time (warns under it)"),
+    _watch("neighbour", "shared with someone else's process", "never (warns)"),
+    _watch("power_capped", "held at its power cap", "never (warns)"),
+    _watch("clocks_held", "held below its clocks with power to spare", "never (warns)"),
+    _watch("cpu_steal", "starved by CPU steal", "never (warns)"),
+    _watch("input_bound", "waiting for input", "never (warns)"),
+    _watch("io_bound", "waiting for storage", "never (warns)"),
+    _watch("slowing", "slower and slower", "never (warns)"),
+    _watch("underused", "underused", "never (warns)"),
+    Check("watch.job", "watch", "diagnose.watch_job_finding", None, "the followed job's CPU and storage IO",
+          "never (a record, no threshold)", "what the watched job did", "watch log"),
+    Check("watch.gpus", "watch", "diagnose.watch_without_gpus", None, "whether the log holds a GPU",
+          "never (skips when no GPU was watched)", "was any GPU watched", "watch log"),
+    Check("watch.log", "watch", "watch_log.watch_log_notes", None, "what the watch log could not hold",
+          "never (skips for each part not watched)", "what was not watched", "watch log"),
+)
+
+BY_ID: dict[str, Check] = {c.id: c for c in CHECKS}
+BENCHMARK_BY_NAME: dict[str, Benchmark] = {b.name: b for b in BENCHMARKS}
+
+HOST_BENCHMARKS: tuple[str, ...] = tuple(b.name for b in BENCHMARKS if b.where == "host")
+GPU_BENCHMARKS: tuple[str, ...] = tuple(b.name for b in BENCHMARKS if b.where == "gpu")
+ALL_BENCHMARKS: tuple[str, ...] = HOST_BENCHMARKS + GPU_BENCHMARKS  # the order a run takes them in
+
+
+def checks_of(rule: str) -> tuple[str, ...]:
+    """The ids one rule makes (a family such as host_io.check_storage makes several)."""
+    return tuple(c.id for c in CHECKS if c.rule == rule)
+
+
+def fed_by(benchmark: str) -> tuple[str, ...]:
+    """The ids a benchmark's measurements feed."""
+    return tuple(c.id for c in CHECKS if c.benchmark == benchmark)
+
+
+def is_check(check_id: str) -> bool:
+    return check_id in BY_ID
+
+
+def as_json() -> dict[str, Any]:
+    return {"checks": [asdict(c) for c in CHECKS], "benchmarks": [asdict(b) for b in BENCHMARKS]}

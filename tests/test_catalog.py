@@ -1,0 +1,123 @@
+"""The catalogue (gpuvet.catalog) is the one list of check ids and benchmarks: every id the product
+emits or the docs, doctor, the checklist and the tests name is in it, and `gpuvet checks` lists it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuvet import catalog, doctor, judge
+from gpuvet.report import checklist
+
+from cli_runner import gpuvet
+
+ROOT = Path(__file__).resolve().parent.parent
+AREAS = "|".join(sorted({c.area for c in catalog.CHECKS}))
+# Where a string is used as a check id: a finding built with it, a finding's check compared or
+# keyed by it, a record's "check" field.
+ID_USES = [re.compile(p) for p in (
+    rf"finding\(\s*\"((?:{AREAS})\.[a-z0-9_]+)\"",
+    rf"check\s*[!=]=\s*\"((?:{AREAS})\.[a-z0-9_]+)\"",
+    rf"\"check\":\s*\"((?:{AREAS})\.[a-z0-9_]+)\"",
+    rf"check=\"((?:{AREAS})\.[a-z0-9_]+)\"",
+)]
+
+
+def _ids_used_in(paths: list[Path]) -> dict[str, str]:
+    used = {}
+    for path in paths:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for pattern in ID_USES:
+            for match in pattern.finditer(text):
+                used.setdefault(match.group(1), str(path.relative_to(ROOT)))
+    return used
+
+
+def test_ids_are_unique_and_named_by_their_area():
+    ids = [c.id for c in catalog.CHECKS]
+    assert len(ids) == len(set(ids))
+    assert all(c.id.split(".")[0] == c.area for c in catalog.CHECKS)
+    assert all(c.looks_at and c.fails_when and c.doc for c in catalog.CHECKS)
+
+
+def test_every_rule_and_benchmark_named_exists():
+    for check in catalog.CHECKS:
+        module, function = check.rule.rsplit(".", 1)
+        assert callable(getattr(importlib.import_module(f"gpuvet.judge.{module}"), function)), check.id
+        assert check.benchmark is None or check.benchmark in catalog.BENCHMARK_BY_NAME, check.id
+    for bench in catalog.BENCHMARKS:
+        assert importlib.util.find_spec(f"gpuvet.{bench.module}") is not None, bench.name
+        assert bench.cpu_capable == (bench.where == "host" or bench.cpu_budget_s is not None), bench.name
+
+
+def test_the_judge_runs_every_rule_of_the_catalogue_and_no_other():
+    registered = {f"{rule.__module__.removeprefix('gpuvet.judge.')}.{rule.__name__}" for rule in judge.RULES.values()}
+    listed = {c.rule for c in catalog.CHECKS if c.emitted_by in ("run", "net test")}
+    assert registered == listed
+
+
+def test_every_id_used_in_the_code_and_the_tests_is_in_the_catalogue():
+    files = sorted((ROOT / "src" / "gpuvet").rglob("*.py")) + sorted((ROOT / "tests").glob("*.py"))
+    files += sorted(p for p in (ROOT / "tests" / "fixtures").rglob("*.json"))
+    used = _ids_used_in(files)
+    assert len(used) > 40  # the scan sees the ids (a broken pattern would pass everything)
+    unknown = {i: where for i, where in used.items() if not catalog.is_check(i)}
+    assert not unknown
+
+
+def test_doctor_and_the_checklist_cite_only_catalogued_ids():
+    cited = {check for symptom in doctor.SYMPTOMS for cause in symptom.causes for check in cause.rules_out + cause.checks}
+    cited |= {check for item in checklist.ITEMS for check in item.checks}
+    families = {c for c in cited if c.endswith(".*")}
+    assert not {c for c in cited - families if not catalog.is_check(c)}
+    assert all(any(i.startswith(f[:-1]) for i in catalog.BY_ID) for f in families)
+
+
+def _readme_ids() -> set[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The checks", 1)[1].split("\n## ", 1)[0]
+    ids: set[str] = set()
+    for row in section.splitlines():
+        if not row.startswith("| `"):
+            continue
+        for cell_id in re.findall(r"`([a-z_]+\.[a-z0-9_*./<>]+)`", row.split("|")[1]):
+            area, names = cell_id.split(".", 1)
+            for name in names.split("/"):
+                if name == "*":
+                    ids |= {i for i in catalog.BY_ID if i.startswith(f"{area}.")}
+                elif name == "<state>":
+                    ids |= {c.id for c in catalog.CHECKS if c.rule == "diagnose.watch_findings" and c.id != "watch.diagnosis"}
+                else:
+                    ids.add(f"{area}.{name}")
+    return ids
+
+
+def test_the_readme_check_tables_name_exactly_the_catalogue():
+    assert _readme_ids() == set(catalog.BY_ID)
+
+
+def test_benchmark_lists_are_the_catalogue():
+    from gpuvet import runner
+
+    assert tuple(runner.ALL_BENCHMARKS) == catalog.ALL_BENCHMARKS
+
+
+def test_gpuvet_checks_lists_every_id_and_benchmark(capsys):
+    code, out, _ = gpuvet(capsys, "checks", "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert [c["id"] for c in listed["checks"]] == [c.id for c in catalog.CHECKS]
+    assert {b["name"] for b in listed["benchmarks"]} == set(catalog.ALL_BENCHMARKS)
+    code, out, _ = gpuvet(capsys, "checks")
+    assert code == 0
+    assert all(c.id in out for c in catalog.CHECKS)
+
+
+@pytest.mark.parametrize("check_id", ["gpu.pcie_link", "storage.small_files", "net.node_to_node", "watch.lost",
+                                      "cluster.ring", "cpu.gemm", "env.jupyter"])
+def test_families_are_expanded(check_id):
+    assert catalog.is_check(check_id)
