@@ -34,7 +34,7 @@ class Check:
     looks_at: str
     fails_when: str
     doc: str
-    emitted_by: str = "run"  # run (gpuvet run / inspect / bench), net test, cluster, watch log
+    emitted_by: str = "run"  # run (gpuvet run / inspect / bench), health, net test, cluster, watch log
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -106,12 +106,36 @@ CHECKS: tuple[Check, ...] = (
     Check("gpu.ecc", "gpu", "gpu_health.check_ecc", None,
           "ECC mode, uncorrectable errors, retired pages, remapped rows",
           "errors since reset, a pending retirement or remap, a failed remap", "is the memory healthy"),
+    Check("gpu.xid", "gpu", "gpu_xid.check_xid", None,
+          "the kernel log since boot: NVIDIA Xid and SXid events, fallen off the bus, PCIe AER on a GPU's bus",
+          "hardware Xids, a GPU the driver cannot start, uncorrected AER (warns on application Xids)",
+          "has the driver logged GPU faults"),
+    Check("gpu.link_errors", "gpu", "gpu_signals.check_link_errors", None,
+          "PCIe replays since reset, sysfs AER counters, NVLink error counters",
+          "uncorrected AER errors (warns above 8 replays per minute, on NVLink errors)", "are the links clean"),
+    Check("gpu.fabric", "gpu", "gpu_signals.check_fabric", None,
+          "NVSwitch fabric registration per GPU and the fabric manager service",
+          "a registration not completed, the service stopped or of another version", "is the NVSwitch fabric up"),
+    Check("gpu.recovery", "gpu", "gpu_signals.check_recovery", None,
+          "the driver's GPU Recovery Action and the spare rows left per memory bank",
+          "any recovery action, a bank with no spare row", "does the GPU need a reset"),
+    Check("gpu.throttle_history", "gpu", "gpu_signals.check_throttle_history", None,
+          "time spent slowed since the driver loaded (clock event reason counters)",
+          "a minute or more in HW slowdown, thermal slowdown or power brake", "has the GPU been slowed before"),
+    Check("gpu.persistence", "gpu", "gpu_signals.check_persistence", None, "persistence mode",
+          "never (warns when off on a datacenter GPU)", "is persistence mode on"),
+    Check("gpu.trend", "gpu", "gpu_trend.check_trend", None,
+          "a monitoring loop given to inspect (--query-gpu -l, dmon) as a time series per GPU",
+          "the clock falling 15% under load, heat within 3 C of slowdown", "how the GPU behaved over a monitoring loop"),
     Check("stack.driver_cuda", "stack", "stack.check_driver_cuda", None,
           "the driver's CUDA vs the CUDA PyTorch was built with",
           "driver too old, or a CPU-only PyTorch on a GPU machine", "can this driver run this PyTorch"),
     Check("stack.arch_support", "stack", "stack.check_arch_support", None,
           "torch.cuda.get_arch_list() vs each GPU's compute capability",
           "no kernels for this GPU, or torch.cuda.is_available() False", "does PyTorch have kernels for this GPU"),
+    Check("stack.toolkit", "stack", "stack.check_toolkit", None,
+          "the CUDA toolkit installed (nvcc, /usr/local/cuda) vs the driver and PyTorch's CUDA",
+          "driver older than the toolkit's minimum outside minor-version compatibility", "can this driver run this toolkit"),
     Check("host.cpu", "host", "host.check_cpu", None, "usable cores per GPU", "under 4 cores per GPU",
           "enough CPU cores for the GPUs"),
     Check("host.shm", "host", "host.check_shm", None, "/dev/shm size", "under 1 GiB",
@@ -183,6 +207,12 @@ CHECKS: tuple[Check, ...] = (
     *(Check(f"cpu.{name}", "cpu", "cpu_bench.check_cpu_benchmarks", name, f"the {name} benchmark measured on the CPU",
             "never (no reference for a CPU); skips say why", f"{name} on --device cpu")
       for name in ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")),
+    # -- the passive node check (gpuvet health) ------------------------------------------------
+    Check("gpu.reachable", "gpu", "health.check_reachable", None,
+          "every NVIDIA GPU on the PCI bus answers NVML; with --expect-gpus N, N GPUs are there",
+          "a GPU fallen off the bus, one only sysfs sees, fewer GPUs than expected", "are all GPUs there", "health"),
+    Check("health.probe", "health", "health.check_probes", None, "each probe answered within its deadline",
+          "the GPU probe (NVML) hung past it: a wedged GPU or driver", "did every probe answer", "health"),
     # -- between hosts (gpuvet net test) ---------------------------------------------------------
     Check("net.node_to_node", "net", "host_io.check_network", "net", "TCP latency and throughput to another host",
           "well under the link speed of the NIC on the route", "how fast this host reaches another",
