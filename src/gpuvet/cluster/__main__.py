@@ -10,4 +10,7 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--cross-node-rank":
         child_main(sys.argv[2])
     else:
+        from ..cli.base import readable_anywhere
+
+        readable_anywhere()  # an ASCII-only terminal gets stand-ins, not a UnicodeEncodeError
         command()
