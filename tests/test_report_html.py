@@ -258,3 +258,13 @@ def test_an_input_where_nothing_could_be_checked_does_not_say_nothing_wrong(tmp_
     page = render_html(runner.inspect([str(version)]))
     (heading,) = re.findall(r"<h1>(.*?)</h1>", page, re.S)
     assert heading.startswith("SKIP: nothing could be checked") and "<code>nvidia-smi -q -x &gt; gpu.xml</code>" in heading
+
+
+def test_a_monitoring_loop_given_to_inspect_is_plotted_with_its_utilization():
+    from gpuvet import runner
+
+    dmon = Path(__file__).parent / "fixtures" / "smi_text" / "dmon-h100-vm-load-590.48.01.txt"  # real `nvidia-smi dmon`
+    r = runner.inspect([str(dmon)])
+    assert [p.key for p in html_report.render_plots(r)] == ["utilization", "power", "sm_clock", "temperature"]
+    page = render_html(r)
+    assert "<h2>Monitoring loop (from the capture)</h2>" in page and len(Page(page).plots) == 4

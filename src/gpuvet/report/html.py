@@ -293,6 +293,9 @@ def render_plots(record: RunRecord) -> list[Plot]:
          _fact_lines(telemetry, gpus, _slowdown_c, "slowdown", "°C")),
         ("throughput", "Throughput under sustained load", "throughput (TFLOPS)", "TFLOPS", _lines(throughput, "tflops"), []),
     ]
+    if any(s.get("name") == "capture.telemetry" for s in record.series):  # dmon / --query-gpu -l: utilization too
+        charts.insert(0, ("utilization", "GPU utilization", "utilization (%)", "%", _lines(telemetry, "util_pct"),
+                          [charts_lib.Limit("fully busy 100%", 100.0)]))
     if is_watch_log(record):
         host = [_Series.of(s) for s in record.series if s.get("name") == "watch.host"]
         job = [_Series.of(s) for s in record.series if s.get("name") == "watch.job"]
@@ -442,7 +445,9 @@ def _diagnosis_changes(record: RunRecord) -> str:
 
 
 def _plots_section(record: RunRecord, plots: list[Plot]) -> str:
-    head = '<section id="plots"><h2>Sustained load</h2>'
+    loops = [s for s in record.series if s.get("name") == "capture.telemetry"]
+    title = "Monitoring loop (from the capture)" if loops and len(loops) == len(record.series) else "Sustained load"
+    head = f'<section id="plots"><h2>{title}</h2>'
     if not plots:
         return (f'{head}<p class="note">This record has no time series: `gpuvet run` (or `gpuvet bench sustained`) '
                 "records power, clocks, temperature and throughput under minutes of load.</p></section>")
