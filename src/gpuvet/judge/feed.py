@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..facts import Gpu
-from ..record import Finding, Measurement
+from ..record import MEASURED, Finding, Measurement
 from .bench_common import measured, one, planned
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
 
@@ -70,7 +70,7 @@ def check_cpu_feed(ctx: Context) -> list[Finding]:
     cpu_text = _describe_feed(feed)
     caveat = _contention_caveat(feed)
     if not ctx.machine.gpus:
-        return [finding("host.cpu_feed", "host", PASS,
+        return [finding("host.cpu_feed", "host", MEASURED,
                         f"the CPU prepares {feed.value:,.0f} images/s (no GPU here to feed){caveat}", measured=cpu_text)]
     demands = [d for d in (gpu_demand(ctx, gpu) for gpu in ctx.machine.gpus) if d is not None]
     if not demands:

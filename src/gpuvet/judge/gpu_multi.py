@@ -80,7 +80,9 @@ def check_p2p(ctx: Context) -> list[Finding]:
     if no_peer:
         return [finding("gpu.p2p", "machine", WARN, f"no peer access between {len(no_peer)} pairs (copies staged through host memory)",
                         measured=measured_text, remedy=remedy)]
-    return [finding("gpu.p2p", "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text)]
+    return [finding("gpu.p2p", "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text,
+                    expected=">= 60% of what the link between each pair carries, peer access on every pair",
+                    source="NVLink ~25 GB/s per link and direction (NVLink 5: 50); PCIe line rate")]
 
 
 def _broken_pairs(ctx: Context) -> tuple[str, str] | None:

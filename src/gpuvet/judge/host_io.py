@@ -91,7 +91,7 @@ def _storage_finding(ctx: Context, check: str, m: Measurement) -> Finding:
     where = f"({details.get('engine') or '?'}; {_describe_kind(kind, details.get('model'))}, {details.get('fs_type') or '?'})"
     measured_text = _measured_text(m)
     if kind == "tmpfs":
-        return finding(check, m.subject, PASS, f"{_figure(m)} {where}: RAM, not a disk (data here is lost at reboot)",
+        return finding(check, m.subject, MEASURED, f"{_figure(m)} {where}: RAM, not a disk (data here is lost at reboot)",
                        measured=measured_text)
     device_status, device_words, device_expected = _against_device(m, kind, details.get("model"))
     need_status, need_words, need_expected = _against_need(ctx, m)
@@ -315,7 +315,10 @@ def _nics(ctx: Context) -> list[Finding]:
                         source=MULTI_NODE_SOURCE,
                         remedy="ask for instances with InfiniBand/RoCE or 100+ GbE; measure with `gpuvet net serve` / `gpuvet net test HOST`")]
     hint = "" if speeds else " (virtual NICs do not report a speed: measure with `gpuvet net serve` / `gpuvet net test HOST`)"
-    return [finding("net.nics", "host", PASS, f"{listing}{hint}", measured=listing)]
+    if not ctx.options.get("multi_node"):  # one machine: nothing to hold the links against
+        return [finding("net.nics", "host", MEASURED, f"{listing}{hint}", measured=listing)]
+    return [finding("net.nics", "host", PASS, f"{listing}{hint}", measured=listing,
+                    expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE", source=MULTI_NODE_SOURCE)]
 
 
 def _describe_port(port: RdmaPort) -> str:

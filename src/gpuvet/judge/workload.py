@@ -250,7 +250,8 @@ def _resume(ctx: Context, subject: str) -> Finding:
     expected = _expected(d)
     if m.value >= 1:
         return finding(check, subject, PASS, f"a fresh process restored the checkpoint and training continued from the "
-                       f"same state ({d.get('steps', '?')} steps compared)", measured=compared, expected=expected)
+                       f"same state ({d.get('steps', '?')} steps compared)", measured=compared, expected=expected,
+                       source="gpuvet reference workload: the resumed run against the same state restored in this process")
     failed_in = d.get("failed_in") or []
     if "this process" in failed_in:
         remedy = ("the state restored in this process from the same bytes drifted too: check gpu.correctness and "
