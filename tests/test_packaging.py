@@ -26,11 +26,11 @@ def built(tmp_path_factory):
     return out / sdist, out / wheel
 
 
-def test_the_sdist_has_the_licence_and_every_fixture_the_tests_read(built):
+def test_the_sdist_has_the_licence_and_every_file_the_tests_read(built):
     sdist, _ = built
     with tarfile.open(sdist) as archive:
         names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
-    fixtures = {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "fixtures").rglob("*")
+    fixtures = {str(p.relative_to(ROOT)) for top in ("tests/fixtures", "deploy") for p in (ROOT / top).rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts}
     assert "LICENSE" in names and "scripts/test" in names
     assert fixtures and fixtures <= names, sorted(fixtures - names)[:5]
