@@ -93,7 +93,7 @@ def test_gpu_metrics_carry_dcgm_names_and_labels(monkeypatch):
                       "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": 700, "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF": 700,
                       "DCGM_FI_DEV_PCIE_LINK_GEN": 5, "DCGM_FI_DEV_PCIE_LINK_WIDTH": 16,
                       "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": 1500, "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": 300,
-                      "DCGM_FI_DEV_POWER_VIOLATION": 5_000_000, "DCGM_FI_DEV_THERMAL_VIOLATION": 0,  # µs, as DCGM
+                      "DCGM_FI_DEV_POWER_VIOLATION": 5_000_000_000, "DCGM_FI_DEV_THERMAL_VIOLATION": 0,  # ns, as DCGM
                       "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0x44, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x44,
                       "gpuvet_sm_clock_ratio": 1.0, "gpuvet_temp_slowdown_margin_celsius": 17}
     # DCGM's equivalents replaced these gpuvet names.
@@ -103,6 +103,54 @@ def test_gpu_metrics_carry_dcgm_names_and_labels(monkeypatch):
     reasons = {(s.labels["gpu"], s.labels["reason"]): s.value for s in samples["gpuvet_clock_event_reason"]}
     assert reasons[("0", "hw_thermal_slowdown")] == 1 and reasons[("1", "hw_thermal_slowdown")] == 0
     assert reasons[("0", "sw_power_cap")] == 1 and reasons[("0", "gpu_idle")] == 0
+
+
+def test_dcgm_default_counters_replays_energy_memory_temp_rows_and_the_last_xid(monkeypatch):
+    import threading
+    import types
+
+    import pynvml
+
+    _two_gpus(monkeypatch)
+    second_wait = threading.Event()
+    waits = iter([types.SimpleNamespace(device="h1", eventData=79, eventType=pynvml.nvmlEventTypeXidCriticalError)])
+
+    def wait(event_set, timeout_ms):
+        for event in waits:
+            return event
+        second_wait.set()  # the first event has been taken in
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    field = types.SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=types.SimpleNamespace(uiVal=54))
+    for name, fn in {"nvmlEventSetCreate": lambda: "set", "nvmlDeviceRegisterEvents": lambda h, types_, s: None,
+                     "nvmlEventSetWait_v2": wait, "nvmlEventSetFree": lambda s: None,
+                     "nvmlDeviceGetIndex": lambda h: int(h[1:]),
+                     "nvmlDeviceGetPcieReplayCounter": lambda h: 120 if h == "h0" else 43,
+                     "nvmlDeviceGetTotalEnergyConsumption": lambda h: 123_456_789,
+                     "nvmlDeviceGetFieldValues": lambda h, ids: [field],
+                     "nvmlDeviceGetRemappedRows": lambda h: (2, 1, 0, 0) if h == "h0" else (0, 0, 0, 1)}.items():
+        monkeypatch.setattr(pynvml, name, fn, raising=False)
+    clock = _Clock()
+    monitor = w.Monitor(interval_s=1.0, machine=_machine(), threaded=False, clock=clock)
+    monitor.start()
+    try:
+        assert second_wait.wait(5)
+        exporter = ex.Exporter()
+        exporter.update(_ticks(monitor, clock, 3))
+    finally:
+        monitor.close()
+    samples = _samples(exporter.text())
+
+    def by_gpu(name: str) -> dict[str, float]:
+        return {s.labels["gpu"]: s.value for s in samples[name]}
+
+    assert by_gpu("DCGM_FI_DEV_PCIE_REPLAY_COUNTER") == {"0": 120, "1": 43}
+    assert by_gpu("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == {"0": 123_456_789, "1": 123_456_789}  # mJ
+    assert by_gpu("DCGM_FI_DEV_MEMORY_TEMP") == {"0": 54, "1": 54}
+    assert by_gpu("DCGM_FI_DEV_XID_ERRORS") == {"0": 0, "1": 79}
+    assert by_gpu("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS") == {"0": 2, "1": 0}
+    assert by_gpu("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == {"0": 1, "1": 0}
+    assert by_gpu("DCGM_FI_DEV_ROW_REMAP_FAILURE") == {"0": 0, "1": 1}
 
 
 def test_nvlink_bandwidth_total_is_dcgms_rate_and_the_device_falls_back_to_the_index(monkeypatch):

@@ -188,3 +188,49 @@ def test_live_a_hung_journalctl_is_cut_at_the_deadline(tmp_path, stand_ins):
     _tool(stand_ins, "journalctl", "exec /bin/sleep 30\n")
     log = kernel_log.read_kernel_log(0.5, kmsg_path=str(tmp_path / "no-kmsg"))
     assert not log.read and "gave no answer within" in log.why_unread and "dmesg: not tried" in log.why_unread
+
+
+def test_an_nvml_xid_during_a_benchmark_fails_that_gpu_and_names_the_benchmark(monkeypatch):
+    import threading
+    import types
+
+    import pynvml
+
+    from gpuvet.probe import nvml_events
+
+    taken = threading.Event()
+    events = iter([types.SimpleNamespace(device="h1", eventData=79)])
+
+    def wait(event_set, timeout_ms):
+        for event in events:
+            return event
+        taken.set()
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    for name, fn in {"nvmlEventSetCreate": lambda: "set", "nvmlDeviceGetHandleByIndex": lambda i: f"h{i}",
+                     "nvmlDeviceRegisterEvents": lambda h, kinds, s: None, "nvmlEventSetWait_v2": wait,
+                     "nvmlEventSetFree": lambda s: None, "nvmlDeviceGetIndex": lambda h: int(h[1:])}.items():
+        monkeypatch.setattr(pynvml, name, fn, raising=False)
+    watch = nvml_events.XidWatch(2, during="benchmark gemm")
+    assert taken.wait(5)
+    watch.stop()
+    machine = capture.merge(capture.read_captures(str(H100_Q)))
+    machine.nvml_xid_events = watch.as_kernel_events({g.index: g.pcie.bus_id for g in machine.gpus})
+    findings = _xid_findings(machine)
+    failed = [f for f in findings if f.status == "fail"]
+    assert [f.subject for f in failed] == ["gpu1"] and "seen by NVML during benchmark gemm" in failed[0].summary
+    assert any(f.status == "skip" and "no kernel log" in f.summary for f in findings)  # the log itself was not given
+
+
+def test_without_event_support_the_watch_says_why(monkeypatch):
+    import pynvml
+
+    from gpuvet.probe import nvml_events
+
+    def refuse(*_args):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", refuse)
+    watch = nvml_events.XidWatch(1)
+    assert watch.last(0) is None and "not available" in watch.unavailable
+    watch.stop()

@@ -240,8 +240,9 @@ def test_nvlink_throughput_is_a_rate_of_nvmls_counters(monkeypatch):
     _two_gpus(monkeypatch)
     kib = {"n": 0}
 
-    def field_values(handle, fields):  # cumulative KiB per (field, link): +1000 KiB per reading
-        kib["n"] += 1000
+    def field_values(handle, fields):  # cumulative KiB per (field, link): +1000 KiB per NVLink reading
+        if all(isinstance(f, tuple) for f in fields):  # (field, link) pairs; other fields (memory temp) leave it
+            kib["n"] += 1000
         return [types.SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=types.SimpleNamespace(ullVal=kib["n"]))
                 for _ in fields]
 

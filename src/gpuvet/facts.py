@@ -397,6 +397,8 @@ class Machine:
     stack: Stack | None = None  # None: not captured
     audit: Audit | None = None  # None: not captured
     kernel_log: KernelLog | None = None  # None: not read (not asked, or not among the captures)
+    # Xids NVML reported while gpuvet's benchmarks ran, each line naming the benchmark it hit.
+    nvml_xid_events: list[KernelEvent] = field(default_factory=list)
     captures: list[CaptureEntry] = field(default_factory=list)
     probe_errors: dict[str, str] = field(default_factory=dict)  # probe -> error, when one broke
 

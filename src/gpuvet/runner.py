@@ -16,7 +16,7 @@ from . import judge
 from .bench import host_plan, schedule
 from .bench import plan as bench_plan
 from .facts import Machine, from_dict
-from .probe import capture, live
+from .probe import capture, live, nvml, nvml_events
 from .probe.errors import CaptureError
 from .record import SCHEMA, Measurement, RecordError, RunOptions, RunRecord, Series
 from .record.load import RUN, load
@@ -94,9 +94,22 @@ def run_live(
             workload_steps = schedule.RUN_WORKLOAD_STEPS  # the default run's short version of the workload
         # The checkpoint goes where the user pointed (their first --path), else the working directory.
         workload = {k: v for k, v in (("steps", workload_steps), ("path", (paths or [None])[0])) if v is not None}
-        outcome = bench_plan.run(machine, gpu_names, device=device, force=force, soak_minutes=soak_minutes,
-                                 progress=progress, workload=workload, profile=options["profile"],
-                                 alongside_sustained=host_alongside if alongside else None)
+        xids = _watch_xids(machine) if device == "cuda" else None
+
+        def step(message: str) -> None:
+            if xids is not None and message.startswith("benchmark "):
+                xids.during = message  # an Xid from now on names this benchmark
+            progress(message)
+
+        try:
+            outcome = bench_plan.run(machine, gpu_names, device=device, force=force, soak_minutes=soak_minutes,
+                                     progress=step, workload=workload, profile=options["profile"],
+                                     alongside_sustained=host_alongside if alongside else None)
+        finally:
+            if xids is not None:
+                xids.stop()
+                machine.nvml_xid_events = xids.as_kernel_events({g.index: g.pcie.bus_id for g in machine.gpus})
+                nvml.shutdown()
         measurements += outcome.measurements
         record.series = outcome.series
         wall_s.update(outcome.wall_s)
@@ -139,6 +152,13 @@ def plan_captures(paths: list[str], soak_minutes: float | None = None) -> schedu
     result.notes.append("assumes PyTorch with CUDA on that machine (a capture does not show the Python stack) "
                         "and storage tested in the working directory only")
     return result
+
+
+def _watch_xids(machine: Machine) -> nvml_events.XidWatch | None:
+    """NVML's Xid events while the benchmarks run (NVML started again: the facts probe shut it)."""
+    if not machine.gpus or nvml.init_error() is not None:
+        return None
+    return nvml_events.XidWatch(len(machine.gpus), during="the benchmarks")
 
 
 def storage_paths(workdir: str, paths: list[str] | None) -> list[str]:

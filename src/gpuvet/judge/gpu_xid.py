@@ -48,22 +48,23 @@ def xid_table() -> dict[tuple[str, int], XidEntry]:
 def check_xid(ctx: Context) -> list[Finding]:
     machine = ctx.machine
     log = machine.kernel_log
-    if log is None:
-        where = "no kernel log among the captures" if machine.source == "capture" else "the kernel log was not read"
-        return [finding("gpu.xid", "machine", SKIP, f"{where}: Xid and SXid events not checked",
-                        remedy=f"on that machine: `{READ_COMMAND}` (or `sudo journalctl -k -b > kernel.txt`), "
-                               "then `gpuvet inspect kernel.txt` with its other captures")]
-    if not log.read:
-        return [finding("gpu.xid", "machine", SKIP, f"could not read the kernel log: {log.why_unread or 'no reason given'}",
-                        remedy=f"`{READ_COMMAND}` as root (or `sudo journalctl -k -b`), or give its output to `gpuvet inspect`")]
+    during_run = machine.nvml_xid_events
+    findings: list[Finding] = []
+    if log is None or not log.read:
+        findings.append(_unread(log, machine.source))
+        if not during_run:
+            return findings
+        log = KernelLog(source="NVML events during gpuvet's benchmarks", read=True)
     gpu_of_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
     gpu_buses = set(gpu_of_bus) | set(log.gpu_buses)
     groups: dict[tuple[str, str, int | str | None], list[KernelEvent]] = {}
-    for event in log.events:
+    for event in log.events + during_run:
         if event.kind == "aer" and event.bus_id not in gpu_buses:
             continue  # a root port's or a NIC's error is not this check's; the GPU's own bus is
         groups.setdefault(_key(event), []).append(event)
-    findings = [_judge_group(key, events, log, gpu_of_bus) for key, events in groups.items()]
+    findings += [_judge_group(key, events, log, gpu_of_bus) for key, events in groups.items()]
+    if findings and findings[0].status == SKIP:
+        return findings  # only NVML's events were judged: no pass for what the log would have shown
     hit = {key[0] for key in groups}
     clean = [g for g in machine.gpus if g.pcie.bus_id not in hit]
     if not groups:
@@ -71,6 +72,16 @@ def check_xid(ctx: Context) -> list[Finding]:
     elif clean:
         findings += [_clean(subject(g), log, "none for this GPU") for g in clean]
     return findings
+
+
+def _unread(log: KernelLog | None, source: str) -> Finding:
+    if log is None:
+        where = "no kernel log among the captures" if source == "capture" else "the kernel log was not read"
+        return finding("gpu.xid", "machine", SKIP, f"{where}: Xid and SXid events not checked",
+                       remedy=f"on that machine: `{READ_COMMAND}` (or `sudo journalctl -k -b > kernel.txt`), "
+                              "then `gpuvet inspect kernel.txt` with its other captures")
+    return finding("gpu.xid", "machine", SKIP, f"could not read the kernel log: {log.why_unread or 'no reason given'}",
+                   remedy=f"`{READ_COMMAND}` as root (or `sudo journalctl -k -b`), or give its output to `gpuvet inspect`")
 
 
 def _key(event: KernelEvent) -> tuple[str, str, int | str | None]:
@@ -123,6 +134,9 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
     measured = f"{len(events)} line(s) in {log.source}, {when}; e.g. {example!r}"
     processes = sorted({e.process for e in events if e.process})
     hit = f"; hit process {', '.join(processes)}" if processes else ""
+    # NVML's events while gpuvet ran name the step they hit (their line: "... during benchmark gemm").
+    steps = sorted({e.line.split(" during ", 1)[1] for e in events if e.line.startswith("NVML Xid event") and " during " in e.line})
+    hit += f"; seen by NVML during {', '.join(steps)}" if steps else ""
     gpu = gpu_of_bus.get(bus)
     if kind == "init_failed":
         return finding("gpu.xid", subj, FAIL, f"the driver could not start this GPU (RmInitAdapter failed), {times} ({when})",

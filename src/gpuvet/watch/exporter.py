@@ -82,8 +82,8 @@ def _nvlink_total(view: "GpuView") -> float | None:
     return (tx + rx) / 1024 / 1000 if tx is not None and rx is not None else None
 
 
-def _violation_us(field: str) -> Callable[["GpuView"], Any]:
-    return lambda view: getattr(view.sample, field) / 1000 if view.sample and getattr(view.sample, field) is not None else None
+def _extra(field: str) -> Callable[["GpuView"], Any]:
+    return lambda view: getattr(view.extras, field)
 
 
 # Names and units as DCGM's fields (dcgm_fields.h; help texts as dcgm-exporter's default-counters.csv).
@@ -107,10 +107,20 @@ _DCGM_GAUGES: tuple[tuple[str, str, Callable[["GpuView"], Any]], ...] = (
     ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s) via NVML.", lambda v: v.extras.pcie_rx_kbs),
     ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "NVLink throughput, TX + RX of all active links (KiB/s / 1000, as DCGM).",
      _nvlink_total),
-    ("DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us), since driver load.",
-     _violation_us("violation_power_ns")),
-    ("DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us), since driver load.",
-     _violation_us("violation_thermal_ns")),
+    # Nanoseconds, as DCGM serves them (dcgm_fields.h; dcgm-exporter's help said "us" until its PR #589).
+    ("DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in ns), since driver load.",
+     _sample("violation_power_ns")),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in ns), since driver load.",
+     _sample("violation_thermal_ns")),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", _extra("pcie_replays")),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", _extra("energy_mj")),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _extra("memory_temp_c")),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", _extra("last_xid")),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
+     _extra("remapped_rows_correctable")),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
+     _extra("remapped_rows_uncorrectable")),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", _extra("row_remap_failure")),
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Clock-event reasons, NVML bitmask.", _sample("reasons")),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Clock-event reasons, NVML bitmask (the name before DCGM 3.3).", _sample("reasons")),
 )

@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable
 
 from ..facts import Gpu, GpuProcess
-from ..probe import nvml
+from ..probe import nvml, nvml_events
 from ..samples import next_tick
 from ..telemetry import gpu_gone_reason, is_permanent_error
 from .host import _rate
@@ -38,6 +38,8 @@ class GpuExtrasReader:
                 self._minor[index] = int(nvml.pynvml.nvmlDeviceGetMinorNumber(self._handles[index]))
             except Exception:
                 pass  # the exporter names the device by its index instead
+        # NVML's Xid events while the watch runs: DCGM_FI_DEV_XID_ERRORS, the last one per GPU.
+        self.xids = nvml_events.XidWatch(len(gpus), during="watch") if self._handles else None
 
     def read_all(self) -> dict[int, tuple[GpuExtras, list[GpuProcess] | None]]:
         return {index: self._read(index, handle) for index, handle in self._handles.items()}
@@ -65,6 +67,8 @@ class GpuExtrasReader:
         extras.pcie_tx_kbs = self._call(index, "pcie_tx", lambda: p.nvmlDeviceGetPcieThroughput(handle, p.NVML_PCIE_UTIL_TX_BYTES))
         extras.pcie_rx_kbs = self._call(index, "pcie_rx", lambda: p.nvmlDeviceGetPcieThroughput(handle, p.NVML_PCIE_UTIL_RX_BYTES))
         extras.nvlink_tx_bps, extras.nvlink_rx_bps = self._nvlink(index, handle)
+        self._health_counters(index, handle, extras)
+        extras.last_xid = self.xids.last(index) if self.xids is not None else None
         processes = None
         if "processes" not in self.unavailable[index]:
             holder = Gpu(index=index)
@@ -74,6 +78,20 @@ class GpuExtrasReader:
         extras.unavailable = dict(self.unavailable[index])
         extras.minor_number = self._minor.get(index)
         return extras, processes
+
+    def _health_counters(self, index: int, handle: Any, extras: GpuExtras) -> None:
+        """The counters dcgm-exporter serves by default that NVML answers: PCIe replays, energy,
+        memory temperature, remapped rows."""
+        p = nvml.pynvml
+        extras.pcie_replays = self._call(index, "pcie_replays", lambda: p.nvmlDeviceGetPcieReplayCounter(handle))
+        extras.energy_mj = self._call(index, "energy", lambda: p.nvmlDeviceGetTotalEnergyConsumption(handle))
+        values = self._call(index, "memory_temp", lambda: p.nvmlDeviceGetFieldValues(handle, [p.NVML_FI_DEV_MEMORY_TEMP]))
+        reading = getattr(values[0].value, "uiVal", None) if values and values[0].nvmlReturn == p.NVML_SUCCESS else None
+        extras.memory_temp_c = float(reading) if reading is not None else None
+        rows = self._call(index, "remapped_rows", lambda: p.nvmlDeviceGetRemappedRows(handle))
+        if rows is not None:  # (correctable, uncorrectable, pending, failure)
+            extras.remapped_rows_correctable, extras.remapped_rows_uncorrectable = int(rows[0]), int(rows[1])
+            extras.row_remap_failure = bool(rows[3])
 
     def _nvlink(self, index: int, handle: Any) -> tuple[float | None, float | None]:
         """Bytes/s over the GPU's active NVLinks, from NVML's cumulative KiB counters."""

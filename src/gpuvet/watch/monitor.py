@@ -81,6 +81,8 @@ class Monitor:
     def close(self) -> None:
         if self._extras_thread is not None:
             self._extras_thread.stop()
+        if self._extras_reader is not None and self._extras_reader.xids is not None:
+            self._extras_reader.xids.stop()
         self.sampler.stop()
 
     @property

@@ -36,6 +36,14 @@ class GpuExtras:
     processes: list[ProcessView] | None = None  # None: NVML cannot list them here
     unavailable: dict[str, str] = field(default_factory=dict)
     minor_number: int | None = None  # /dev/nvidiaN (dcgm-exporter's "device" label), read once
+    # dcgm-exporter's default counters that NVML answers (DCGM's names and units in the exporter)
+    pcie_replays: int | None = None  # PCIe replays since reset
+    energy_mj: int | None = None  # total energy since the driver loaded, mJ
+    memory_temp_c: float | None = None  # HBM temperature
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_failure: bool | None = None
+    last_xid: int | None = None  # the last Xid NVML reported while gpuvet watched (None: none seen)
 
 
 @dataclass
