@@ -42,6 +42,10 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 WARMUP_SHARE = 0.15  # of the budget: caches, allocator and CPU frequency settle first
+# The budget covers starting the workers too (a loaded machine starts processes slowly); what
+# start-up leaves is the decoding window, never less than these.
+MIN_WARMUP_S = 0.3
+MIN_MEASURE_S = 1.0
 START_TIMEOUT_S = 60.0  # spawning a worker per core and importing torch in each, on a slow disk
 RESULT_GRACE_S = 3.0  # after the timed window, for the last sample and the result to arrive
 STOP_WAIT_S = 2.0  # how long a worker gets to exit after terminate() before it is killed
@@ -195,8 +199,9 @@ def feed_worker(conn: Connection, job: Job) -> None:
         conn.send(("ready", pipeline.describe()))
         if not conn.poll(job.go_timeout_s):
             return
-        conn.recv()
-        conn.send(("result", _timed_loop(pipeline, job)))
+        go = conn.recv()  # ("go", warm-up s, measure s): what start-up left of the budget
+        warmup_s, measure_s = (go[1], go[2]) if isinstance(go, tuple) and len(go) == 3 else (job.warmup_s, job.measure_s)
+        conn.send(("result", _timed_loop(pipeline, job.jpegs, warmup_s, measure_s)))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
         pass
     except Exception as err:
@@ -206,15 +211,15 @@ def feed_worker(conn: Connection, job: Job) -> None:
             pass
 
 
-def _timed_loop(pipeline: Pipeline, job: Job) -> dict[str, Any]:
-    clock, jpegs = time.perf_counter, job.jpegs
-    i, warm_until = 0, clock() + job.warmup_s
+def _timed_loop(pipeline: Pipeline, jpegs: tuple[bytes, ...], warmup_s: float, measure_s: float) -> dict[str, Any]:
+    clock = time.perf_counter
+    i, warm_until = 0, clock() + warmup_s
     while clock() < warm_until:
         pipeline.sample(jpegs[i % len(jpegs)])
         i += 1
     pipeline.step_s = dict.fromkeys(STEPS, 0.0)
     count, cpu0, start = 0, time.process_time(), clock()
-    end = start + job.measure_s
+    end = start + measure_s
     while True:
         pipeline.sample(jpegs[i % len(jpegs)])
         i, count = i + 1, count + 1
@@ -235,7 +240,7 @@ class Crew:
     """Worker processes with one pipe each; `stop()` joins or kills every one of them."""
 
     def __init__(self, target: Callable[[Connection, Job], None], jobs: list[Job]):
-        context = multiprocessing.get_context("spawn")  # no inherited torch, threads or locks
+        context = _context()
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self.pipes: list[Connection] = []
         try:
@@ -321,6 +326,18 @@ class Crew:
         self.stop()
 
 
+def _context() -> Any:
+    """forkserver where there is one: a server process imports torch and Pillow once and forks
+    every worker from it, where spawn had each worker import torch itself (on a loaded 2-core
+    machine that alone took 10 s of a 6 s budget). Fresh either way: no threads or locks of
+    gpuvet's process are inherited."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "PIL.Image", "PIL.JpegImagePlugin"])  # missing ones are skipped
+    return context
+
+
 def usable_core_count() -> int:
     """The cores a DataLoader here could use: the affinity set, cut down by a cgroup CPU quota."""
     from ..probe.host import cgroup_cpu_quota, usable_cores
@@ -351,8 +368,8 @@ def run(budget_s: float = 10.0, workers: int | None = None, progress: Callable[[
     except ImportError:
         return [_note("skipped", "Pillow is not installed: `pip install Pillow`")]
     count = workers or usable_core_count()
-    warmup_s = WARMUP_SHARE * budget_s
-    measure_s = budget_s - warmup_s
+    started = time.monotonic()  # the budget counts from here: making the JPEGs and starting the workers too
+    warmup_s, measure_s = _window(budget_s, 0.0)
     try:
         progress("cpu feed: generating test JPEGs")
         jpegs = make_jpegs()
@@ -360,14 +377,24 @@ def run(budget_s: float = 10.0, workers: int | None = None, progress: Callable[[
         progress(f"cpu feed: starting {count} worker processes")
         with Crew(worker, jobs) as crew:
             infos = crew.gather("ready", time.monotonic() + start_timeout_s, "starting")
-            progress(f"cpu feed: decoding and augmenting on {count} cores for {budget_s:.0f} s")
-            crew.broadcast("go")
-            results = crew.gather("result", time.monotonic() + budget_s + RESULT_GRACE_S, "measuring")
+            start_s = time.monotonic() - started
+            warmup_s, measure_s = _window(budget_s, start_s)
+            progress(f"cpu feed: decoding and augmenting on {count} cores for {warmup_s + measure_s:.1f} s")
+            crew.broadcast(("go", warmup_s, measure_s))
+            results = crew.gather("result", time.monotonic() + warmup_s + measure_s + RESULT_GRACE_S, "measuring")
     except CrewError as err:
         return [_note("failed", str(err))]
     except Exception as err:  # a benchmark must not stop the run
         return [_note("failed", f"{type(err).__name__}: {err}")]
-    return [_feed_rate(results, infos[0], jpegs, warmup_s, measure_s, PIL.__version__)]
+    rate = _feed_rate(results, infos[0], jpegs, warmup_s, measure_s, PIL.__version__)
+    rate["details"].update(budget_s=budget_s, start_s=round(start_s, 2))
+    return [rate]
+
+
+def _window(budget_s: float, start_s: float) -> tuple[float, float]:
+    """(warm-up s, measure s): what is left of the budget after `start_s` of start-up."""
+    left = max(0.0, budget_s - start_s)
+    return max(MIN_WARMUP_S, WARMUP_SHARE * left), max(MIN_MEASURE_S, (1 - WARMUP_SHARE) * left)
 
 
 def _feed_rate(results: list[dict], info: dict, jpegs: tuple[bytes, ...], warmup_s: float, measure_s: float,
