@@ -301,7 +301,20 @@ class Torch:
     cuda_available: bool | None = None
     device_count: int | None = None
     arch_list: list[str] | None = None  # torch.cuda.get_arch_list(); None: not read
+    nccl: str | None = None  # torch.cuda.nccl.version(): the NCCL PyTorch carries ("2.21.5")
     error: str | None = None
+
+
+@dataclass
+class ContainerRuntime:
+    """What a CUDA program needs from a container, or a host needs to give one GPUs."""
+
+    dev_nodes: list[str] = field(default_factory=list)  # /dev/nvidia0.., nvidiactl, nvidia-uvm
+    libcuda: str | None = None  # the driver library's real file (libcuda.so.535.183.01)
+    libcuda_version: str | None = None  # from its name; must equal the kernel module's version
+    docker: bool = False  # a docker CLI on this host
+    nvidia_runtime: bool | None = None  # docker's daemon.json names the nvidia runtime / the toolkit is installed
+    cdi_specs: list[str] = field(default_factory=list)  # /etc/cdi, /var/run/cdi NVIDIA specs
 
 
 @dataclass
@@ -314,6 +327,8 @@ class Stack:
     # The toolkit /usr/local/cuda holds: version.json's "cuda" entry (CUDA 11.1+) or version.txt.
     cuda_home_version: str | None = None
     cuda_module_loading: str | None = None  # env CUDA_MODULE_LOADING
+    peermem_loaded: bool | None = None  # nvidia_peermem in /proc/modules (GPUDirect RDMA); None: not read
+    container: ContainerRuntime | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 

@@ -30,6 +30,7 @@ from . import (
     host_io,
     reference,
     stack,
+    stack_runtime,
     workload,
 )
 from .common import Context, finding
@@ -70,6 +71,9 @@ RULES: dict[str, Rule] = {
     "workload.resume": workload.check_resume,
     "stack.driver_cuda": stack.check_driver_cuda,
     "stack.arch_support": stack.check_arch_support,
+    "stack.peermem": stack_runtime.check_peermem,
+    "stack.nccl": stack_runtime.check_nccl,
+    "stack.container_runtime": stack_runtime.check_container_runtime,
     "stack.toolkit": stack.check_toolkit,
     "host.cpu": host.check_cpu,
     "host.shm": host.check_shm,

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..facts import Stack, Torch
+from . import container_runtime
 
 CUDA_HOME = "/usr/local/cuda"
 NVCC_TIMEOUT_S = 10.0
@@ -43,6 +44,11 @@ try:
     info["cuda_available"] = bool(torch.cuda.is_available())
     info["device_count"] = int(torch.cuda.device_count())
     info["arch_list"] = list(torch.cuda.get_arch_list())  # [] when CUDA is not available
+    try:
+        nccl = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(str(n) for n in nccl) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:
+        pass  # a CPU build or ROCm: no NCCL
 except Exception as exc:
     message = str(exc).strip().splitlines()
     info["cuda_error"] = type(exc).__name__ + (": " + message[0] if message else "")
@@ -62,6 +68,8 @@ def collect_stack(import_torch: bool = True, timeout_s: float = 30, python: str 
     _guarded(stack, "torch", lambda: _fill_torch(stack, import_torch, timeout_s, python or sys.executable))
     _guarded(stack, "nvcc_version", lambda: _fill_nvcc(stack))
     _guarded(stack, "cuda_home", lambda: _fill_cuda_home(stack, CUDA_HOME))
+    _guarded(stack, "peermem_loaded", lambda: setattr(stack, "peermem_loaded", container_runtime.peermem_loaded()))
+    _guarded(stack, "container", lambda: setattr(stack, "container", container_runtime.collect()))
     return stack
 
 
@@ -172,6 +180,7 @@ def query_torch(torch: Torch, python: str, timeout_s: float) -> None:
     torch.cuda_available = info.get("cuda_available")
     torch.device_count = info.get("device_count")
     torch.arch_list = info.get("arch_list")
+    torch.nccl = info.get("nccl")
     if info.get("cuda_error"):
         torch.error = f"torch.cuda query failed: {info['cuda_error']}"
 
