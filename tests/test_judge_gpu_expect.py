@@ -71,3 +71,18 @@ def test_live_run_with_expect_and_no_gpu_fails():
     machine = Machine(source="live", gpu_error="no NVIDIA driver: the NVML library (libnvidia-ml.so.1) is not installed")
     (f,) = check_model(Context(machine, options={"expect": "H100 80GB"}))
     assert f.status == "fail" and f.summary.startswith("expected H100 80GB; no NVIDIA GPU visible")
+
+
+@pytest.mark.parametrize("typed, meant", [("H10O 80GB", "H100 80GB"), ("A1OO 40GB", "A100 40GB"), ("RTX 409O", "RTX 4090"),
+                                          ("rtx 4900", "rtx 4090"), ("L4O", "L40")])
+def test_a_mistyped_model_names_the_known_model_it_meant(typed, meant):
+    from gpuvet.judge.gpu_identity import expect_typo
+
+    assert expect_typo(typed) == meant
+
+
+@pytest.mark.parametrize("typed", ["H100 80GB", "H100 SXM", "L40S", "A10G", "RTX 4090 D", "Quantum 9000"])
+def test_a_known_model_or_one_nothing_is_close_to_is_no_typo(typed):
+    from gpuvet.judge.gpu_identity import expect_typo
+
+    assert expect_typo(typed) is None

@@ -349,11 +349,16 @@ def expect_typo(expect: str) -> str | None:
         low = word.lower()
         if not low.isalnum() or low in tokens or _MEMORY_WORD.fullmatch(low) or low in _IGNORED:
             continue
-        close = difflib.get_close_matches(low, sorted(tokens), n=1, cutoff=0.7)
+        # The letter O typed for a zero ("A1OO") first, then any close spelling.
+        digits = low.translate(_LOOK_ALIKE) if any(c.isdigit() for c in low) else low
+        close = [digits] if digits in tokens else difflib.get_close_matches(low, sorted(tokens), n=1, cutoff=0.7)
         if close:
             words[i], changed = close[0].upper() if word.isupper() or any(c.isdigit() for c in word) else close[0], True
     guess = "".join(words)
     return guess if changed and any(_known_model_fits(guess, r) for r in refs) else None
+
+
+_LOOK_ALIKE = str.maketrans("o", "0")  # the typo of a rented-GPU name: O for 0
 
 
 def _known_model_fits(expect: str, ref: Reference) -> bool:
