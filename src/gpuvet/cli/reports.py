@@ -12,6 +12,8 @@ from ..probe.errors import CaptureError
 from ..report import terminal
 from ..store import StoreError
 from ..record.load import CLUSTER, WATCH, load
+from ..record.schema import KINDS as SCHEMA_KINDS
+from ..record.schema import shipped as shipped_schema
 from .base import UsageProblem, check_out_path, cli, first_run, load_run_file, show_record, write_atomically
 
 
@@ -36,6 +38,14 @@ def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) ->
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     show_record(record, fmt, out, redact, verbose)
+
+
+@cli.command("schema")
+@click.argument("kind", type=click.Choice(SCHEMA_KINDS))
+def schema_command(kind: str) -> None:
+    """Print the JSON Schema of a record: run (gpuvet run --out), export (gpuvet export), watch
+    (one line of a gpuvet watch --log file) or cluster (gpuvet cluster --out)."""
+    click.echo(shipped_schema(kind), nl=False)
 
 
 @cli.command()

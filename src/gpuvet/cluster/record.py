@@ -13,13 +13,13 @@ from ..bench.allreduce import LATENCY_BYTES
 from ..judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, UNNAMED_PREFIX,
                              NodeEntry, judge_cluster)
 from ..record import Measurement, verdict_of
+from ..record.cluster import CLUSTER_SCHEMA
 from .launch import Launch
 from .options import Options
 from .cross_rank import FINISHED, step_progress
 from .plan import Plan
 from .roster import NodeState, Settled
 
-CLUSTER_SCHEMA = "gpuvet.cluster/1"
 
 
 # == what a node ships: its record, time series summarised ===================================

@@ -62,6 +62,8 @@ def number(value: Any, path: str, integer: bool = False) -> Any:
         raise _wrong(path, value, "a whole number" if integer else "a number")
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if integer and isinstance(value, float) and not value.is_integer():
+        raise RecordError(f"{path}: {value!r} where a whole number belongs")
     if abs(value) >= MAX_INT:
         size = f"{len(str(abs(value)))} digits" if isinstance(value, int) else f"{value:.3g}"
         raise RecordError(f"{path}: a number too large for a record ({size})")
@@ -129,8 +131,7 @@ def check(value: Any, hint: Any, path: str, depth: int = 0) -> Any:
             raise _wrong(path, value, "true/false")
         return value
     if hint is int:
-        # A whole number; a float is let through as it is (JSON has one number type, and an older
-        # gpuvet wrote some counters as 3.0).
+        # A whole number; 3.0 counts as one (JSON has one number type), as in JSON Schema.
         return number(value, path, integer=True)
     if hint is float:
         return number(value, path)

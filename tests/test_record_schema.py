@@ -1,0 +1,80 @@
+"""`gpuvet schema KIND` prints the JSON Schema of each record kind, shipped in the package and made
+from the types the loader checks; every fixture record and every record the tests write match it
+(conftest checks the latter after each test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli_runner import gpuvet
+from conftest import _WRITTEN
+from gpuvet.record import STATUSES
+from gpuvet.record.schema import KINDS, shipped, text
+from record_schemas import problems
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDS = sorted((FIXTURES / "records").glob("*.json"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_shipped_schema_is_the_one_the_types_make(kind):
+    # After changing a record type (a status, a field, a benchmark's details):
+    #   python -m gpuvet.record.schema --write
+    assert shipped(kind) == text(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpuvet_schema_prints_it(capsys, kind):
+    code, out, err = gpuvet(capsys, "schema", kind)
+    assert code == 0 and json.loads(out)["$id"].endswith(f"/{kind}.schema.json")
+
+
+def test_an_unknown_kind_is_exit_2(capsys):
+    code, out, err = gpuvet(capsys, "schema", "nodes")
+    assert code == 2 and "run" in err and "cluster" in err
+
+
+def test_the_status_list_is_the_schemas():
+    finding = json.loads(shipped("run"))["$defs"]["Finding"]
+    assert finding["properties"]["status"]["enum"] == list(STATUSES)
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name)
+def test_every_fixture_record_matches_the_run_schema(path):
+    assert problems("run", json.loads(path.read_text())) == []
+
+
+def test_an_export_of_the_fixtures_matches_the_export_schema():
+    assert problems("export", [json.loads(p.read_text()) for p in RECORDS]) == []
+
+
+def test_the_schema_refuses_what_the_loader_refuses():
+    record = json.loads(RECORDS[0].read_text())
+    record["machine"]["captures"] = [{"path": "smi.xml"}]  # a capture entry without its kind
+    record["findings"][0]["status"] = "excellent"
+    record["measurements"].append({"name": "disk.seq_read", "value": 1.0, "unit": "MB/s", "subject": "host",
+                                   "details": {"read_mb_s": [1, 2]}})
+    found = " ".join(problems("run", record))
+    assert "'kind' is a required property" in found and "'excellent' is not one of" in found
+    assert "[1, 2] is not valid" in found or "is not of type" in found
+
+
+def test_records_written_while_testing_are_collected_for_the_schema_check(capsys):
+    xml = sorted((FIXTURES / "smi_xml").glob("*.xml"))[0]
+    code, out, err = gpuvet(capsys, "inspect", str(xml), "--json")
+    assert code in (0, 1), err
+    assert any(kind == "run" for kind, _ in _WRITTEN)  # checked against the schema when this test ends
+
+
+def test_a_watch_log_line_and_a_cluster_record_match_theirs():
+    header = {"schema": "gpuvet.watch/1", "kind": "header", "t0": 1.0, "interval_s": 1.0,
+              "series": {"host": {"name": "watch.host", "columns": ["t", "cpu_pct"]}}}
+    assert problems("watch", header) == [] and problems("watch", {"subject": "host", "row": [0.0, 1.5]}) == []
+    assert problems("watch", {**header, "t0": "yesterday"})
+    cluster = {"schema": "gpuvet.cluster/1", "nodes": [{"name": "a", "rank": 0, "record": json.loads(RECORDS[0].read_text())}]}
+    assert problems("cluster", cluster) == []
+    cluster["nodes"][0]["rank"] = "first"
+    assert problems("cluster", cluster)
