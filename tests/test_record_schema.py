@@ -21,9 +21,9 @@ RECORDS = sorted((FIXTURES / "records").glob("*.json"))
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_shipped_schema_is_the_one_the_types_make(kind):
-    # After changing a record type (a status, a field, a benchmark's details):
-    #   python -m gpuvet.record.schema --write
-    assert shipped(kind) == text(kind)
+    assert shipped(kind) == text(kind), (
+        "a record type changed (a facts field, a status, a benchmark's details): refresh the shipped "
+        "schemas with `PYTHONPATH=src python -m gpuvet.record.schema --write` and commit them")
 
 
 @pytest.mark.parametrize("kind", KINDS)

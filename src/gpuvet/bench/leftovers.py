@@ -103,7 +103,7 @@ def _remove_path(path: str) -> None:
 def sweep_stale(prefix: str, parent: str) -> list[str]:
     """Remove what a dead gpuvet run of this host left in `parent` under `prefix`; the paths removed."""
     owned = re.compile(re.escape(prefix) + r"(\d+)@" + re.escape(_host_tag()) + r"-")
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(parent))
     except OSError:
