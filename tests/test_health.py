@@ -124,7 +124,8 @@ def test_history_lists_health_runs_as_their_own_kind(tmp_path):
     gpuvet("--from", str(HEALTHY), db=db)
     listed = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--db", str(db)], check=False, capture_output=True, text=True,
                             timeout=60, env={**os.environ, "COLUMNS": "200"})
-    assert listed.stdout.count(" health ") == 2
+    assert listed.stdout.count("│ health ") == 2  # the kind column of each row (the header is ┃ health)
+    assert "gpu2 gpu.throttle: slowdown" in listed.stdout and "healthy, 8 GPU(s)" in listed.stdout  # what each said
     only = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--kind", "quick", "--json", "--db", str(db)],
                           check=False, capture_output=True, text=True, timeout=60)
     assert json.loads(only.stdout) == []

@@ -279,10 +279,14 @@ def render_history(summaries: list[RunSummary], console: Console) -> None:
         table.add_column(column, overflow="fold")
     for _, label, unit in present:
         table.add_column(f"{label} {unit}", justify="right")
+    said = any(s.summary for s in summaries)  # health runs: what the node's check said, run by run
+    if said:
+        table.add_column("health", overflow="fold")
     for s in summaries:
+        health = [escape((s.summary or "").removeprefix("gpuvet: "))] if said else []
         table.add_row(str(s.id), s.started_at.replace("T", " ")[:16], s.kind, escape(s.label or ""), escape(s.gpus),
                       f"[{STATUS_STYLE.get(s.verdict, '')}]{s.verdict.upper()}[/]", _price(s.price_per_hour),
-                      s.machine_key, *[_number(s.figures.get(name), unit) for name, _, unit in present])
+                      s.machine_key, *[_number(s.figures.get(name), unit) for name, _, unit in present], *health)
     console.print(table)
 
 
