@@ -310,3 +310,18 @@ def test_a_soak_long_enough_claims_the_long_job():
     r = healthy_sustained_record(900.0)
     assert all("heat-soak" not in f.summary for f in r.findings if f.check == "gpu.sustained")
     assert "heat-soak" not in lines(r)["power_wall"].figure
+
+
+def test_a_busy_reading_on_a_gpu_without_a_context_is_not_a_reading_under_load():
+    """One PCIe rule: the checklist reads the link as gpu.pcie_link does. A GPU that reports 100%
+    utilization with no process and no context's memory is the driver waking it, not load, so its
+    idle Gen1 says nothing about the generation under load."""
+    r = inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")
+    for gpu in r.machine.gpus:  # edited: as a report taken while the driver woke the GPUs
+        gpu.utilization_pct, gpu.processes, gpu.memory_used_mib = 100, [], 2
+        assert all(reading.under_load is None for reading in gpu.pcie.readings)
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    assert all(f.status == PASS and "idle power-saving downshift" in f.summary for f in r.findings if f.check == "gpu.pcie_link")
+    found = lines(r)
+    assert found["pcie_link"].state == UNKNOWN
+    assert found["pcie_link"].figure.startswith("gpu0-7: width x16 as expected; generation not checked under load (Gen1")

@@ -19,6 +19,7 @@ from typing import Callable
 from rich.console import Console
 from rich.markup import escape
 
+from .judge.gpu_links import link_state
 from .judge.host import preemptible_of, workdir_persistence
 from .record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .report.checklist import subject_range
@@ -236,16 +237,16 @@ def _workdir_kept(record: RunRecord) -> FactVerdict | None:
 
 
 def _pcie_full_link(record: RunRecord) -> FactVerdict | None:
-    """Rules the link out where every GPU's link reads its full width and generation: under load, or
-    already at idle (a link downshifts when idle, it never trains up past its max under load)."""
+    """Rules the link out where every GPU's link reads its full width and generation, as gpu.pcie_link
+    reads it: under load, or already at idle (a link downshifts when idle, it never trains up past
+    its max under load)."""
     full, idle = [], False
     for gpu in record.machine.gpus:
-        readings = [r for r in gpu.pcie.readings if r.current_width]
-        r = next((r for r in readings if r.under_load), readings[0] if readings else None)
-        if r is None or (r.max_width and r.current_width < r.max_width) or not r.max_gen or (r.current_gen or 0) < r.max_gen:
+        state = link_state(gpu)
+        if state is None or not state.full:
             return None
-        idle = idle or not r.under_load
-        full.append((f"gpu{gpu.index}", f"Gen{r.current_gen} x{r.current_width}"))
+        idle = idle or not state.under_load
+        full.append((f"gpu{gpu.index}", f"Gen{state.reading.current_gen} x{state.reading.current_width}"))
     if not full:
         return None
     links = ", ".join(dict.fromkeys(link for _, link in full))

@@ -11,6 +11,7 @@ the reason is kept in the object's ``unavailable`` map under the field's dotted 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -424,11 +425,16 @@ def to_dict(obj: typing.Any) -> typing.Any:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) and not isinstance(obj, type) else obj
 
 
+# Resolving a class's annotations is most of the work of rebuilding it (a cluster of 1,000 nodes
+# rebuilds every GPU): once per class.
+_type_hints = functools.cache(typing.get_type_hints)
+
+
 def from_dict(cls: type, data: typing.Any) -> typing.Any:
     """Build dataclass `cls` from a dict, ignoring unknown keys (records from newer versions)."""
     if data is None:
         return None
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:

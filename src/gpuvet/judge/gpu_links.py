@@ -296,3 +296,36 @@ def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: 
     links = nvlinks_per_gpu(topology, label)
     return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured,
                    expected="NVLink to other GPUs, as many links as the best-connected GPU", source=source)
+
+
+# -- the PCIe rule's reading of a link, for the checklist, doctor and the cluster view ---------------
+# One rule: whoever asks "is this link full?" asks it here, so no copy can drift from gpu.pcie_link.
+
+@dataclasses.dataclass(frozen=True)
+class LinkState:
+    reading: PcieLink  # the reading gpu.pcie_link judges: one under load if there is one, else the first
+    under_load: bool  # read under load (or in a report taken while the GPU was busy with a context)
+    full_width: bool  # all the lanes of the link's maximum
+    full_generation: bool  # at the link's maximum generation now
+    idle: bool  # read at idle, where the generation drops to save power
+
+    @property
+    def generation_known(self) -> bool:
+        """Whether the generation under load is known: read under load, or already at its maximum
+        at idle (a link only trains down when idle, never up past its max)."""
+        return self.under_load or self.full_generation
+
+    @property
+    def full(self) -> bool:
+        return self.full_width and self.full_generation
+
+
+def link_state(gpu: Gpu) -> LinkState | None:
+    """The link as gpu.pcie_link reads it (None: no reading with a current width or generation)."""
+    reading = _best_reading(gpu)
+    if reading is None:
+        return None
+    loaded = _under_load(gpu, reading)
+    full_width = not (reading.current_width and reading.max_width and reading.current_width < reading.max_width)
+    full_gen = bool(reading.current_gen and reading.max_gen and reading.current_gen >= reading.max_gen)
+    return LinkState(reading, loaded, full_width, full_gen, _when(gpu, loaded) == "at idle")

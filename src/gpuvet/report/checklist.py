@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..facts import Gpu, PcieLink
+from ..facts import Gpu
 from ..judge import reference
-from ..judge.gpu_links import attached_gpus
+from ..judge.gpu_links import attached_gpus, link_state
 from ..judge.gpu_sustained import short_load_words
 from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
@@ -333,26 +333,11 @@ def _pcie_driver_view(record: RunRecord, item: Item) -> Line:
     return line
 
 
-def _first_reading(gpu: Gpu) -> PcieLink | None:
-    """The reading the judge rates: one under load if there is one, else the first."""
-    readings = [r for r in gpu.pcie.readings if r.current_width or r.current_gen]
-    return next((r for r in readings if _read_under_load(gpu, r)), readings[0] if readings else None)
-
-
-def _read_under_load(gpu: Gpu, r: PcieLink) -> bool:
-    if r.under_load is not None:
-        return r.under_load
-    # As the judge (gpu.pcie_link) reads it: a driver report taken while the GPU was busy.
-    return r.source in _DRIVER_SOURCES and (gpu.utilization_pct or 0) >= 50
-
-
 def _link_known_under_load(gpu: Gpu, measured: set[str]) -> bool:
-    """Whether the generation under load is known: read under load, measured by the copy benchmark,
-    or already the full link at idle (a link only trains down when idle, never up past its max)."""
-    r = _first_reading(gpu)
-    if f"gpu{gpu.index}" in measured or r is None or _read_under_load(gpu, r):
-        return True
-    return bool(r.current_gen and r.max_gen and r.current_gen >= r.max_gen)
+    """Whether the generation under load is known: measured by the copy benchmark, or as the judge
+    (gpu.pcie_link) reads the link."""
+    state = link_state(gpu)
+    return f"gpu{gpu.index}" in measured or state is None or state.generation_known
 
 
 def _pcie_link(record: RunRecord, item: Item) -> Line:
@@ -365,10 +350,12 @@ def _pcie_link(record: RunRecord, item: Item) -> Line:
         return line
     by_text: dict[str, list[Gpu]] = {}
     for gpu in open_gpus:
-        r = _first_reading(gpu)
+        state = link_state(gpu)
+        if state is None:  # never: a GPU without a reading counts as known
+            continue
+        r = state.reading
         width = f"width x{r.current_width} as expected" if r.current_width else "width not reported"
-        idle = (gpu.pstate or 0) >= 8 or gpu.utilization_pct == 0 or "gpu_idle" in (gpu.clocks.event_reasons or [])
-        when = "at idle" if idle else "load unknown"
+        when = "at idle" if state.idle else "load unknown"
         by_text.setdefault(f"{width}; generation not checked under load (Gen{r.current_gen or '?'} {when}, "
                            f"max Gen{r.max_gen or '?'})", []).append(gpu)
     shown = "; ".join(f"{_gpu_range(gpus)}: {text}" for text, gpus in by_text.items())
