@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from .judge.gpu_links import link_state
 from .judge.host import preemptible_of, workdir_persistence
+from .judge.stack import coarse_memory_accounting
 from .record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .report.checklist import subject_range
 
@@ -256,10 +257,10 @@ def _pcie_full_link(record: RunRecord) -> FactVerdict | None:
 
 def _old_driver(record: RunRecord) -> FactVerdict | None:
     version = record.machine.driver.version
-    major = re.match(r"(\d+)", version or "")
-    if not major:
+    coarse = coarse_memory_accounting(version)
+    if coarse is None:
         return None
-    if int(major.group(1)) < 450:
+    if coarse:
         return CONFIRMED, f"driver {version}: older drivers account memory coarsely (418-era drivers over-report used memory)"
     return RULED_OUT, f"driver {version}"
 

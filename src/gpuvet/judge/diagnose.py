@@ -20,7 +20,7 @@ from ..record import Finding
 from ..samples import Sample, summarize
 from .common import FAIL, NO_CONTEXT_MIB, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
-from .gpu_sustained import _FAULTS as FAULT_LABELS  # short names of the slowdown reasons
+from .gpu_sustained import FAULTS as FAULT_LABELS  # short names of the slowdown reasons
 from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C
 
 WINDOW_S = 60.0  # "the last minute": smooths NVML's 1/6..1 s utilization periods, still recent

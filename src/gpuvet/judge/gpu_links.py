@@ -8,6 +8,7 @@ import re
 from ..facts import Gpu, Machine, PcieLink, Topology
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
+from . import reference
 from .reference import Reference
 
 # Approximate usable GB/s per lane and direction for each generation (after encoding).
@@ -329,3 +330,9 @@ def link_state(gpu: Gpu) -> LinkState | None:
     full_width = not (reading.current_width and reading.max_width and reading.current_width < reading.max_width)
     full_gen = bool(reading.current_gen and reading.max_gen and reading.current_gen >= reading.max_gen)
     return LinkState(reading, loaded, full_width, full_gen, _when(gpu, loaded) == "at idle")
+
+
+def model_without_nvlink(gpu: Gpu) -> bool:
+    """The GPU's model is built without NVLink (its reference row says none), so its GPUs talk over PCIe."""
+    ref = reference.by_id(gpu.reference) if gpu.reference else None
+    return ref is not None and ref.nvlink == "none"

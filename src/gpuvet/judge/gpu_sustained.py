@@ -22,12 +22,15 @@ HOT_WARN_MARGIN_C = 8.0
 # A load shorter than this does not heat-soak a GPU (heatsink, coolant and room air take minutes to
 # settle): it proves the GPU holds its speed while the load ran, not over a long job.
 HEAT_SOAK_S = 600.0
-_FAULTS = {
+FAULTS = {
     "hw_slowdown": "HW slowdown",
     "hw_thermal_slowdown": "HW thermal slowdown",
     "sw_thermal_slowdown": "SW thermal slowdown",
     "hw_power_brake_slowdown": "HW power brake",
 }
+# Of those, the ones that are power, not heat (the checklist's power wall); the SW power cap is the
+# GPU at its limit, normal under full load.
+POWER_FAULTS = ("hw_power_brake_slowdown", "hw_slowdown")
 # Reasons NVML gives for clocks below max that are settings or limits rather than faults: what
 # each means, and the command that shows or clears it ({i}: the GPU's index).
 _HOLDS = {
@@ -87,10 +90,18 @@ def short_load_words(duration_s: object) -> str:
             f"`gpuvet run --soak {HEAT_SOAK_S / 60:g}`")
 
 
+def power_faults_under_load(telemetry: dict) -> list[str]:
+    """ "HW power brake during 56% of the load": the power faults a sustained load's telemetry saw
+    for longer than a blip."""
+    shares = telemetry.get("reasons") or {}
+    return [f"{FAULTS[name]} during {100 * shares[name]:.0f}% of the load" for name in POWER_FAULTS
+            if (shares.get(name) or 0) > FAULT_SHARE]
+
+
 def _reasons(telemetry: dict) -> list[tuple[str, str]]:
     shares = telemetry.get("reasons") or {}
-    bad = [(name, share) for name, share in shares.items() if name in _FAULTS and share and share > FAULT_SHARE]
-    return [(FAIL, f"{_FAULTS[name]} during {100 * share:.0f}% of the load") for name, share in bad]
+    bad = [(name, share) for name, share in shares.items() if name in FAULTS and share and share > FAULT_SHARE]
+    return [(FAIL, f"{FAULTS[name]} during {100 * share:.0f}% of the load") for name, share in bad]
 
 
 def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
@@ -101,7 +112,7 @@ def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     if not sm or not top or sm >= CLOCK_HELD_RATIO * top:
         return []
     shares = telemetry.get("reasons")
-    if any(((shares or {}).get(r) or 0) > FAULT_SHARE for r in _FAULTS):
+    if any(((shares or {}).get(r) or 0) > FAULT_SHARE for r in FAULTS):
         return []  # already explained by the slowdown reason
     held = {name: share for name, share in (shares or {}).items() if share and share > FAULT_SHARE}
     if power_pct is not None and power_pct >= 90 and set(held) <= {"sw_power_cap"}:

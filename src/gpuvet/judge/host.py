@@ -125,12 +125,24 @@ def check_somaxconn(ctx: Context) -> list[Finding]:
 def preemptible_of(options: Mapping[str, Any], host: Host | None) -> tuple[bool | None, str]:
     """Whether the instance can be reclaimed, and who says so: the user (--preemptible or
     --on-demand) first, else the cloud's instance metadata, else unknown ("")."""
-    stated = options.get("preemptible")
-    if isinstance(stated, bool):
+    stated = stated_yes_no(options.get("preemptible"))
+    if stated is not None:
         return stated, "as you stated"
     if host is not None and host.preemptible is not None:
         return host.preemptible, f"{host.lifecycle} per the {host.lifecycle_source}"
     return None, ""
+
+
+def stated_yes_no(value: object) -> bool | None:
+    """A yes/no the user gave (a flag, or words a record or an import may hold: "spot", "on-demand")."""
+    if isinstance(value, bool) or value is None:
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "y", "spot", "preemptible", "interruptible"):
+        return True
+    if text in ("0", "false", "no", "n", "on-demand", "ondemand", "reserved"):
+        return False
+    return None
 
 
 def workdir_persistence(host: Host) -> tuple[bool | None, str]:

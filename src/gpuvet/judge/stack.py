@@ -3,6 +3,8 @@ toolkit installed) run on this driver and GPU?"""
 
 from __future__ import annotations
 
+import re
+
 from ..facts import Stack
 from ..record import MEASURED, Finding
 from . import cuda
@@ -217,3 +219,14 @@ def _toolkit(st: Stack) -> tuple[str | None, str]:
     if st.cuda_home_version:
         return st.cuda_home_version, f"{st.cuda_home_target or '/usr/local/cuda'}/version.json or version.txt"
     return None, ""
+
+
+# Drivers before R450 account GPU memory coarsely (418-era drivers over-report used memory), so
+# memory figures that disagree with the framework's have a known cause there.
+COARSE_MEMORY_DRIVER_BELOW = 450
+
+
+def coarse_memory_accounting(driver_version: str | None) -> bool | None:
+    """Whether this driver is one that accounts memory coarsely (None: version not known)."""
+    major = re.match(r"(\d+)", driver_version or "")
+    return int(major.group(1)) < COARSE_MEMORY_DRIVER_BELOW if major else None

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..facts import Gpu
-from ..judge import reference
-from ..judge.gpu_links import attached_gpus, link_state
-from ..judge.gpu_sustained import short_load_words
+from ..judge.gpu_links import attached_gpus, link_state, model_without_nvlink
+from ..judge.gpu_sustained import FAULTS, POWER_FAULTS, power_faults_under_load, short_load_words
 from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
@@ -192,17 +191,11 @@ def _power_under_load(record: RunRecord) -> str:
             f"(lowest {low[1]}: {low[2]:.0f} W)")
 
 
-# Clock-event reasons that mean power, not heat: a brake or HW slowdown is a fault; the SW power
-# cap is the GPU at its limit (normal under full load). Shares of the load as gpu.sustained counts them.
-_POWER_FAULTS = {"hw_power_brake_slowdown": "HW power brake", "hw_slowdown": "HW slowdown"}
-_FAULT_SHARE = 0.05
-
-
 def _power_related(record: RunRecord, f: Finding) -> bool:
     """For the power wall: throttle and sustained-load findings count only where power was the reason."""
     if f.check == "gpu.throttle":
         reasons = set(_snapshot_reasons(record, f.subject))
-        return bool(reasons & set(_POWER_FAULTS)) or (f.status == PASS and "sw_power_cap" in reasons)
+        return bool(reasons & set(POWER_FAULTS)) or (f.status == PASS and "sw_power_cap" in reasons)
     if f.check == "gpu.sustained":
         return f.status == PASS or bool(_brakes_under_load(record, f.subject))
     return True
@@ -214,10 +207,8 @@ def _snapshot_reasons(record: RunRecord, subject: str) -> list[str]:
 
 
 def _brakes_under_load(record: RunRecord, subject: str) -> list[str]:
-    """ "HW power brake during 56% of the load": power faults the sustained-load telemetry saw."""
-    shares = (_telemetry(record).get(subject) or {}).get("reasons") or {}
-    return [f"{label} during {100 * shares[name]:.0f}% of the load" for name, label in _POWER_FAULTS.items()
-            if (shares.get(name) or 0) > _FAULT_SHARE]
+    """ "HW power brake during 56% of the load": power faults the sustained-load telemetry saw (as gpu.sustained counts them)."""
+    return power_faults_under_load(_telemetry(record).get(subject) or {})
 
 
 def _power_wall_text(record: RunRecord, f: Finding) -> str:
@@ -228,7 +219,7 @@ def _power_wall_text(record: RunRecord, f: Finding) -> str:
                 if power.get("mean_w") is not None and power.get("mean_pct_of_limit") is not None else "")
         return "; ".join(_brakes_under_load(record, f.subject)) + drew
     if f.check == "gpu.throttle":
-        names = [label for name, label in _POWER_FAULTS.items() if name in _snapshot_reasons(record, f.subject)]
+        names = [FAULTS[name] for name in POWER_FAULTS if name in _snapshot_reasons(record, f.subject)]
         gpu = _gpu(record, f.subject)
         sm, top = (gpu.clocks.sm_mhz, gpu.clocks.max_sm_mhz) if gpu else (None, None)
         if sm and top and sm >= top:
@@ -425,7 +416,7 @@ def _checkpoints(record: RunRecord, item: Item) -> Line:
     path = host.workdir.path or "."
     figure = (f"{path} on {host.workdir.fs_type}: {why}: check `findmnt -T {path}`, `lsblk -o NAME,TYPE,ROTA,MODEL` "
               "and the provider's docs on instance storage")
-    if _yes_no(record.options.get("preemptible")) is True:
+    if preemptible_of(record.options, host)[0] is True:
         return Line(item, WARNED, figure + "; the instance is preemptible", line.findings)
     return Line(item, UNKNOWN, figure, line.findings)
 
@@ -440,7 +431,7 @@ def _nvlink(record: RunRecord, item: Item) -> Line:
         return line
     if attached_gpus(record.machine) == 1:  # not a `-i 0` report of a bigger machine
         return Line(item, TICKED, "not applicable: one GPU, nothing to link it to", line.findings)
-    without = [g for g in gpus if (ref := reference.by_id(g.reference)) is not None and ref.nvlink == "none"]
+    without = [g for g in gpus if model_without_nvlink(g)]
     if len(without) != len(gpus):
         return line
     models = ", ".join(dict.fromkeys(g.name or "this GPU" for g in without))
@@ -449,9 +440,7 @@ def _nvlink(record: RunRecord, item: Item) -> Line:
 
 
 def _preemptible(record: RunRecord, item: Item) -> Line:
-    stated = _yes_no(record.options.get("preemptible"))
-    options = {**record.options, "preemptible": stated}
-    preemptible, said_by = preemptible_of(options, record.machine.host)
+    preemptible, said_by = preemptible_of(record.options, record.machine.host)
     if preemptible is True:
         return Line(item, WARNED, f"preemptible ({said_by}): it can be reclaimed at any time; make the job resumable "
                                   "and keep checkpoints on persistent storage")
@@ -461,17 +450,6 @@ def _preemptible(record: RunRecord, item: Item) -> Line:
     asked = host.unavailable.get("lifecycle") if host else None
     where = f"the instance metadata did not say ({asked}): " if asked else "not visible from inside the machine: "
     return Line(item, UNKNOWN, f"{where}see the billing page or instance type, then tell gpuvet ({item.to_check})")
-
-
-def _yes_no(value: object) -> bool | None:
-    if isinstance(value, bool) or value is None:
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "y", "spot", "preemptible", "interruptible"):
-        return True
-    if text in ("0", "false", "no", "n", "on-demand", "ondemand", "reserved"):
-        return False
-    return None
 
 
 ITEMS: tuple[Item, ...] = (
