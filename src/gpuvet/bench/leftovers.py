@@ -35,15 +35,29 @@ _lock = threading.Lock()
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block ends (then arrive as usual). Only the main
-    thread runs Python's signal handlers, so elsewhere nothing needs holding back."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    thread runs Python's signal handlers, so elsewhere nothing needs holding back. The handlers
+    are swapped for ones that note the signal, rather than the signals masked: a process-directed
+    signal goes to any thread that does not mask it (the telemetry sampler's, the host benchmarks'),
+    and Python would still raise it in the main thread, in the middle of the cleanup."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    arrived: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        arrived.append(signum)
+
+    previous = {}
+    for signum in _HELD:
+        with contextlib.suppress(ValueError, OSError):
+            previous[signum] = signal.signal(signum, note)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)  # now handled as it would have been
 
 
 def _host_tag() -> str:
