@@ -56,8 +56,8 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        for signum in dict.fromkeys(arrived):
-            signal.raise_signal(signum)  # now handled as it would have been
+        for number in dict.fromkeys(arrived):
+            signal.raise_signal(number)  # now handled as it would have been
 
 
 def _host_tag() -> str:
