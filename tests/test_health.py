@@ -184,3 +184,13 @@ def test_a_skipped_check_is_said_and_not_judged():
     done = gpuvet("--from", str(POWER_BRAKE), "--skip", "gpu.throttle", "-v")
     assert done.returncode == 0
     assert any(line.split()[:2] == ["SKIP", "gpu.throttle"] and "(--skip)" in line for line in done.stdout.splitlines())
+
+
+def test_a_health_record_matches_the_shipped_run_schema():
+    from record_schemas import problems
+
+    done = gpuvet("--from", str(POWER_BRAKE), "--from", str(XID79_ON_GPU3), "--skip", "gpu.temperature",
+                  "--expect-gpus", "8", "--json")
+    record = json.loads(done.stdout)
+    assert record["options"]["skip"] == ["gpu.temperature"] and record["options"]["summary"].startswith("gpuvet: gpu3")
+    assert problems("run", record) == []
