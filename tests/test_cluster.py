@@ -258,6 +258,19 @@ def test_cross_node_results_become_named_measurements():
     assert note.details["nodes"] == ["c"] and "no result from c" in note.details["reason"]
 
 
+def test_ranks_still_starting_python_at_the_deadline_are_not_measured_not_failed():
+    """A busy node is slow to start its rank processes; when the deadline passes before they
+    wrote a line, the cross-node tests are skipped with that reason (never a failure)."""
+    plan = _plan([[0, 1, 2]], ranks_per_node=1)
+    deadline = "the cross-node measurements did not finish in time (deadline reached on this node)"
+    slow = combine_rank_reports(plan, 1, [{"ring": [], "finished": False, "step": "starting Python"}], deadline)
+    fast = combine_rank_reports(plan, 0, [{"ring": [], "finished": False, "step": "init_process_group"}], deadline)
+    nodes = [NodeState(0, "a", "done", cross=fast), NodeState(5, "b", "done", cross=slow), NodeState(9, "c", "done", cross=fast)]
+    note = next(m for m in cross_measurements(plan, nodes) if m.name == NOTE)
+    assert note.details["outcome"] == "skipped" and "slow to start a process" in note.details["reason"]
+    assert note.details["behind"] == {"b": "starting Python"}
+
+
 def test_a_vet_that_hangs_is_reported_not_waited_for():
     outcome = cluster.vet_with_deadline(Options(test_pause_at="vet"), 0.5, lambda step: None)
     assert outcome.hung and outcome.record is None and "did not finish in 0 s" in outcome.error

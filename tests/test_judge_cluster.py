@@ -379,6 +379,21 @@ def test_the_node_behind_in_the_cross_node_phase_is_named_in_its_row_and_the_fix
     assert "held up the cross-node phase: stuck at importing torch while the others reached init_process_group" in judgement.rows[0].headline
 
 
+def test_a_node_still_starting_python_at_the_deadline_is_slow_not_failed():
+    """A busy node starts processes slowly: its ranks still 'starting Python' (or importing torch)
+    when the cross-node deadline passes is said, as a warning, and the cross-node tests are not
+    measured (skipped), never a FAIL of a healthy node."""
+    slow = Measurement(NOTE, None, "", "cluster", {
+        "outcome": "skipped", "nodes": ["b"], "behind": {"b": "starting Python"}, "others_reached": "init_process_group",
+        "reason": "not measured in time: the cross-node measurements did not finish in time (deadline reached on this "
+                  "node); b stopped at starting Python while the others reached init_process_group (slow to start a process)"})
+    judgement = judge_cluster(_two_nodes(None), [slow])
+    node_b = next(f for f in judgement.findings if f.check == "cluster.nodes" and f.subject == "node:b")
+    assert node_b.status == WARN and "slow to start a process" in node_b.summary
+    assert _check(judgement, "cluster.allreduce").status == SKIP
+    assert not [f for f in judgement.findings if f.status == FAIL]
+
+
 def test_falling_back_to_gloo_is_a_warning_naming_the_nodes_without_gpu(template):
     from gpuvet.judge.cluster import FALLBACK
 

@@ -84,6 +84,10 @@ def run_cross_node(plan: Plan, member: int, rendezvous: Rendezvous, options: Opt
 def _with_exit(report: dict[str, Any], code: int | None, stopped: bool) -> dict[str, Any]:
     """A rank that died by itself (the NCCL watchdog aborts the process, a driver fault kills it)
     failed at the step it was in; one this node stopped did not."""
+    if stopped and report.get("no_report"):
+        # Stopped at the deadline before it wrote a line: still starting Python or torch on a
+        # busy machine. Slow, not broken: no error of its own (the node is never failed for it).
+        return {key: value for key, value in report.items() if key != "error"}
     if stopped or code in (None, 0) or report.get("error") or report.get("finished"):
         return report
     how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
@@ -168,7 +172,7 @@ def _read_rank_report(workdir: Path, local: int) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         log = (workdir / f"local{local}.log")
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        return {"allreduce": None, "ring": [], "step": "starting Python", "finished": False,
+        return {"allreduce": None, "ring": [], "step": "starting Python", "finished": False, "no_report": True,
                 "error": {"step": "starting Python", "error": tail[0][:300] if tail else "no output"}}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from .. import __version__
 from ..bench.allreduce import LATENCY_BYTES
 from ..judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, UNNAMED_PREFIX,
-                             NodeEntry, judge_cluster)
+                             NodeEntry, judge_cluster, starting_up)
 from ..record import Measurement, verdict_of
 from ..record.cluster import CLUSTER_SCHEMA
 from .launch import Launch
@@ -113,6 +113,14 @@ def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list
     others = "finished" if reached == FINISHED else f"reached {reached}"
     behind_words = (f"; {', '.join(f'{name} stopped at {step}' for name, step in list(behind.items())[:8])}"
                     f" while the others {others}") if behind else ""
+    broken = [e for _, e in errors if not e.get("stopped")]
+    # Who held the others up: the nodes behind, or (all at one step) every stopped rank.
+    held_at = list(behind.values()) if behind else [e.get("step") for _, e in errors]
+    if aborted and held_at and not silent and not broken and all(starting_up(step) for step in held_at):
+        # Held up only by ranks still starting their Python processes: a loaded node, not a
+        # broken one. Not measured (skipped), never failed.
+        return ("skipped", f"not measured in time: {aborted}{behind_words} (slow to start a process: a busy node; "
+                           "rerun with a longer --cross-timeout or on idle nodes)", named, extra)
     if aborted:  # rank 0 stopped everyone, or the deadline passed: who was behind says who held it up
         return "aborted", f"aborted: {aborted}{behind_words}", named, extra
     parts = []

@@ -506,6 +506,14 @@ def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], other
         if name not in by_name or by_name[name].status != OK:
             continue  # already named above
         others = _others_words(others_reached)
+        if starting_up(step):  # a busy node starts processes slowly: said, never failed for it
+            findings.append(_finding(
+                "cluster.nodes", f"node:{name}", WARN, f"{name} was still at '{step}' when the cross-node phase "
+                f"ran out of time {others}: slow to start a process (a busy node?), not a fault",
+                measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
+                expected="every node's ranks start within the cross-node deadline",
+                remedy=f"{show_command(by_name[name])}; `uptime` there (load), then rerun with a longer --cross-timeout"))
+            continue
         findings.append(_finding(
             "cluster.nodes", f"node:{name}", FAIL, f"{name} held up the cross-node phase: stuck at {step} {others}",
             measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
@@ -841,6 +849,16 @@ def _stopped_findings(stopped: str | None) -> list[Finding]:
                      "what was gathered by then", measured=stopped, expected="the run ends by itself",
                      remedy="if torchrun's log says 'Detected N new nodes ... will restart worker group', a node joined "
                             "late: start every node at once with the line from `gpuvet cluster --print-launch`, and rerun")]
+
+
+# A rank's steps before its Python runs gpuvet's code (cluster/cross_rank.py names them). A rank
+# stuck later (importing torch, a collective) for the whole deadline is held up, not slow.
+START_UP_STEPS = ("starting Python", "starting")
+
+
+def starting_up(step: str | None) -> bool:
+    """Still starting its process: slow there is a loaded machine, not a broken one."""
+    return (step or "starting") in START_UP_STEPS
 
 
 def _behind(notes: list[Measurement]) -> tuple[dict[str, str], str | None]:
