@@ -104,8 +104,17 @@ def test_the_readme_check_tables_name_exactly_the_catalogue():
 
 def test_benchmark_lists_are_the_catalogue():
     from gpuvet import runner
+    from gpuvet.bench import host_plan, plan, schedule, worker
 
     assert tuple(runner.ALL_BENCHMARKS) == catalog.ALL_BENCHMARKS
+    assert plan.ALL == worker.MODULES == schedule.GPU_BENCHMARKS == catalog.GPU_BENCHMARKS
+    assert tuple(host_plan.HOST) == catalog.HOST_BENCHMARKS
+    gemm = catalog.BENCHMARK_BY_NAME["gemm"]
+    assert (schedule.BENCH_BUDGET_S["gemm"], schedule.CPU_BUDGET_S["gemm"]) == (gemm.budget_s, gemm.cpu_budget_s)
+    assert set(plan.FRESH_PROCESS) == {"latency", "allreduce"}
+    assert set(schedule.CPU_CAPABLE) == {"gemm", "membw", "sustained", "allreduce", "workload"}
+    assert judge.BENCH_CHECKS["workload"] == ("workload.throughput", "workload.checkpoint", "workload.resume")
+    assert judge.BENCH_CHECKS["net"] == ("net.loopback",)  # net.node_to_node is `gpuvet net test`'s
 
 
 def test_gpuvet_checks_lists_every_id_and_benchmark(capsys):

@@ -20,9 +20,10 @@ class Benchmark:
     where: str  # "host": in gpuvet's own process, no torch; "gpu": in the benchmark worker
     cpu_capable: bool  # `--device cpu` measures it on the CPU for real
     fresh_process: bool  # starts fresh processes on a GPU (needs a worker that has not opened it)
-    budget_s: float  # seconds it may use (per GPU; GPUs side by side where they run at once)
+    budget_s: float  # seconds `gpuvet bench NAME` gives it (per GPU; GPUs side by side where they run at once)
     cpu_budget_s: float | None  # its budget on `--device cpu`
     doc: str
+    run_budget_s: float | None = None  # its budget in the default `gpuvet run` (None: budget_s)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Check:
     fails_when: str
     doc: str
     emitted_by: str = "run"  # run (gpuvet run / inspect / bench), health, net test, cluster, watch log
+    per_gpu: bool = False  # judged per GPU from its facts: without any GPU it skips once, saying why
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -49,20 +51,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # minutes on an 8-GPU node: GEMM, memory and the sustained load run on all GPUs at once; host
     # copies go one GPU at a time, so theirs is short.
     Benchmark("gemm", "bench.gemm", "gpu", True, False, 20.0, 8.0,
-              "TFLOPS per dtype over a shape sweep, and the products checked against float64"),
-    Benchmark("membw", "bench.membw", "gpu", True, False, 3.0, 3.0, "device-to-device copy bandwidth"),
+              "TFLOPS per dtype over a shape sweep, and the products checked against float64", run_budget_s=12.0),
+    Benchmark("membw", "bench.membw", "gpu", True, False, 3.0, 3.0, "device-to-device copy bandwidth", run_budget_s=3.0),
     Benchmark("pcie", "bench.pcie", "gpu", False, False, 2.5, None,
-              "host<->GPU copies, pinned and pageable, with the link read while they run"),
+              "host<->GPU copies, pinned and pageable, with the link read while they run", run_budget_s=1.5),
     Benchmark("latency", "bench.latency", "gpu", False, True, 12.0, None,
-              "CUDA context start-up in fresh processes and kernel launch latency"),
+              "CUDA context start-up in fresh processes and kernel launch latency", run_budget_s=7.0),
     Benchmark("sustained", "bench.sustained", "gpu", True, False, 30.0, 10.0,
-              "a sustained load on all GPUs at once with telemetry (`--soak` makes it longer)"),
-    Benchmark("p2p", "bench.p2p", "gpu", False, False, 10.0, None, "the GPU-to-GPU copy matrix"),
+              "a sustained load on all GPUs at once with telemetry (`--soak` makes it longer)", run_budget_s=30.0),
+    Benchmark("p2p", "bench.p2p", "gpu", False, False, 10.0, None, "the GPU-to-GPU copy matrix", run_budget_s=7.0),
     Benchmark("allreduce", "bench.allreduce", "gpu", True, True, 20.0, 20.0,
-              "all-reduce latency and bus bandwidth across the GPUs (one process per rank)"),
+              "all-reduce latency and bus bandwidth across the GPUs (one process per rank)", run_budget_s=12.0),
     # Training, a ~1 GB checkpoint, and a fresh process that resumes it.
     Benchmark("workload", "bench.workload", "gpu", True, False, 120.0, 60.0,
-              "a small GPT trained end to end: tokens/s, MFU, checkpoint, resume in a fresh process"),
+              "a small GPT trained end to end: tokens/s, MFU, checkpoint, resume in a fresh process", run_budget_s=20.0),
 )
 
 _WATCH_REMEDY = "the watch log's diagnosis line says what held the GPU back"
@@ -86,44 +88,56 @@ CHECKS: tuple[Check, ...] = (
     Check("gpu.isolation", "gpu", "gpu_health.check_isolation", None,
           "whole card, vGPU guest, MIG slice, processes and memory in use, the kernel driver bound",
           "memory or load nobody you can see accounts for, or a driver other than nvidia",
-          "is the GPU yours alone"),
+          "is the GPU yours alone",
+          per_gpu=True),
     Check("gpu.power_limit", "gpu", "gpu_power.check_power_limit", None,
           "enforced power limit vs the default (or the model's reference default)",
-          "at 80% of default or less (warns below 97%)", "is the power limit the model's"),
+          "at 80% of default or less (warns below 97%)", "is the power limit the model's",
+          per_gpu=True),
     Check("gpu.pcie_link", "gpu", "gpu_links.check_pcie_link", None,
           "current vs max PCIe generation and width (the reading under load when there is one)",
           "width at a quarter of max or less, or a generation two steps low under load",
-          "does the PCIe link run at full width and speed"),
+          "does the PCIe link run at full width and speed",
+          per_gpu=True),
     Check("gpu.nvlink", "gpu", "gpu_links.check_nvlink", None,
           "NVLink state per link, or NV# links in topo -m",
           "links inactive, no NVLink on a model built with it, or fewer links than the other GPUs",
-          "are the NVLinks up"),
+          "are the NVLinks up",
+          per_gpu=True),
     Check("gpu.throttle", "gpu", "gpu_power.check_throttle", None, "active clock-event reasons",
-          "HW slowdown, HW/SW thermal slowdown, HW power brake", "is the GPU slowed down right now"),
+          "HW slowdown, HW/SW thermal slowdown, HW power brake", "is the GPU slowed down right now",
+          per_gpu=True),
     Check("gpu.temperature", "gpu", "gpu_power.check_temperature", None,
           "temperature vs the slowdown threshold", "within 3 C of slowdown (warns within 10 C)",
-          "is the GPU near its slowdown temperature"),
+          "is the GPU near its slowdown temperature",
+          per_gpu=True),
     Check("gpu.ecc", "gpu", "gpu_health.check_ecc", None,
           "ECC mode, uncorrectable errors, retired pages, remapped rows",
-          "errors since reset, a pending retirement or remap, a failed remap", "is the memory healthy"),
+          "errors since reset, a pending retirement or remap, a failed remap", "is the memory healthy",
+          per_gpu=True),
     Check("gpu.xid", "gpu", "gpu_xid.check_xid", None,
           "the kernel log since boot: NVIDIA Xid and SXid events, fallen off the bus, PCIe AER on a GPU's bus",
           "hardware Xids, a GPU the driver cannot start, uncorrected AER (warns on application Xids)",
           "has the driver logged GPU faults"),
     Check("gpu.link_errors", "gpu", "gpu_signals.check_link_errors", None,
           "PCIe replays since reset, sysfs AER counters, NVLink error counters",
-          "uncorrected AER errors (warns above 8 replays per minute, on NVLink errors)", "are the links clean"),
+          "uncorrected AER errors (warns above 8 replays per minute, on NVLink errors)", "are the links clean",
+          per_gpu=True),
     Check("gpu.fabric", "gpu", "gpu_signals.check_fabric", None,
           "NVSwitch fabric registration per GPU and the fabric manager service",
-          "a registration not completed, the service stopped or of another version", "is the NVSwitch fabric up"),
+          "a registration not completed, the service stopped or of another version", "is the NVSwitch fabric up",
+          per_gpu=True),
     Check("gpu.recovery", "gpu", "gpu_signals.check_recovery", None,
           "the driver's GPU Recovery Action and the spare rows left per memory bank",
-          "any recovery action, a bank with no spare row", "does the GPU need a reset"),
+          "any recovery action, a bank with no spare row", "does the GPU need a reset",
+          per_gpu=True),
     Check("gpu.throttle_history", "gpu", "gpu_signals.check_throttle_history", None,
           "time spent slowed since the driver loaded (clock event reason counters)",
-          "a minute or more in HW slowdown, thermal slowdown or power brake", "has the GPU been slowed before"),
+          "a minute or more in HW slowdown, thermal slowdown or power brake", "has the GPU been slowed before",
+          per_gpu=True),
     Check("gpu.persistence", "gpu", "gpu_signals.check_persistence", None, "persistence mode",
-          "never (warns when off on a datacenter GPU)", "is persistence mode on"),
+          "never (warns when off on a datacenter GPU)", "is persistence mode on",
+          per_gpu=True),
     Check("gpu.trend", "gpu", "gpu_trend.check_trend", None,
           "a monitoring loop given to inspect (--query-gpu -l, dmon) as a time series per GPU",
           "the clock falling 15% under load, heat within 3 C of slowdown", "how the GPU behaved over a monitoring loop"),
@@ -275,14 +289,17 @@ GPU_BENCHMARKS: tuple[str, ...] = tuple(b.name for b in BENCHMARKS if b.where ==
 ALL_BENCHMARKS: tuple[str, ...] = HOST_BENCHMARKS + GPU_BENCHMARKS  # the order a run takes them in
 
 
+PER_GPU_CHECKS: frozenset[str] = frozenset(c.id for c in CHECKS if c.per_gpu)
+
+
 def checks_of(rule: str) -> tuple[str, ...]:
     """The ids one rule makes (a family such as host_io.check_storage makes several)."""
     return tuple(c.id for c in CHECKS if c.rule == rule)
 
 
-def fed_by(benchmark: str) -> tuple[str, ...]:
-    """The ids a benchmark's measurements feed."""
-    return tuple(c.id for c in CHECKS if c.benchmark == benchmark)
+def fed_by(benchmark: str, emitted_by: str = "run") -> tuple[str, ...]:
+    """The ids a benchmark's measurements feed (in `gpuvet run` unless told)."""
+    return tuple(c.id for c in CHECKS if c.benchmark == benchmark and c.emitted_by == emitted_by)
 
 
 def is_check(check_id: str) -> bool:

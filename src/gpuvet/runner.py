@@ -12,7 +12,7 @@ import typing
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from . import judge
+from . import catalog, judge
 from .bench import host_plan, schedule
 from .bench import plan as bench_plan
 from .facts import Machine, from_dict
@@ -25,7 +25,7 @@ from .record.watch import check_watch_line, is_watch_header
 
 # Every benchmark, in the order a default run takes them: the host first (no GPU needed), then
 # the GPUs.
-ALL_BENCHMARKS = host_plan.HOST + bench_plan.ALL
+ALL_BENCHMARKS = catalog.ALL_BENCHMARKS
 
 
 def _now() -> str:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import telemetry
+from .. import catalog, telemetry
 from ..facts import Gpu, Machine, PcieLink
 from ..record import Series
 from . import schedule
@@ -26,7 +26,7 @@ SLACK_S = 45.0  # first CUDA use loads cuBLAS and builds kernels; a deadline mus
 # Benchmarks that start fresh processes on a GPU (context start-up, all-reduce ranks): in an exclusive
 # compute mode they need a worker that has not opened the GPU yet. (The workload trains in the worker
 # itself, so its fresh-process resume cannot run there and says so.)
-FRESH_PROCESS = ("latency", "allreduce")
+FRESH_PROCESS = tuple(b.name for b in catalog.BENCHMARKS if b.fresh_process)
 TELEMETRY_INTERVAL_S = 0.1
 # A long soak samples less often, so the whole load stays in the record (the sampler keeps at most
 # about an hour at 10 Hz per GPU) and the record stays a few MB.

@@ -20,23 +20,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .. import catalog
 from ..facts import Gpu, Machine
 
-GPU_BENCHMARKS = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
-HOST_BENCHMARKS = ("disk", "net", "cpu")
+GPU_BENCHMARKS = catalog.GPU_BENCHMARKS
+HOST_BENCHMARKS = catalog.HOST_BENCHMARKS
 ALONE = ("cpu",)  # host benchmarks that must not share the CPU: before the GPU work
 ALONGSIDE_SUSTAINED = ("disk", "net")  # host benchmarks that run while the GPUs hold the sustained load
 
 # Seconds each GPU benchmark may use (all GPUs at once where they run side by side; pcie: per GPU).
 # `gpuvet bench NAME` budgets: one benchmark, measured thoroughly.
-BENCH_BUDGET_S = {"gemm": 20.0, "membw": 3.0, "pcie": 2.5, "latency": 12.0, "sustained": 30.0, "p2p": 10.0,
-                  "allreduce": 20.0,
-                  "workload": 120.0}  # training, a ~1 GB checkpoint, and a fresh process that resumes it
+BENCH_BUDGET_S = {b.name: b.budget_s for b in catalog.BENCHMARKS if b.where == "gpu"}
 # The default `gpuvet run`: every check decided within two minutes on 8 GPUs (a test holds it).
-RUN_BUDGET_S = {"gemm": 12.0, "membw": 3.0, "pcie": 1.5, "latency": 7.0, "sustained": 30.0, "p2p": 7.0,
-                "allreduce": 12.0, "workload": 20.0}
-CPU_BUDGET_S = {"gemm": 8.0, "membw": 3.0, "sustained": 10.0, "allreduce": 20.0, "workload": 60.0}
-HOST_BUDGET_S = {"disk": 10.0, "net": 3.0, "cpu": 6.0}
+RUN_BUDGET_S = {b.name: b.run_budget_s or b.budget_s for b in catalog.BENCHMARKS if b.where == "gpu"}
+CPU_BUDGET_S = {b.name: b.cpu_budget_s for b in catalog.BENCHMARKS if b.where == "gpu" and b.cpu_budget_s is not None}
+HOST_BUDGET_S = {b.name: b.budget_s for b in catalog.BENCHMARKS if b.where == "host"}
 # The workload's budget is sized for a number of steps (bench/workload.py SIZES for `gpuvet bench`,
 # RUN_WORKLOAD_STEPS for the default run); asking for more steps scales it up.
 WORKLOAD_DEFAULT_STEPS = {"cuda": 150, "cpu": 30}
@@ -48,7 +46,7 @@ FACTS_S = 3.0  # NVML, sysfs, /proc and PyTorch's versions read in a subprocess
 WORKER_START_S = 5.0  # the benchmark worker imports PyTorch and sees the GPUs
 RUN_TARGET_S = 120.0  # the promise for the default run on 8 GPUs
 
-CPU_CAPABLE = ("gemm", "membw", "sustained", "allreduce", "workload")
+CPU_CAPABLE = tuple(b.name for b in catalog.BENCHMARKS if b.where == "gpu" and b.cpu_capable)
 MACHINE_WIDE = ("p2p", "allreduce")  # one job across all GPUs
 SIDE_BY_SIDE = ("gemm", "membw", "sustained")  # one job per GPU, all at once
 

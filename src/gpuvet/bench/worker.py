@@ -28,10 +28,11 @@ import threading
 import traceback
 from typing import Any, TextIO
 
+from .. import catalog
 from .common import STUCK_ON_GPU, BenchContext, Budget, OutOfTime, Skip
 from .leftovers import exit_on_sigterm
 
-MODULES = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce", "workload")
+MODULES = catalog.GPU_BENCHMARKS  # each a module of this package
 
 
 def _devices(torch: Any) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from .. import catalog
 from ..facts import Machine
 from ..record import MEASURED, PASS, SKIP, Finding, Measurement
 from . import (
@@ -88,9 +89,7 @@ RULES: dict[str, Rule] = {
 
 # Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks
 # explain their own absence (bench.<name> notes), so they are not in this set.
-_PER_GPU = {"gpu.isolation", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
-            "gpu.temperature", "gpu.ecc", "gpu.link_errors", "gpu.fabric", "gpu.recovery", "gpu.throttle_history",
-            "gpu.persistence"}
+_PER_GPU = catalog.PER_GPU_CHECKS
 
 
 def judge(machine: Machine, measurements: list[Measurement] | None = None,
@@ -120,29 +119,20 @@ def judge_health(machine: Machine, options: Mapping[str, Any] | None = None) -> 
     return findings
 
 
-# Benchmark checks -> the benchmark that feeds them.
-_BENCH_OF = {"gpu.gemm": "gemm", "gpu.correctness": "gemm", "gpu.memory_bandwidth": "membw", "gpu.pcie_bandwidth": "pcie",
-             "gpu.context_init": "latency", "gpu.kernel_launch": "latency", "gpu.sustained": "sustained",
-             "gpu.p2p": "p2p", "gpu.allreduce": "allreduce"}
+# GPU benchmark checks -> the benchmark that feeds them.
+_BENCH_OF = {c.id: c.benchmark for c in catalog.CHECKS if c.area == "gpu" and c.benchmark}
 
 
-# `gpuvet bench NAME`: the checks each benchmark decides (a finding's check id, or a prefix
-# ending in "."); the facts, host and security audit are `gpuvet run`'s.
-BENCH_CHECKS: dict[str, tuple[str, ...]] = {
-    "gemm": ("gpu.gemm", "gpu.correctness", "cpu.gemm"), "membw": ("gpu.memory_bandwidth", "cpu.membw"),
-    "pcie": ("gpu.pcie_bandwidth", "cpu.pcie"), "latency": ("gpu.context_init", "gpu.kernel_launch", "cpu.latency"),
-    "sustained": ("gpu.sustained", "cpu.sustained"), "p2p": ("gpu.p2p", "cpu.p2p"),
-    "allreduce": ("gpu.allreduce", "cpu.allreduce"), "workload": ("workload.",),
-    "disk": ("storage.write", "storage.read", "storage.random_read", "storage.small_files"),
-    "net": ("net.loopback",), "cpu": ("host.cpu_feed",),
-}
+# `gpuvet bench NAME`: the checks each benchmark decides; the facts, host and security audit are
+# `gpuvet run`'s.
+BENCH_CHECKS: dict[str, tuple[str, ...]] = {name: catalog.fed_by(name) for name in catalog.ALL_BENCHMARKS}
 
 
 def of_benchmarks(findings: list[Finding], names: list[str], expect: bool = False) -> list[Finding]:
     """The findings the benchmarks `names` decide (and gpu.model when the user named the model
     they paid for), in report order."""
     wanted = [c for name in names for c in BENCH_CHECKS.get(name, ())] + (["gpu.model"] if expect else [])
-    return [f for f in findings if any(f.check == c or (c.endswith(".") and f.check.startswith(c)) for c in wanted)]
+    return [f for f in findings if f.check in wanted]
 
 
 def _run(check: str, rule: Rule, ctx: Context) -> list[Finding]:

@@ -4,12 +4,14 @@ run says why."""
 
 from __future__ import annotations
 
+from .. import catalog
 from ..record import MEASURED, Finding
 from .bench_common import measured
 from .common import SKIP, Context, finding
 
-# The GPU benchmarks that `--device cpu` runs on the CPU instead.
-GPU_BENCHMARKS = ("gemm", "membw", "pcie", "latency", "sustained", "p2p", "allreduce")
+# The GPU benchmarks reported as cpu.<benchmark> when `--device cpu` runs them on the CPU instead
+# (the workload has checks of its own).
+GPU_BENCHMARKS = tuple(c.benchmark for c in catalog.CHECKS if c.area == "cpu" and c.benchmark)
 
 
 def check_cpu_benchmarks(ctx: Context) -> list[Finding]:

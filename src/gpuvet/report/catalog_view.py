@@ -16,7 +16,7 @@ def catalog_lines(checks: Iterable[Check], benchmarks: Iterable[Benchmark]) -> l
         for c in (c for c in checks if c.emitted_by == emitted_by):
             fed = f" [bench {c.benchmark}]" if c.benchmark else ""
             lines.append(f"    {c.id:<{width}}  {c.looks_at}. Fails: {c.fails_when}{fed}")
-    lines.append("Benchmarks (`gpuvet bench NAME`):")
+    lines.append("Benchmarks (`gpuvet bench NAME`; budgets are `gpuvet bench`'s):")
     name_width = max(len(b.name) for b in benchmarks)
     for b in benchmarks:
         traits = [b.where] + (["cpu-capable"] if b.cpu_capable else []) + (["fresh processes"] if b.fresh_process else [])
