@@ -84,7 +84,7 @@ def test_a_log_of_a_host_without_gpus_says_no_gpu_was_watched(tmp_path):
 def test_the_followed_jobs_cpu_and_io_is_a_line_of_the_findings(monkeypatch, tmp_path):
     record = runner.load_watch_log(str(write_log(monkeypatch, tmp_path / "watch.jsonl", pid=os.getpid())))
     (job,) = [f for f in record.findings if f.check == "watch.job"]
-    assert job.subject == f"job {os.getpid()}" and job.status == "pass"
+    assert job.subject == f"job {os.getpid()}" and job.status == "measured"
     assert job.summary.startswith("CPU ") and "% of one core on average (peak " in job.summary
     assert job.summary.endswith("on GPU 0")  # the stand-in lists this test's process on gpu0
 
@@ -97,7 +97,7 @@ def test_markdown_of_a_watch_log_has_no_checklist_and_lists_diagnosis_changes(mo
     watched = md[md.index("## Watched job"):]
     assert f"_Recorded by `gpuvet watch --log {tmp_path / 'watch.jsonl'}`" in watched
     assert "- ❌ FAIL **gpu0**: thermal 100% of the watched time (" in watched
-    assert f"- ✅ PASS **job {os.getpid()}**: CPU " in watched
+    assert f"- 📏 MEASURED (not judged) **job {os.getpid()}**: CPU " in watched
     changes = watched[watched.index("### Diagnosis changes"):]
     assert "| Time | Subject | From → to | What was seen |" in changes
     assert "| gpu0 | start → thermal | thermal: util 99%, SM clock at 100% of max, HW thermal slowdown active" in changes

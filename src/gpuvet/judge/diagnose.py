@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..facts import Gpu
-from ..record import Finding
+from ..record import MEASURED, Finding
 from ..samples import Sample, summarize
 from .common import FAIL, NO_CONTEXT_MIB, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
@@ -649,7 +649,7 @@ def _rate_words(bps: float) -> str:
 def watch_job_finding(pid: Any, sessions: list[tuple[list[str], list[list[Any]]]]) -> Finding | None:
     """The followed job's CPU and storage IO over a watch log, as one line beside its GPUs' findings:
     `sessions` are (columns, rows) of its "watch.job" series (log.JOB_COLUMNS). None without rows.
-    PASS: nothing is judged here (the GPUs' diagnoses say whether the job was held back)."""
+    Measured, not judged: no threshold applies (the GPUs' diagnoses say whether the job was held back)."""
     values = [dict(zip(columns, row)) for columns, rows in sessions for row in rows]
     if not values:
         return None
@@ -672,8 +672,7 @@ def watch_job_finding(pid: Any, sessions: list[tuple[list[str], list[list[Any]]]
     processes = [int(n) for n in numbers("processes")]
     measured = (f"{len(values)} readings" + (f"; up to {max(processes)} processes in its tree" if processes else "")
                 + (f"; CPU {min(cpu):.0f}..{max(cpu):.0f}% of one core" if cpu else ""))
-    return finding("watch.job", f"job {pid}", PASS, "; ".join(parts), measured=measured,
-                   expected="a record of the job's CPU and IO beside its GPUs' diagnoses (no threshold)", source=JOB_SOURCE)
+    return finding("watch.job", f"job {pid}", MEASURED, "; ".join(parts), measured=measured, source=JOB_SOURCE)
 
 
 def watch_without_gpus(reason: str | None) -> Finding:
