@@ -124,3 +124,30 @@ def test_signals_wait_while_a_worker_process_starts():
             os.kill(os.getpid(), signal.SIGINT)
             started = True  # not interrupted inside: a child's pickled job is never cut
     assert started
+
+
+def test_a_sustained_load_on_a_contended_cpu_ends_on_time_with_windows_to_judge(monkeypatch):
+    """A contended CPU makes each matmul far slower than the calibration said (the 2 s load once
+    took 19 s): each window and the load still end on time."""
+    import torch
+
+    from gpuvet.bench import sustained
+    from gpuvet.bench.common import BenchContext, Budget
+
+    real_mm = torch.mm
+    calls = {"n": 0}
+
+    def contended_mm(a, b, out=None):
+        calls["n"] += 1
+        if calls["n"] > 4:  # after the calibration the machine gets busy: each call takes 50 ms of wall time
+            begun = time.perf_counter()
+            while time.perf_counter() - begun < 0.05:
+                pass
+        return real_mm(a, b, out=out)
+
+    monkeypatch.setattr(sustained.torch, "mm", contended_mm)
+    ctx = BenchContext(device="cpu", subject="cpu", budget=Budget(10), params={"duration_s": 1.0, "size": 256})
+    start = time.monotonic()
+    results = sustained.run(ctx)
+    assert time.monotonic() - start < 1.0 + 2.0  # the load, plus set-up and one slowed call at most
+    assert len(ctx.series[0]["rows"]) >= 2 and results[0]["value"] > 0

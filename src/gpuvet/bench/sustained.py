@@ -52,16 +52,26 @@ def run(ctx: BenchContext) -> list[dict]:
     ctx.progress(f"sustained load for {duration:.0f} s")
     windows: list[tuple[float, float]] = []  # (seconds since start, TFLOPS)
     start = time.time()
-    while time.time() - start < duration:
+    end = start + duration
+    while time.time() < end:
         t0 = time.perf_counter()
-        for _ in range(batch):
+        window_end = min(end, time.time() + WINDOW_S)
+        calls = 0
+        for calls in range(1, batch + 1):
             torch.mm(a, b, out=c)
+            # On a contended CPU a window sized a moment ago can take many times longer: each
+            # window and the load end on time all the same (on a GPU the calls queue; the
+            # re-aimed batch bounds the window there).
+            if not ctx.is_cuda and time.time() >= window_end:
+                break
         synchronize(ctx.device)
         elapsed = time.perf_counter() - t0
-        windows.append((round(time.time() - start, 3), batch * flops_per_mm / elapsed / 1e12))
+        windows.append((round(time.time() - start, 3), calls * flops_per_mm / elapsed / 1e12))
         # Re-aim every window: one calibration call can run fast or slow (a preempted thread, a
-        # clock ramping up), and a batch sized from it alone could fill the whole run.
-        batch = max(1, min(4 * batch, int(batch * WINDOW_S / max(elapsed, 1e-6))))
+        # clock ramping up), and a batch sized from it alone could fill the whole run; never
+        # aim past the end of the load.
+        left = max(0.0, end - time.time())
+        batch = max(1, min(4 * batch, int(batch * min(WINDOW_S, left) / max(elapsed, 1e-6))))
     del a, b, c  # the worker empties torch's cache once every GPU's thread is done
     return _results(ctx, windows, dtype, n, start)
 
