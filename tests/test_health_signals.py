@@ -149,6 +149,8 @@ def test_nvml_fabric_recovery_violations_and_nvlink_counters(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetViolationStatus", lambda h, policy: Violation(), raising=False)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkErrorCounter", lambda h, link, counter: 7 if counter == 1 else 0,
                         raising=False)
+    histogram = pynvml.c_nvmlRowRemapperHistogramValues(max=0, high=0, partial=0, low=2, none=1)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetRowRemapperHistogram", lambda h: histogram, raising=False)
     gpu = Gpu(index=0, name="NVIDIA H100 80GB HBM3", nvlinks=[NvLink(link=0, active=True), NvLink(link=1, active=False)])
 
     def query(field, fn, *args):
@@ -159,6 +161,7 @@ def test_nvml_fabric_recovery_violations_and_nvlink_counters(monkeypatch):
     assert gpu.recovery_action == "Drain and Reset"
     assert gpu.clock_event_time_us == {"sw_power_cap": 90e6, "thermal": 90e6}
     assert gpu.nvlink_errors == {"replay": 0, "recovery": 7, "crc": 0}
+    assert gpu.remap_histogram == {"max": 0, "high": 0, "partial": 0, "low": 2, "none": 1}
     statuses = {f.check: f.status for f in judge.judge(Machine(gpus=[gpu])) if f.subject == "gpu0"}
     assert statuses["gpu.fabric"] == "fail" and statuses["gpu.recovery"] == "fail"
     assert statuses["gpu.throttle_history"] == "fail" and statuses["gpu.link_errors"] == "warn"

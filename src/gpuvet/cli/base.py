@@ -242,6 +242,18 @@ def write_atomically(path: str, text: str, redacted: bool = False) -> None:
         raise UsageProblem(f"--out {path}: cannot write it ({err.strerror or err})") from None
 
 
+def _check_replay_file() -> None:
+    """GPUVET_NVML_REPLAY naming a file that is no `nvidia-smi -q -x` capture: one line, exit 2."""
+    from ..probe import nvml_replay
+    from ..probe.errors import CaptureError
+
+    try:
+        nvml_replay.load(nvml_replay.replay_file() or "")
+    except CaptureError as err:
+        click.echo(f"gpuvet: {err}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -282,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _interrupt)
     readable_anywhere()
+    if os.environ.get("GPUVET_NVML_REPLAY"):
+        _check_replay_file()
     try:
         cli.main(args=argv, prog_name="gpuvet", standalone_mode=False)
     except click.exceptions.Exit as exit_:

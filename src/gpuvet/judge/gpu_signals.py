@@ -24,7 +24,9 @@ def _worst(statuses: list[str]) -> str:
 # -- gpu.link_errors ------------------------------------------------------------------------------
 
 def check_link_errors(ctx: Context) -> list[Finding]:
-    uptime = ctx.machine.host.uptime_s if ctx.machine.host else None
+    # A replayed capture's counters (GPUVET_NVML_REPLAY) were not counted over this host's uptime.
+    replayed = ctx.machine.source.startswith("replay:")
+    uptime = ctx.machine.host.uptime_s if ctx.machine.host and not replayed else None
     return [_link_errors(gpu, uptime) for gpu in ctx.machine.gpus]
 
 

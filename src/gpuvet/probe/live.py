@@ -22,7 +22,11 @@ KERNEL_LOG_DEADLINE_S = 5.0
 def collect(workdir: str | None = None, steal_window_s: float = 0.5, import_torch: bool | None = None) -> Machine:
     """Facts of this machine. `import_torch=None` imports torch (in a subprocess) only when a GPU
     is present: without one, its arch list is empty anyway and the import costs seconds."""
-    machine = Machine(source="live")
+    replayed = nvml.replayed_from()
+    # GPUVET_NVML_REPLAY: the GPU facts are a capture's, so the record must not call them live.
+    machine = Machine(source=f"replay: {replayed}" if replayed else "live")
+    if replayed:
+        machine.captures.append({"path": replayed, "kind": "nvml-replay"})
     host_job = _Isolated("host", lambda: _host(workdir, steal_window_s), timeout_s=steal_window_s + 10)
     audit_job = _Isolated("audit", audit.collect_audit, timeout_s=15)
     kernel_job = _Isolated("kernel_log", lambda: kernel_log.read_kernel_log(KERNEL_LOG_DEADLINE_S),
@@ -85,6 +89,8 @@ def _gpus() -> tuple[Driver, list[Gpu], Topology | None, str | None]:
             driver, gpus, topology, error = nvml.collect()
         finally:
             nvml.shutdown()
+    if nvml.replayed_from():
+        return driver, gpus, topology, error  # this machine's sysfs and kernel module are not the capture's
     driver.kernel_module_version = proc_version.read_kernel_module_version()
     _add_sysfs(gpus, error)
     if any(g.fabric is not None for g in gpus):  # an NVSwitch system: its fabric manager must run

@@ -19,7 +19,7 @@ from ..facts import (
     Topology,
     reasons_from_mask,
 )
-from . import nvml_health
+from . import nvml_health, nvml_names, nvml_replay
 from .values import bus_id
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not stop the host checks
@@ -29,6 +29,18 @@ except Exception as _err:  # pragma: no cover - only on broken installs
     _IMPORT_ERROR = f"nvidia-ml-py cannot be imported: {_err}"
 else:
     _IMPORT_ERROR = ""
+
+if pynvml is not None and nvml_replay.replay_file():
+    # GPUVET_NVML_REPLAY: every NVML call of this process answers from a capture (a testing aid).
+    try:
+        pynvml = nvml_replay.load(nvml_replay.replay_file())
+    except Exception as _err:  # the CLI refuses a bad file up front; a library caller gets the reason
+        pynvml, _IMPORT_ERROR = None, str(_err)
+
+
+def replayed_from() -> str | None:
+    """The capture NVML answers from (GPUVET_NVML_REPLAY), or None when NVML is the driver's."""
+    return getattr(pynvml, "replay_file", None)
 
 _MIB = 1024 * 1024
 
@@ -140,13 +152,9 @@ def _text(value: Any) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _enum_name(prefix: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    for name in dir(pynvml):
-        if name.startswith(prefix) and getattr(pynvml, name) == value:
-            return name[len(prefix):].replace("_", " ").title()
-    return None
+def _enum_name(names: dict[int, str], value: Any) -> str | None:
+    """The word nvidia-smi prints for an NVML enum value (a value it has no word for: None)."""
+    return None if value is None else names.get(value)
 
 
 def _fill(gpu: Gpu, h: Any) -> None:
@@ -154,8 +162,8 @@ def _fill(gpu: Gpu, h: Any) -> None:
     gpu.name = _text(q("name", pynvml.nvmlDeviceGetName, h))
     gpu.uuid = _text(q("uuid", pynvml.nvmlDeviceGetUUID, h))
     gpu.serial = _text(q("serial", pynvml.nvmlDeviceGetSerial, h))
-    gpu.brand = _enum_name("NVML_BRAND_", q("brand", pynvml.nvmlDeviceGetBrand, h))
-    gpu.architecture = _enum_name("NVML_DEVICE_ARCH_", q("architecture", pynvml.nvmlDeviceGetArchitecture, h))
+    gpu.brand = _enum_name(nvml_names.BRANDS, q("brand", pynvml.nvmlDeviceGetBrand, h))
+    gpu.architecture = _enum_name(nvml_names.ARCHITECTURES, q("architecture", pynvml.nvmlDeviceGetArchitecture, h))
     gpu.vbios = _text(q("vbios", pynvml.nvmlDeviceGetVbiosVersion, h))
     cc = q("compute_capability", pynvml.nvmlDeviceGetCudaComputeCapability, h)
     gpu.compute_capability = f"{cc[0]}.{cc[1]}" if cc else None
@@ -166,16 +174,16 @@ def _fill(gpu: Gpu, h: Any) -> None:
         if getattr(memory, "reserved", None) is not None:
             gpu.memory_reserved_mib = int(memory.reserved // _MIB)
     gpu.persistence_mode = _flag(q("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode, h))
-    gpu.compute_mode = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}.get(
-        q("compute_mode", pynvml.nvmlDeviceGetComputeMode, h)
-    )
+    gpu.compute_mode = _enum_name(nvml_names.COMPUTE_MODES, q("compute_mode", pynvml.nvmlDeviceGetComputeMode, h))
     pstate = q("pstate", pynvml.nvmlDeviceGetPerformanceState, h)
     gpu.pstate = pstate if isinstance(pstate, int) and pstate < 16 else None
     util = q("utilization_pct", pynvml.nvmlDeviceGetUtilizationRates, h)
     gpu.utilization_pct = util.gpu if util is not None else None
-    gpu.virtualization_mode = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}.get(
-        q("virtualization_mode", pynvml.nvmlDeviceGetVirtualizationMode, h)
+    gpu.virtualization_mode = _enum_name(
+        nvml_names.VIRTUALIZATION_MODES, q("virtualization_mode", pynvml.nvmlDeviceGetVirtualizationMode, h)
     )
+    models = _safe(getattr(pynvml, "nvmlDeviceGetDriverModel", None), h)  # Windows only: NotSupported on Linux, as nvidia-smi's N/A
+    gpu.driver_model = _enum_name(nvml_names.DRIVER_MODELS, models[0]) if models else None
     _mig(gpu, h, q)
     gpu.processes = _processes(h, q)
     _power(gpu, h, q)
@@ -237,7 +245,8 @@ def _processes(h: Any, q: _Query) -> list[GpuProcess] | None:
                 type=kind,
                 used_memory_mib=int(used // _MIB) if isinstance(used, int) else None,
             )
-    return list(found.values()) if readable else None
+    # By pid, as the capture parsers list them: NVML's order is only the order of its two calls.
+    return sorted(found.values(), key=lambda p: p.pid) if readable else None
 
 
 def _power(gpu: Gpu, h: Any, q: _Query) -> None:
@@ -266,7 +275,8 @@ def _pcie(gpu: Gpu, h: Any, q: _Query) -> None:
         max_width=q("pcie.max_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
         source="nvml",
     )
-    gpu.pcie.readings.append(link)
+    if any(x is not None for x in (link.current_gen, link.max_gen, link.current_width, link.max_width)):
+        gpu.pcie.readings.append(link)  # a reading with nothing in it would hide the host's (sysfs) one
     gpu.pcie.device_max_gen = q("pcie.device_max_gen", pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration, h)
     gpu.pcie.replay_count = q("pcie.replay_count", pynvml.nvmlDeviceGetPcieReplayCounter, h)
 
@@ -312,6 +322,10 @@ def _thermal(gpu: Gpu, h: Any, q: _Query) -> None:
         t.memory_c = values[0].value.uiVal
     if t.gpu_c is not None and t.slowdown_c is not None:
         t.slowdown_margin_c = t.slowdown_c - t.gpu_c
+    elif hasattr(pynvml, "nvmlDeviceGetMarginTemperature"):
+        # Newer GPUs give only T.Limit-relative values: degrees left below T.Limit (nvidia-smi's
+        # "GPU T.Limit Temp"); slowdown starts a little past it, so this margin errs low.
+        t.slowdown_margin_c = _safe(pynvml.nvmlDeviceGetMarginTemperature, h)
 
 
 def _ecc(gpu: Gpu, h: Any, q: _Query) -> None:
@@ -395,4 +409,6 @@ def _topology(handles: list[tuple[Gpu, Any]]) -> Topology | None:
                 continue
             level = _safe(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
             row[f"GPU{b.index}"] = _ANCESTOR.get(level, "?")
+    if all(level in ("X", "?") for row in topo.links.values() for level in row.values()):
+        return None  # NVML said nothing about any pair: a matrix of "?" would read as "no NVLink"
     return topo

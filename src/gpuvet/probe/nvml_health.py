@@ -7,17 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-try:  # as in the NVML backend: a broken nvidia-ml-py install must not stop the other probes
-    import pynvml
-except Exception:  # pragma: no cover - only on broken installs
-    pynvml = None
-
 from ..facts import Fabric, Gpu
+from . import nvml, nvml_names  # nvml: its `pynvml`: the driver's, or the replay of a capture (GPUVET_NVML_REPLAY)
 
-# nvidia-smi's words for NVML's enums, so live facts read like a `-q` capture's.
-_FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}  # 0: not supported (no fabric)
-_RECOVERY_ACTIONS = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset",
-                     5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot"}
 _NS_PER_US = 1000.0
 _NVLINK_COUNTERS = (("replay", 0), ("recovery", 1), ("crc", 2))  # NVML_NVLINK_ERROR_DL_REPLAY, _RECOVERY, _CRC_FLIT
 
@@ -26,31 +18,70 @@ def fill(gpu: Gpu, h: Any, query: Callable[..., Any]) -> None:
     """`query(field, fn, *args)`: the NVML backend's tolerant call (None, reason kept, on failure)."""
     gpu.fabric = _fabric(h, query)
     gpu.recovery_action = _recovery_action(h, query)
+    gpu.clock_event_time_us = _event_times(h, query) or _violation_times(h, query)
+    gpu.nvlink_errors = _nvlink_errors(gpu, h, query)
+    gpu.remap_histogram = _remap_histogram(h, query)
+
+
+# nvidia-smi's "Clocks Event Reasons Counters", one NVML field each (drivers since R535), in ns.
+_EVENT_TIME_FIELDS = (
+    ("sw_power_cap", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP"),
+    ("sync_boost", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST"),
+    ("sw_thermal_slowdown", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
+    ("hw_thermal_slowdown", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+    ("hw_power_brake_slowdown", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
+)
+
+
+def _event_times(h: Any, query: Callable[..., Any]) -> dict[str, float] | None:
+    """Time under each clock-event reason, named as the capture parsers name them."""
+    p = nvml.pynvml
+    known = [(name, getattr(p, field)) for name, field in _EVENT_TIME_FIELDS if hasattr(p, field)]
+    if not known:
+        return None
+    values = query("clock_event_time_us", p.nvmlDeviceGetFieldValues, h, [field for _, field in known])
+    if not values or len(values) != len(known):
+        return None
+    times = {name: int(value.value.ullVal) / _NS_PER_US for (name, _), value in zip(known, values)
+             if int(value.nvmlReturn) == p.NVML_SUCCESS}
+    return times or None
+
+
+def _violation_times(h: Any, query: Callable[..., Any]) -> dict[str, float] | None:
+    """Older drivers: the power and thermal violation counters ("thermal" is SW and HW together)."""
     times = {}
     for name, policy in (("sw_power_cap", 0), ("thermal", 1)):  # NVML_PERF_POLICY_POWER, _THERMAL
-        violation = query(f"clock_event_time_us.{name}", pynvml.nvmlDeviceGetViolationStatus, h, policy)
+        violation = query(f"clock_event_time_us.{name}", nvml.pynvml.nvmlDeviceGetViolationStatus, h, policy)
         if violation is not None:
             times[name] = violation.violationTime / _NS_PER_US
-    gpu.clock_event_time_us = times or None
-    gpu.nvlink_errors = _nvlink_errors(gpu, h, query)
+    return times or None
+
+
+def _remap_histogram(h: Any, query: Callable[..., Any]) -> dict[str, int] | None:
+    """Banks by how many spare rows they have left (nvidia-smi's Row Remapper Histogram)."""
+    fn = getattr(nvml.pynvml, "nvmlDeviceGetRowRemapperHistogram", None)
+    values = query("remap_histogram", fn, h) if fn else None
+    if values is None:
+        return None
+    return {level: int(getattr(values, level)) for level in ("max", "high", "partial", "low", "none")}
 
 
 def _fabric(h: Any, query: Callable[..., Any]) -> Fabric | None:
-    info = pynvml.c_nvmlGpuFabricInfo_t()
-    if query("fabric", pynvml.nvmlDeviceGetGpuFabricInfo, h, pynvml.byref(info)) is None:
+    info = nvml.pynvml.c_nvmlGpuFabricInfo_t()
+    if query("fabric", nvml.pynvml.nvmlDeviceGetGpuFabricInfo, h, nvml.pynvml.byref(info)) is None:
         return None
-    state = _FABRIC_STATES.get(int(info.state))
+    state = nvml_names.FABRIC_STATES.get(int(info.state))
     if state is None:
         return None  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no NVSwitch fabric on this GPU
-    status = "Success" if int(info.status) == 0 else pynvml.nvmlErrorString(int(info.status))
+    status = "Success" if int(info.status) == 0 else nvml.pynvml.nvmlErrorString(int(info.status))
     return Fabric(state=state, status=status.decode() if isinstance(status, bytes) else str(status))
 
 
 def _recovery_action(h: Any, query: Callable[..., Any]) -> str | None:
-    values = query("recovery_action", pynvml.nvmlDeviceGetFieldValues, h, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    values = query("recovery_action", nvml.pynvml.nvmlDeviceGetFieldValues, h, [nvml.pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
     if not values or int(values[0].nvmlReturn) != 0:
         return None
-    return _RECOVERY_ACTIONS.get(int(values[0].value.uiVal), f"action {int(values[0].value.uiVal)}")
+    return nvml_names.RECOVERY_ACTIONS.get(int(values[0].value.uiVal), f"action {int(values[0].value.uiVal)}")
 
 
 def _nvlink_errors(gpu: Gpu, h: Any, query: Callable[..., Any]) -> dict[str, int] | None:
@@ -59,7 +90,7 @@ def _nvlink_errors(gpu: Gpu, h: Any, query: Callable[..., Any]) -> dict[str, int
         return None
     totals: dict[str, int] = {}
     for name, counter in _NVLINK_COUNTERS:
-        counts = [query(f"nvlink_errors.{name}", pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) for link in active]
+        counts = [query(f"nvlink_errors.{name}", nvml.pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) for link in active]
         known = [int(c) for c in counts if c is not None]
         if known:
             totals[name] = sum(known)

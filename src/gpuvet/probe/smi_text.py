@@ -210,7 +210,7 @@ def parse_smi_text(text: str) -> tuple[Driver, list[Gpu]]:
         gpu.mig_devices = [_mig_device(m) for m in section.all("MIG Device")]
         processes = section.child("Processes")
         if processes is not None:
-            gpu.processes = [_process(p) for p in processes.all("Process ID")]
+            gpu.processes = sorted((_process(p) for p in processes.all("Process ID")), key=lambda p: p.pid or 0)
         gpus.append(gpu)
     return driver, gpus
 

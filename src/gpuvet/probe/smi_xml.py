@@ -169,7 +169,8 @@ def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
         gpu.mig_devices = [_mig_device(m) for m in element.findall("mig_devices/mig_device")]
         processes = element.find("processes")
         if processes is not None:
-            gpu.processes = [_process(p) for p in processes.findall("process_info")]
+            # By pid, as the live backend lists them (nvidia-smi's order is not NVML's).
+            gpu.processes = sorted((_process(p) for p in processes.findall("process_info")), key=lambda p: p.pid or 0)
         gpus.append(gpu)
     return driver, gpus
 

@@ -113,7 +113,7 @@ class Monitor:
                           self._diagnoses.get(i) or Diagnosis("no_data", "no reading of this GPU yet"))
                   for i in sorted(self._facts)],
             gpu_error=self.gpu_error, host=self._host_now, job=self._job, job_diagnosis=self._job_diagnosis,
-            driver_version=self.machine.driver.version,
+            driver_version=self.machine.driver.version, source=self.machine.source,
         )
 
     def _keep(self, index: int, sample: Sample) -> None:

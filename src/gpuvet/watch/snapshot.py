@@ -120,6 +120,11 @@ class GpuView:
         return slowdown - self.sample.temp_c if self.sample and self.sample.temp_c is not None and slowdown else None
 
     @property
+    def mig_instances(self) -> int | None:
+        """MIG instances on this GPU, None when MIG is off or unknown (NVML then gives no utilization)."""
+        return len(self.facts.mig_devices) if self.facts.mig_enabled else None
+
+    @property
     def reasons(self) -> list[str] | None:
         mask = self.sample.reasons if self.sample else None
         if mask is None:
@@ -139,3 +144,4 @@ class Snapshot:
     job: JobReading | None = None
     job_diagnosis: Diagnosis | None = None
     driver_version: str | None = None
+    source: str = "live"  # the facts' source: "replay: FILE" under GPUVET_NVML_REPLAY

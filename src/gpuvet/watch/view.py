@@ -226,7 +226,9 @@ def _diagnosis_line(d: Diagnosis) -> _Line:
 
 def _gpu_lines(view: GpuView, out: list[_Line]) -> None:
     s, f, e = view.sample, view.facts, view.extras
-    out.append(_title(f"GPU {view.index}  {view.name or 'unknown model'}" + (f"  {view.bus_id}" if view.bus_id else ""), "cyan"))
+    mig = f"  MIG: {view.mig_instances} instance(s)" if view.mig_instances is not None else ""
+    out.append(_title(f"GPU {view.index}  {view.name or 'unknown model'}" + (f"  {view.bus_id}" if view.bus_id else "") + mig,
+                      "cyan"))
     if view.diagnosis.state == "lost":
         out.append(_row("", ("no readings: NVML can no longer reach this GPU", "red")))
     elif s is None:
@@ -345,7 +347,7 @@ def _job_gpus(job: JobReading) -> str:
 def _header(snap: Snapshot, interactive: bool) -> _Line:
     clock = time.strftime("%H:%M:%S", time.localtime(snap.t))
     head = (f"gpuvet watch · {snap.hostname} · {len(snap.gpus)} GPU(s) · every {snap.interval_s:g} s · "
-            f"tick {snap.tick} · {clock}", "")
+            f"tick {snap.tick} · {clock}" + ("" if snap.source == "live" else f" · {snap.source}"), "")
     return _Line((head, ("   q quits", "dim")) if interactive else (head,), base="bold")
 
 

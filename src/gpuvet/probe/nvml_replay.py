@@ -1,0 +1,501 @@
+"""An NVML that answers from one real `nvidia-smi -q -x` capture: a testing and demonstration aid.
+
+nvidia-smi builds its XML report from NVML calls, so a capture of a real machine holds most of
+what gpuvet's live backend asks NVML (probe.nvml, the telemetry sampler, watch, the exporter).
+`GPUVET_NVML_REPLAY=FILE` makes those live paths run against this stand-in for nvidia-ml-py
+(pynvml) instead of the driver: one device per `<gpu>`, values in NVML's units and enums (mW,
+bytes, clock-event bit masks, PCIe generations, mode enums), and the NVML error a driver raises
+where the capture says N/A or Not Supported (a value the capture does not hold at all raises
+NotSupported too: a replay cannot know it). Constants, structures and the NVMLError classes are
+the real nvidia-ml-py ones, so error codes and `except pynvml.NVMLError_...` behave as live.
+
+Off unless the variable is set. Facts read through it are marked `replay: FILE` in the record,
+never as a live reading of this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import xml.etree.ElementTree as ET
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable
+
+import pynvml as real
+
+from ..facts import CLOCK_EVENT_REASONS
+from . import nvml_names
+from . import values as v
+from .errors import CaptureError
+from .smi_xml import looks_like_smi_xml
+
+ENVIRONMENT = "GPUVET_NVML_REPLAY"
+_MIB = 1024 * 1024
+
+# What nvidia-smi printed -> the NVML return code behind it.
+_ERRORS = {
+    "insufficient permissions": real.NVML_ERROR_NO_PERMISSION,
+    "unknown error": real.NVML_ERROR_UNKNOWN,
+    "gpu requires reset": real.NVML_ERROR_RESET_REQUIRED,
+    "gpu is lost": real.NVML_ERROR_GPU_IS_LOST,
+}
+
+
+def replay_file() -> str | None:
+    """The capture named by GPUVET_NVML_REPLAY, or None when the replay is off."""
+    return os.environ.get(ENVIRONMENT) or None
+
+
+def _refuse(code: int = real.NVML_ERROR_NOT_SUPPORTED) -> None:
+    raise real.NVMLError(code)
+
+
+def _raw(element: ET.Element | None, *paths: str) -> str:
+    """The text at the first of `paths` that holds a value; raises the NVML error for what the
+    capture printed instead (N/A, Not Supported, Insufficient Permissions...) or for no element."""
+    printed = None
+    for path in paths:
+        found = element.find(path) if element is not None else None
+        if found is None or len(found):
+            continue
+        text = (found.text or "").strip()
+        if v.missing_reason(text) is None or text.lower() == "none":  # "None" is a value (no virtualization)
+            return text
+        printed = printed or text
+    word = (printed or "").strip("[] ").lower()
+    _refuse(_ERRORS.get(word, real.NVML_ERROR_NOT_SUPPORTED))
+    raise AssertionError("unreachable")
+
+
+def _int(element: ET.Element | None, *paths: str) -> int:
+    value = v.integer(_raw(element, *paths))
+    if value is None:
+        _refuse(real.NVML_ERROR_UNKNOWN)
+    return value
+
+
+def _milliwatts(element: ET.Element, *names: str) -> int:
+    paths = [f"{section}/{name}" for section in ("gpu_power_readings", "power_readings") for name in names]
+    return int(round(v.number(_raw(element, *paths)) * 1000))
+
+
+def _bytes(element: ET.Element, path: str) -> int:
+    value = v.mib(_raw(element, path))
+    if value is None:
+        _refuse(real.NVML_ERROR_UNKNOWN)
+    return value * _MIB
+
+
+def _enabled(element: ET.Element, *paths: str) -> int:
+    state = v.flag(_raw(element, *paths))
+    if state is None:
+        _refuse(real.NVML_ERROR_UNKNOWN)
+    return int(state)
+
+
+def _code(names: dict[int, str], word: str) -> int:
+    code = nvml_names.code_of(names, word)
+    if code is None:
+        _refuse(real.NVML_ERROR_UNKNOWN)
+    return code
+
+
+class Device:
+    """One `<gpu>` of the capture: the handle NVML calls take."""
+
+    def __init__(self, element: ET.Element):
+        self.element = element
+        self.mig_devices = [MigDevice(m) for m in element.findall("mig_devices/mig_device")]
+
+
+class MigDevice:
+    def __init__(self, element: ET.Element):
+        self.element = element
+
+
+_CLOCKS = {real.NVML_CLOCK_GRAPHICS: "graphics_clock", real.NVML_CLOCK_SM: "sm_clock",
+           real.NVML_CLOCK_MEM: "mem_clock", real.NVML_CLOCK_VIDEO: "video_clock"}
+_THRESHOLDS = {
+    real.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "gpu_temp_max_threshold",
+    real.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "gpu_temp_slow_threshold",
+    real.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "gpu_temp_max_mem_threshold",
+    real.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_temp_max_gpu_threshold",
+}
+# nvidia-smi's tag for each clock-event reason bit (the old reports say "throttle").
+_REASON_TAGS = {bit: "display_clocks_setting" if name == "display_clock_setting" else name
+                for bit, name in CLOCK_EVENT_REASONS.items()}
+# nvmlDeviceGetViolationStatus policy -> the v13 report's clocks_event_reasons_counters entry (us).
+_VIOLATION_COUNTERS = {real.NVML_PERF_POLICY_POWER: "sw_power_cap", real.NVML_PERF_POLICY_THERMAL: "sw_therm_slowdown",
+                       real.NVML_PERF_POLICY_SYNC_BOOST: "sync_boost"}
+_COUNTERS = "clocks_event_reasons_counters"
+
+
+def _event_time_ns(tag: str) -> Callable[[ET.Element], tuple[str, int]]:
+    return lambda e: ("ullVal", _int(e, f"{_COUNTERS}/{_COUNTERS}_{tag}") * 1000)  # nvidia-smi prints us
+
+
+_FIELDS: dict[int, Callable[[ET.Element], tuple[str, int]]] = {
+    real.NVML_FI_DEV_MEMORY_TEMP: lambda e: ("uiVal", _int(e, "temperature/memory_temp")),
+    real.NVML_FI_DEV_POWER_AVERAGE: lambda e: ("uiVal", _milliwatts(e, "average_power_draw")),
+    real.NVML_FI_DEV_POWER_INSTANT: lambda e: ("uiVal", _milliwatts(e, "instant_power_draw")),
+    real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: lambda e: ("uiVal", _code(nvml_names.RECOVERY_ACTIONS,
+                                                                         _raw(e, "gpu_recovery_action"))),
+    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: _event_time_ns("sw_power_cap"),
+    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: _event_time_ns("sync_boost"),
+    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: _event_time_ns("sw_therm_slowdown"),
+    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: _event_time_ns("hw_therm_slowdown"),
+    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: _event_time_ns("hw_power_brake"),
+}
+
+
+class Replay(ModuleType):
+    """A stand-in for the pynvml module, answering from one capture. Names it does not define
+    (constants, structures, NVMLError classes) are the real module's; an NVML function it does
+    not know raises NotSupported, as a driver without the feature does."""
+
+    def __init__(self, path: str, text: str):
+        super().__init__("pynvml")
+        self.replay_file = path
+        root = ET.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1))
+        self.root = root
+        self.devices = [Device(g) for g in root.findall("gpu")]
+        self.names_by_pid = {
+            v.integer(p.findtext("pid")): v.text(p.findtext("process_name"))
+            for p in root.iterfind("gpu/processes/process_info")
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(real, name)
+        if name.startswith("nvml") and callable(value) and not isinstance(value, type):
+            return lambda *args, **kwargs: _refuse()
+        return value
+
+    # -- library and system ------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        return None
+
+    def nvmlShutdown(self) -> None:
+        return None
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return _raw(self.root, "driver_version")
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        major, _, minor = _raw(self.root, "cuda_version").partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            _refuse(real.NVML_ERROR_UNKNOWN)
+        return int(major) * 1000 + int(minor) * 10
+
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        name = self.names_by_pid.get(pid)
+        if name is None:
+            _refuse(real.NVML_ERROR_NOT_FOUND)
+        return name
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Device:
+        if not 0 <= index < len(self.devices):
+            _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
+        return self.devices[index]
+
+    # -- identity and modes -------------------------------------------------------------------
+    def nvmlDeviceGetName(self, h: Device) -> str:
+        return _raw(h.element, "product_name")
+
+    def nvmlDeviceGetUUID(self, h: Device | MigDevice) -> str:
+        return _raw(h.element, "uuid")
+
+    def nvmlDeviceGetSerial(self, h: Device) -> str:
+        return _raw(h.element, "serial")
+
+    def nvmlDeviceGetVbiosVersion(self, h: Device) -> str:
+        return _raw(h.element, "vbios_version")
+
+    def nvmlDeviceGetBrand(self, h: Device) -> int:
+        return _code(nvml_names.BRANDS, _raw(h.element, "product_brand"))
+
+    def nvmlDeviceGetArchitecture(self, h: Device) -> int:
+        return _code(nvml_names.ARCHITECTURES, _raw(h.element, "product_architecture"))
+
+    def nvmlDeviceGetMinorNumber(self, h: Device) -> int:
+        return _int(h.element, "minor_number")
+
+    def nvmlDeviceGetPersistenceMode(self, h: Device) -> int:
+        return _enabled(h.element, "persistence_mode")
+
+    def nvmlDeviceGetComputeMode(self, h: Device) -> int:
+        return _code(nvml_names.COMPUTE_MODES, _raw(h.element, "compute_mode"))
+
+    def nvmlDeviceGetPerformanceState(self, h: Device) -> int:
+        state = v.pstate(_raw(h.element, "performance_state"))
+        return real.NVML_PSTATE_UNKNOWN if state is None else state
+
+    nvmlDeviceGetPowerState = nvmlDeviceGetPerformanceState
+
+    def nvmlDeviceGetVirtualizationMode(self, h: Device) -> int:
+        word = v.virtualization_mode(_raw(h.element, "gpu_virtualization_mode/virtualization_mode"))
+        return _code(nvml_names.VIRTUALIZATION_MODES, word or "")
+
+    def nvmlDeviceGetDriverModel(self, h: Device) -> list[int]:
+        return [_code(nvml_names.DRIVER_MODELS, _raw(h.element, f"driver_model/{which}_dm"))
+                for which in ("current", "pending")]
+
+    nvmlDeviceGetDriverModel_v2 = nvmlDeviceGetDriverModel
+
+    def nvmlDeviceGetUtilizationRates(self, h: Device) -> SimpleNamespace:
+        return SimpleNamespace(gpu=_int(h.element, "utilization/gpu_util"),
+                               memory=_int(h.element, "utilization/memory_util"))
+
+    # -- memory -------------------------------------------------------------------------------
+    def nvmlDeviceGetMemoryInfo(self, h: Device | MigDevice, version: Any = None) -> SimpleNamespace:
+        e = h.element
+        total, used, free = (_bytes(e, f"fb_memory_usage/{k}") for k in ("total", "used", "free"))
+        if version:  # v2: reserved apart, as nvidia-smi shows it (drivers 510+ print <reserved>)
+            return SimpleNamespace(version=version, total=total, reserved=_bytes(e, "fb_memory_usage/reserved"),
+                                   free=free, used=used)
+        try:  # v1 counts the driver's reserve as used
+            used += _bytes(e, "fb_memory_usage/reserved")
+        except real.NVMLError:
+            pass
+        return SimpleNamespace(total=total, free=free, used=used)
+
+    # -- MIG ----------------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, h: Device) -> list[int]:
+        return [_enabled(h.element, "mig_mode/current_mig"), _enabled(h.element, "mig_mode/pending_mig")]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Device) -> int:
+        self.nvmlDeviceGetMigMode(h)
+        return len(h.mig_devices)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Device, index: int) -> MigDevice:
+        if not 0 <= index < len(h.mig_devices):
+            _refuse(real.NVML_ERROR_NOT_FOUND)
+        return h.mig_devices[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, mh: MigDevice) -> int:
+        return _int(mh.element, "gpu_instance_id")
+
+    def nvmlDeviceGetComputeInstanceId(self, mh: MigDevice) -> int:
+        return _int(mh.element, "compute_instance_id")
+
+    def nvmlDeviceGetAttributes(self, mh: MigDevice) -> SimpleNamespace:
+        return SimpleNamespace(multiprocessorCount=_int(mh.element, "device_attributes/shared/multiprocessor_count"))
+
+    # -- processes ----------------------------------------------------------------------------
+    def _processes(self, h: Device, kind: str) -> list[SimpleNamespace]:
+        section = h.element.find("processes")
+        if section is None:
+            _refuse()
+        found = []
+        for p in section.findall("process_info"):
+            if kind not in (v.text(p.findtext("type")) or ""):
+                continue
+            used = v.mib(p.findtext("used_memory"))
+            found.append(SimpleNamespace(
+                pid=v.integer(p.findtext("pid")),
+                usedGpuMemory=None if used is None else used * _MIB,  # None: WDDM, as pynvml gives it
+                gpuInstanceId=v.integer(p.findtext("gpu_instance_id")),
+                computeInstanceId=v.integer(p.findtext("compute_instance_id")),
+            ))
+        return found
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Device) -> list[SimpleNamespace]:
+        return self._processes(h, "C")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: Device) -> list[SimpleNamespace]:
+        return self._processes(h, "G")
+
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+    nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
+
+    # -- power --------------------------------------------------------------------------------
+    def nvmlDeviceGetPowerUsage(self, h: Device) -> int:
+        return _milliwatts(h.element, "average_power_draw", "power_draw", "instant_power_draw")
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: Device) -> int:
+        return _milliwatts(h.element, "requested_power_limit", "power_limit")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Device) -> int:
+        return _milliwatts(h.element, "current_power_limit", "enforced_power_limit")
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: Device) -> int:
+        return _milliwatts(h.element, "default_power_limit")
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Device) -> list[int]:
+        return [_milliwatts(h.element, "min_power_limit"), _milliwatts(h.element, "max_power_limit")]
+
+    def nvmlDeviceGetViolationStatus(self, h: Device, policy: int) -> SimpleNamespace:
+        name = _VIOLATION_COUNTERS.get(policy)
+        if name is None:
+            _refuse()
+        microseconds = _int(h.element, f"{_COUNTERS}/{_COUNTERS}_{name}")
+        return SimpleNamespace(referenceTime=0, violationTime=microseconds * 1000)
+
+    # -- PCIe ---------------------------------------------------------------------------------
+    def nvmlDeviceGetPciInfo(self, h: Device) -> SimpleNamespace:
+        bus = h.element.findtext("pci/pci_bus_id") or h.element.get("id")
+        if not bus:
+            _refuse()
+        return SimpleNamespace(busId=bus, busIdLegacy=bus, pciDeviceId=v.hex_or_int("0x" + (h.element.findtext("pci/pci_device_id") or "0")))
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    _LINK = "pci/pci_gpu_link_info"
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Device) -> int:
+        return _int(h.element, f"{self._LINK}/pcie_gen/current_link_gen")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Device) -> int:
+        return _int(h.element, f"{self._LINK}/pcie_gen/max_link_gen")
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h: Device) -> int:
+        return _int(h.element, f"{self._LINK}/pcie_gen/max_device_link_gen")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Device) -> int:
+        return _int(h.element, f"{self._LINK}/link_widths/current_link_width")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Device) -> int:
+        return _int(h.element, f"{self._LINK}/link_widths/max_link_width")
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: Device) -> int:
+        return _int(h.element, "pci/replay_counter")
+
+    def nvmlDeviceGetPcieThroughput(self, h: Device, counter: int) -> int:
+        tag = {real.NVML_PCIE_UTIL_TX_BYTES: "tx_util", real.NVML_PCIE_UTIL_RX_BYTES: "rx_util"}.get(counter)
+        if tag is None:
+            _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
+        return _int(h.element, f"pci/{tag}")  # KB/s, as both print it
+
+    # -- clocks -------------------------------------------------------------------------------
+    def _clock(self, h: Device, section: str, clock: int) -> int:
+        tag = _CLOCKS.get(clock)
+        if tag is None:
+            _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
+        return _int(h.element, f"{section}/{tag}")
+
+    def nvmlDeviceGetClockInfo(self, h: Device, clock: int) -> int:
+        return self._clock(h, "clocks", clock)
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Device, clock: int) -> int:
+        return self._clock(h, "max_clocks", clock)
+
+    def nvmlDeviceGetApplicationsClock(self, h: Device, clock: int) -> int:
+        return self._clock(h, "applications_clocks", clock)
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, h: Device, clock: int) -> int:
+        return self._clock(h, "default_applications_clocks", clock)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Device) -> int:
+        mask, known = 0, False
+        for bit, tag in _REASON_TAGS.items():
+            try:
+                state = _raw(h.element, f"clocks_event_reasons/clocks_event_reason_{tag}",
+                             f"clocks_throttle_reasons/clocks_throttle_reason_{tag}")
+            except real.NVMLError:
+                continue
+            known = True
+            mask |= bit if v.flag(state) else 0
+        if not known:
+            _refuse()
+        return mask
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    # -- thermal ------------------------------------------------------------------------------
+    def nvmlDeviceGetTemperature(self, h: Device, sensor: int) -> int:
+        if sensor != real.NVML_TEMPERATURE_GPU:
+            _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
+        return _int(h.element, "temperature/gpu_temp")
+
+    def nvmlDeviceGetTemperatureV(self, h: Device, sensor: int, version: Any = None) -> int:
+        return self.nvmlDeviceGetTemperature(h, sensor)
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: Device, threshold: int) -> int:
+        tag = _THRESHOLDS.get(threshold)
+        if tag is None:
+            _refuse()
+        return _int(h.element, f"temperature/{tag}")
+
+    def nvmlDeviceGetMarginTemperature(self, h: Device) -> int:
+        return _int(h.element, "temperature/gpu_temp_tlimit")
+
+    def nvmlDeviceGetFieldValues(self, h: Device, field_ids: list[Any]) -> Any:
+        values = (real.c_nvmlFieldValue_t * len(field_ids))()
+        for slot, field_id in zip(values, field_ids):
+            fid, scope = field_id if isinstance(field_id, tuple) else (field_id, 0)
+            slot.fieldId, slot.scopeId = fid, scope
+            read = _FIELDS.get(fid)
+            try:
+                if read is None:
+                    _refuse()
+                kind, value = read(h.element)
+                setattr(slot.value, kind, value)
+                slot.nvmlReturn = real.NVML_SUCCESS
+            except real.NVMLError as err:
+                slot.nvmlReturn = err.value
+        return values
+
+    # -- ECC and memory health ----------------------------------------------------------------
+    def nvmlDeviceGetEccMode(self, h: Device) -> list[int]:
+        return [_enabled(h.element, "ecc_mode/current_ecc"), _enabled(h.element, "ecc_mode/pending_ecc")]
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Device, error_type: int, counter_type: int) -> int:
+        scope = "volatile" if counter_type == real.NVML_VOLATILE_ECC else "aggregate"
+        base = f"ecc_errors/{scope}"
+        if error_type == real.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            parts, total = ("sram_correctable", "dram_correctable"), "single_bit/total"
+        else:
+            parts = ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
+            total = "double_bit/total"
+        numbers = [v.integer(h.element.findtext(f"{base}/{part}")) for part in parts]
+        numbers = [n for n in numbers if n is not None]
+        return sum(numbers) if numbers else _int(h.element, f"{base}/{total}")
+
+    def nvmlDeviceGetRetiredPages(self, h: Device, cause: int) -> list[int]:
+        section = ("retired_pages/multiple_single_bit_retirement"
+                   if cause == real.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+                   else "retired_pages/double_bit_retirement")
+        count = _int(h.element, f"{section}/retired_count")
+        addresses = [v.hex_or_int(a.text) for a in h.element.iterfind(f"{section}/retired_pagelist/*")]
+        addresses = [a for a in addresses if a is not None]
+        return addresses if len(addresses) == count else list(range(count))  # the count is what a capture always has
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Device) -> int:
+        return _enabled(h.element, "retired_pages/pending_retirement", "retired_pages/pending_blacklist")
+
+    def nvmlDeviceGetRowRemapperHistogram(self, h: Device) -> SimpleNamespace:
+        base = "remapped_rows/row_remapper_histogram/row_remapper_histogram"
+        return SimpleNamespace(**{level: _int(h.element, f"{base}_{level}") for level in ("max", "high", "partial", "low", "none")})
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: Device, info: Any) -> int:
+        """Fills nvidia-ml-py's c_nvmlGpuFabricInfo_t (passed by reference) from <fabric>."""
+        state = _code(nvml_names.FABRIC_STATES, _raw(h.element, "fabric/state"))
+        target = getattr(info, "_obj", info)  # ctypes.byref(...) keeps the structure in _obj
+        target.state = state
+        status = (h.element.findtext("fabric/status") or "").strip()
+        target.status = real.NVML_SUCCESS if status.lower() in ("success", "", "n/a") else real.NVML_ERROR_UNKNOWN
+        return real.NVML_SUCCESS
+
+    def nvmlDeviceGetRemappedRows(self, h: Device) -> tuple[int, int, int, int]:
+        base = "remapped_rows"
+        return (_int(h.element, f"{base}/remapped_row_corr"), _int(h.element, f"{base}/remapped_row_unc"),
+                _enabled(h.element, f"{base}/remapped_row_pending"), _enabled(h.element, f"{base}/remapped_row_failure"))
+
+
+def load(path: str) -> Replay:
+    """The replay of the `nvidia-smi -q -x` capture at `path`; CaptureError when it is not one."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as err:
+        raise CaptureError(f"{ENVIRONMENT}={path}: cannot read it ({err.strerror or err})") from None
+    if not looks_like_smi_xml(text.lstrip()):
+        raise CaptureError(f"{ENVIRONMENT}={path}: not an `nvidia-smi -q -x` capture (the NVML replay needs one)")
+    try:
+        return Replay(path, text)
+    except ET.ParseError as err:
+        raise CaptureError(f"{ENVIRONMENT}={path}: broken XML ({err}); capture it again with `nvidia-smi -q -x`") from None
