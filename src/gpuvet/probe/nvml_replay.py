@@ -19,7 +19,7 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from types import ModuleType, SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import pynvml as real
 
@@ -46,7 +46,7 @@ def replay_file() -> str | None:
     return os.environ.get(ENVIRONMENT) or None
 
 
-def _refuse(code: int = real.NVML_ERROR_NOT_SUPPORTED) -> None:
+def _refuse(code: int = real.NVML_ERROR_NOT_SUPPORTED) -> NoReturn:
     raise real.NVMLError(code)
 
 
@@ -64,7 +64,6 @@ def _raw(element: ET.Element | None, *paths: str) -> str:
         printed = printed or text
     word = (printed or "").strip("[] ").lower()
     _refuse(_ERRORS.get(word, real.NVML_ERROR_NOT_SUPPORTED))
-    raise AssertionError("unreachable")
 
 
 def _int(element: ET.Element | None, *paths: str) -> int:
@@ -446,6 +445,7 @@ class Replay(ModuleType):
     def nvmlDeviceGetTotalEccErrors(self, h: Device, error_type: int, counter_type: int) -> int:
         scope = "volatile" if counter_type == real.NVML_VOLATILE_ECC else "aggregate"
         base = f"ecc_errors/{scope}"
+        parts: tuple[str, ...]
         if error_type == real.NVML_MEMORY_ERROR_TYPE_CORRECTED:
             parts, total = ("sram_correctable", "dram_correctable"), "single_bit/total"
         else:
