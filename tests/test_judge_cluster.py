@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import random
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -123,12 +122,10 @@ def template() -> dict:
 
 # -- 1,000 nodes x 8 GPUs ------------------------------------------------------------------------
 
-def test_a_thousand_synthetic_nodes_are_judged_in_under_two_seconds_and_the_faults_are_named(template):
+def test_a_thousand_synthetic_nodes_are_judged_and_the_faults_are_named(template):
+    # How fast this is judged is a figure, not a unit test: benchmarks/cluster_scale.py prints it.
     entries, cross, faults = synthetic_cluster(1000, template=template)
-    started = time.perf_counter()
     judgement = judge_cluster(entries, cross)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 2.0, f"judging 1,000 nodes took {elapsed:.2f} s"
 
     stragglers = {(s.node, s.subject, s.metric): s for s in judgement.stragglers}
     assert set(stragglers) == ({("node-0017", "gpu3", "gemm.bf16"), ("node-0333", "gpu5", "membw.copy")}
