@@ -56,8 +56,9 @@ def run(ctx: BenchContext) -> list[dict]:
     while time.time() < end:
         t0 = time.perf_counter()
         window_end = min(end, time.time() + WINDOW_S)
-        calls = 0
-        for calls in range(1, batch + 1):
+        calls = 0  # counted here: a CPU window can stop before the batch is done
+        while calls < batch:
+            calls += 1
             torch.mm(a, b, out=c)
             # On a contended CPU a window sized a moment ago can take many times longer: each
             # window and the load end on time all the same (on a GPU the calls queue; the
