@@ -194,3 +194,15 @@ def test_a_health_record_matches_the_shipped_run_schema():
     record = json.loads(done.stdout)
     assert record["options"]["skip"] == ["gpu.temperature"] and record["options"]["summary"].startswith("gpuvet: gpu3")
     assert problems("run", record) == []
+
+
+def test_the_live_nvml_path_under_replay_judges_a_riser_at_x1():
+    """GPUVET_NVML_REPLAY: NVML answers from a real capture (six GTX 1070 on x1 risers), so the
+    live probe health runs on a node is the one exercised, deadline and all."""
+    riser = FIXTURES / "smi_xml" / "gtx-1070-x6-riser-pcie-x1-384.66-v9.xml"
+    done = subprocess.run([sys.executable, "-m", "gpuvet", "health", "--no-save", "--json"], check=False,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "GPUVET_NVML_REPLAY": str(riser)})
+    record = json.loads(done.stdout)
+    assert done.returncode == 1 and len(record["machine"]["gpus"]) == 6 and record["duration_s"] < 5
+    assert record["machine"]["probe_errors"] == {}
+    assert record["options"]["summary"].startswith("gpuvet: gpu0 gpu.pcie_link (+5 more): x1 of x16 lanes")
