@@ -475,6 +475,9 @@ def test_rank_0_stopped_by_a_signal_writes_the_record_and_report_of_what_it_has(
     nodes = nodes_factory(2)
     nodes.start(1, "--test-pause-at", "vet")
     nodes.start(0)
+    # Both must be where the record will name them: rank 0 waiting, node-1 inside its local vet.
+    # On a loaded machine node-1 can still be starting Python (step "joining") when rank 0 waits.
+    nodes.wait_for_text(1, "paused at vet")
     nodes.wait_for_text(0, "waiting for every node to finish its local vet")
     nodes.procs[0].send_signal(signal.SIGTERM)
     code = nodes.wait(0)
