@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .facts import CLOCK_EVENT_REASONS
+from .record.details import TelemetrySummary
 
 
 @dataclass(slots=True)  # slots: a watch keeps tens of thousands of these per GPU
@@ -108,7 +109,7 @@ def _violation_s(samples: list[Sample], field: str) -> float | None:
     return round((counts[-1] - counts[0]) / 1e9, 3)
 
 
-def summarize(samples: list[Sample]) -> dict:
+def summarize(samples: list[Sample]) -> TelemetrySummary:
     """What a judge needs from a window of samples. Every key is always present; None: not known."""
     power = _known(samples, "power_w")
     pct_of_limit = [

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .. import catalog, telemetry
 from ..facts import Gpu, Machine, PcieLink
 from ..record import Series
+from ..record.details import BenchNote
 from . import schedule
 from .session import Worker, WorkerError
 
@@ -60,7 +61,7 @@ class Outcome:
     def note(self, name: str, subject: str, outcome: str, reason: str) -> None:
         """A benchmark that did not measure: skipped (does not apply) or failed (broke, hung)."""
         self.measurements.append({"name": f"bench.{name}", "value": None, "unit": "", "subject": subject,
-                                  "details": {"outcome": outcome, "reason": reason}})
+                                  "details": BenchNote(outcome=outcome, reason=reason)})
 
 
 @dataclass

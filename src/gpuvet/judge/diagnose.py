@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ..facts import Gpu
 from ..record import MEASURED, Finding
+from ..record.details import TelemetrySummary
 from ..samples import Sample, summarize
 from .common import FAIL, NO_CONTEXT_MIB, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
@@ -119,7 +120,7 @@ class GpuProcessSeen:
 class _Ctx:
     gpu: Gpu
     recent: list[Sample]
-    summary: dict  # telemetry.summarize(recent)
+    summary: TelemetrySummary  # samples.summarize(recent)
     trend: list[Sample]
     processes: list[GpuProcessSeen] | None
     host: dict | None  # _host_summary
