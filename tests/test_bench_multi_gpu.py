@@ -356,7 +356,7 @@ def test_nccl_batches_are_timed_as_a_whole_behind_a_gpu_sleep(tmp_path):
     buffer = torch.zeros(4)
     config = allreduce.RankConfig(rank=0, world_size=8, backend="nccl", device="cuda:0", deadline=0.0,
                                   workdir=str(tmp_path), parent_pid=1)
-    rank = allreduce._Rank(config, _NcclTorch(timeline), _Dist(timeline, buffer), "cuda:0", tmp_path / "steps")
+    rank = allreduce.Rank(config, _NcclTorch(timeline), _Dist(timeline, buffer), "cuda:0", tmp_path / "steps")
     times = allreduce._timed(rank, buffer, iterations=4, batches=2)
     assert times == pytest.approx([20e-6, 20e-6])  # the batch's time / 4, not one call's launch
     one_batch = (["align", "device.synchronize", f"sleep {allreduce.host_ahead_cycles(4)}", "event"]
@@ -381,11 +381,11 @@ def one_rank_group(tmp_path):
         dist.destroy_process_group()
 
 
-def _rank(dist, tmp_path, deadline_s: float, max_bytes: int) -> allreduce._Rank:
+def _rank(dist, tmp_path, deadline_s: float, max_bytes: int) -> allreduce.Rank:
     config = allreduce.RankConfig(rank=0, world_size=1, backend="gloo", device="cpu",
                                   deadline=time.monotonic() + deadline_s, workdir=str(tmp_path), parent_pid=1,
                                   max_bytes=max_bytes)
-    return allreduce._Rank(config, torch, dist, torch.device("cpu"), tmp_path / "rank0.step")
+    return allreduce.Rank(config, torch, dist, torch.device("cpu"), tmp_path / "rank0.step")
 
 
 def test_sweep_skips_sizes_that_cannot_fit_and_says_so(one_rank_group, tmp_path, monkeypatch):
@@ -395,7 +395,7 @@ def test_sweep_skips_sizes_that_cannot_fit_and_says_so(one_rank_group, tmp_path,
                 "algbw_gbps": allreduce.algbw_gbps(nbytes, seconds), "busbw_gbps": 0.0, "wrong": 0,
                 "summary_us": {"median": seconds * 1e6}}
 
-    monkeypatch.setattr(allreduce, "_measure_size", slow_fabric)
+    monkeypatch.setattr(allreduce, "measure_size", slow_fabric)
     allreduce._sweep(_rank(one_rank_group, tmp_path, deadline_s=6.0, max_bytes=16 * MiB))
     report = json.loads((tmp_path / "result.json").read_text())
     assert [row["bytes"] for row in report["rows"]] == [MiB] and report["finished"] is True
@@ -412,14 +412,14 @@ def test_sweep_skips_sizes_that_cannot_fit_and_says_so(one_rank_group, tmp_path,
 
 def test_sweep_rewrites_the_report_after_every_size(one_rank_group, tmp_path, monkeypatch):
     seen = []
-    measure = allreduce._measure_size
+    measure = allreduce.measure_size
 
     def watched(rank, nbytes, size_deadline):
         path = tmp_path / "result.json"
         seen.append([row["bytes"] for row in json.loads(path.read_text())["rows"]] if path.exists() else None)
         return measure(rank, nbytes, size_deadline)
 
-    monkeypatch.setattr(allreduce, "_measure_size", watched)
+    monkeypatch.setattr(allreduce, "measure_size", watched)
     rank = _rank(one_rank_group, tmp_path, deadline_s=30.0, max_bytes=4 * MiB)
     allreduce._sweep(rank)
     assert seen == [None, [MiB]]  # 1 MiB was on disk before 4 MiB started

@@ -132,3 +132,31 @@ def test_gpuvet_checks_lists_every_id_and_benchmark(capsys):
                                       "cluster.ring", "cpu.gemm", "env.jupyter"])
 def test_families_are_expanded(check_id):
     assert catalog.is_check(check_id)
+
+
+def _gpuvet_module_names(tree) -> set[str]:
+    """Names a module binds to other gpuvet modules (`from . import nvml`, `from ..bench import net as net_bench`)."""
+    import ast
+
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("gpuvet")):
+            bound |= {alias.asname or alias.name for alias in node.names}
+    return bound
+
+
+def test_no_private_name_is_imported_across_modules():
+    import ast
+
+    crossings = []
+    for path in sorted((ROOT / "src" / "gpuvet").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = _gpuvet_module_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                crossings += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                  and node.attr.startswith("_") and not node.attr.startswith("__")):
+                crossings.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert not crossings

@@ -26,7 +26,7 @@ from rich.console import Console
 from gpuvet import watch as w
 from gpuvet.facts import Gpu, Host, Machine, NvLink
 from gpuvet.telemetry import COLUMNS
-from gpuvet.watch.keys import _Keys, _NoStream
+from gpuvet.watch.keys import Keys, NoStream
 from gpuvet.watch.loop import _Outputs
 from test_telemetry import _healthy_gpu_answers, _NvmlStandIn
 
@@ -401,7 +401,7 @@ def test_the_loop_runs_ticks_and_appends_a_second_session(monkeypatch, tmp_path)
         m.start()
         outputs = _Outputs(log=w.WatchLog(str(path), 0.05, sorted(m._facts.items()), m.hostname))
         try:
-            w.run_loop(m, outputs, None, _Keys(_NoStream()), max_ticks=3)
+            w.run_loop(m, outputs, None, Keys(NoStream()), max_ticks=3)
         finally:
             outputs.close()
             m.close()

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .probe.nvml import _reason, init_error, pynvml
+from .probe.nvml import error_reason, init_error, pynvml
 # Re-exported: benchmarks and tests take the sample type and its record forms from here too.
 from .samples import COLUMNS, Sample, next_tick, summarize, to_series  # noqa: F401
 
@@ -157,7 +157,7 @@ class _GpuReader:
                     return None
                 calls.pop(0)  # try the next call from now on
                 if not calls:
-                    self.unavailable[reading.field] = _reason(err)
+                    self.unavailable[reading.field] = error_reason(err)
         return None
 
 
@@ -167,13 +167,13 @@ def _open_gpus(indices: list[int] | None) -> tuple[list[_GpuReader], dict[int, s
         try:
             indices = list(range(pynvml.nvmlDeviceGetCount()))
         except Exception as err:
-            return [], {}, f"NVML cannot count the GPUs: {_reason(err)}"
+            return [], {}, f"NVML cannot count the GPUs: {error_reason(err)}"
     readers, errors = [], {}
     for index in indices:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as err:
-            errors[index] = f"cannot open GPU {index}: {_reason(err)}"
+            errors[index] = f"cannot open GPU {index}: {error_reason(err)}"
             continue
         readers.append(_GpuReader(index, handle))
     return readers, errors, None

@@ -378,7 +378,7 @@ def _measurements(result: dict[str, Any], backend: str, world_size: int) -> list
 
 
 @dataclass
-class _Rank:
+class Rank:
     config: RankConfig
     torch: Any
     dist: Any
@@ -393,8 +393,8 @@ class _Rank:
 
 def rank_main(config_path: str) -> None:
     config = RankConfig(**json.loads(Path(config_path).read_text()))
-    _die_with_parent(config.parent_pid)
-    _exit_after(config.deadline + RANK_GRACE_S)
+    rank_dies_with_parent(config.parent_pid)
+    exit_after(config.deadline + RANK_GRACE_S)
     step_file = Path(config.workdir) / f"rank{config.rank}.step"
     if config.hang:  # tests: a rank that never shows up; the others wait for it in init
         step_file.write_text("hanging on purpose (test)\n")
@@ -408,7 +408,7 @@ def rank_main(config_path: str) -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)  # the ranks share the CPU; gloo has its own threads
-    rank = _Rank(config, torch, dist, device, step_file)
+    rank = Rank(config, torch, dist, device, step_file)
     name = torch.cuda.get_device_name(device) if config.backend == "nccl" else "CPU"
     (Path(config.workdir) / f"rank{config.rank}.device").write_text(f"{config.device} ({name})")
     rank.step("init_process_group")
@@ -422,11 +422,11 @@ def rank_main(config_path: str) -> None:
     dist.destroy_process_group()
 
 
-def _sweep(rank: _Rank) -> None:
+def _sweep(rank: Rank) -> None:
     """Every size in turn, rank 0 rewriting its report after each (a kill at the deadline loses
     nothing measured); a size that cannot fit in the time left is skipped with the larger ones."""
     config = rank.config
-    sizes = sweep_sizes(_agreed_max_bytes(rank))
+    sizes = sweep_sizes(agreed_max_bytes(rank))
     report: dict[str, Any] = {"rows": rank.rows, "dtype": DTYPE, "sizes": sizes, "finished": False,
                               "skipped": [], "skip_reason": None,
                               "method": timing_method(config.backend, _host_ahead(rank) is not None)}
@@ -440,13 +440,13 @@ def _sweep(rank: _Rank) -> None:
         if config.stall_after_sizes is not None and index >= config.stall_after_sizes:
             threading.Event().wait()  # tests: a fabric too slow to finish this size in time
         size_deadline = time.monotonic() + (config.deadline - TEARDOWN_S - time.monotonic()) / (len(sizes) - index)
-        rank.rows.append(_measure_size(rank, nbytes, size_deadline))
+        rank.rows.append(measure_size(rank, nbytes, size_deadline))
         _write_report(rank, report)
     report["finished"] = True
     _write_report(rank, report)
 
 
-def _write_report(rank: _Rank, report: dict[str, Any]) -> None:
+def _write_report(rank: Rank, report: dict[str, Any]) -> None:
     if rank.config.rank != 0:
         return
     path = Path(rank.config.workdir) / "result.json"
@@ -455,7 +455,7 @@ def _write_report(rank: _Rank, report: dict[str, Any]) -> None:
     tmp.replace(path)  # the parent never reads half a report
 
 
-def _agreed_skip(rank: _Rank, nbytes: int) -> str | None:
+def _agreed_skip(rank: Rank, nbytes: int) -> str | None:
     """Rank 0 decides whether `nbytes` still fits in the time left (every rank must run the same
     collectives) and tells the others; the reason is only known to rank 0, which reports it."""
     torch, config = rank.torch, rank.config
@@ -471,7 +471,7 @@ def _agreed_skip(rank: _Rank, nbytes: int) -> str | None:
     return reason or "skipped by rank 0: not enough time left"
 
 
-def _agreed_max_bytes(rank: _Rank) -> int:
+def agreed_max_bytes(rank: Rank) -> int:
     """The largest size every rank can hold: the configured one, or min(1 GiB, free/8)."""
     torch = rank.torch
     if rank.config.max_bytes is not None:
@@ -485,7 +485,7 @@ def _agreed_max_bytes(rank: _Rank) -> int:
     return int(value.item())
 
 
-def _measure_size(rank: _Rank, nbytes: int, size_deadline: float) -> dict[str, Any]:
+def measure_size(rank: Rank, nbytes: int, size_deadline: float) -> dict[str, Any]:
     """One size: the sum check, then BATCHES timed batches; `iterations` is the all-reduces per batch."""
     torch, dist, n = rank.torch, rank.dist, rank.config.world_size
     buffer = torch.empty(nbytes // 4, dtype=torch.float32, device=rank.device)
@@ -503,7 +503,7 @@ def _measure_size(rank: _Rank, nbytes: int, size_deadline: float) -> dict[str, A
             "summary_us": summary([t * 1e6 for t in times])}
 
 
-def _check(rank: _Rank, buffer: Any) -> int:
+def _check(rank: Rank, buffer: Any) -> int:
     """Elements, over all ranks, that did not sum to n(n+1)/2 when each rank gave rank+1."""
     torch, dist, n = rank.torch, rank.dist, rank.config.world_size
     buffer.fill_(rank.config.rank + 1)
@@ -520,7 +520,7 @@ def batch_iterations(seconds: float, one: float, batches: int = BATCHES) -> int:
     return max(MIN_ITERATIONS, min(MAX_ITERATIONS, int(seconds / (one * batches))))
 
 
-def _agreed_iterations(rank: _Rank, seconds: float, one: float) -> int:
+def _agreed_iterations(rank: Rank, seconds: float, one: float) -> int:
     """Rank 0 decides (all ranks must run the same number of collectives) and tells the others."""
     torch = rank.torch
     mine = batch_iterations(seconds, one)
@@ -529,7 +529,7 @@ def _agreed_iterations(rank: _Rank, seconds: float, one: float) -> int:
     return int(count.item())
 
 
-def _timed(rank: _Rank, buffer: Any, iterations: int, batches: int = BATCHES) -> list[float]:
+def _timed(rank: Rank, buffer: Any, iterations: int, batches: int = BATCHES) -> list[float]:
     """Seconds per all-reduce, one figure per batch: the batch's time divided by `iterations`,
     each batch the slowest rank's (the operation ends when all ranks have it).
 
@@ -563,14 +563,14 @@ def _timed(rank: _Rank, buffer: Any, iterations: int, batches: int = BATCHES) ->
     return slowest.tolist()
 
 
-def _host_ahead(rank: _Rank) -> Any:
+def _host_ahead(rank: Rank) -> Any:
     """torch.cuda._sleep on NCCL (a private PyTorch helper: None where it is missing), else None."""
     if rank.config.backend != "nccl":
         return None
     return getattr(rank.torch.cuda, "_sleep", None)
 
 
-def _align(rank: _Rank) -> None:
+def _align(rank: Rank) -> None:
     """A barrier that works on NCCL and gloo alike and returns to the host only when all ranks
     have reached it."""
     flag = rank.torch.zeros(1, device=rank.device)
@@ -579,7 +579,7 @@ def _align(rank: _Rank) -> None:
         rank.torch.cuda.synchronize(rank.device)
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def rank_dies_with_parent(parent_pid: int) -> None:
     """Ask Linux to kill this rank when the parent dies, and stop now if it already has."""
     try:
         import ctypes
@@ -592,7 +592,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(3)
 
 
-def _exit_after(deadline: float) -> None:
+def exit_after(deadline: float) -> None:
     """The last resort when the parent is gone and a collective never returns."""
     delay = max(0.0, deadline - time.monotonic())
     timer = threading.Timer(delay, os._exit, args=(4,))

@@ -215,7 +215,7 @@ def reach(host: str, port: int = DEFAULT_PORT) -> dict[str, Any]:
     except socket.gaierror as err:
         raise NetError(f"cannot resolve {host!r}: {err.strerror or err}") from None
     except (OSError, NetError) as err:
-        raise NetError(f"no gpuvet server answered at {host}:{port + 1} ({_why(err)}): run "
+        raise NetError(f"no gpuvet server answered at {host}:{port + 1} ({error_words(err)}): run "
                        f"`gpuvet net serve --port {port}` there and let TCP ports {port} and {port + 1} through") from None
     return {"iperf3_port": iperf3_port, "source_address": source, "peer_address": peer,
             "interface": interface_with_address(source)}
@@ -426,7 +426,7 @@ def run_loopback(engine: str = "auto", budget_s: float = 5.0, progress: Callable
         seconds = max(1, int(0.5 * budget_s))
         results.append(_loopback_throughput(engine, server.port, seconds))
     except (NetError, OSError) as err:
-        results.append(note("loopback", "failed", _why(err)))
+        results.append(note("loopback", "failed", error_words(err)))
     finally:
         server.close()
     return results
@@ -504,7 +504,7 @@ def test(host: str, port: int = DEFAULT_PORT, engine: str = "auto", budget_s: fl
             throughput["details"].update(path)
         results.append(throughput)
     except (OSError, NetError) as err:
-        results.append(note(subject, "failed", _why(err)))
+        results.append(note(subject, "failed", error_words(err)))
     return results
 
 
@@ -565,7 +565,7 @@ def note(subject: str, outcome: str, reason: str) -> dict:
     return measurement("bench.net", None, "", subject, outcome=outcome, reason=reason)
 
 
-def _why(err: BaseException) -> str:
+def error_words(err: BaseException) -> str:
     if isinstance(err, NetError):
         return str(err)
     if isinstance(err, (socket.timeout, BlockingIOError)) or getattr(err, "errno", None) in (errno.EAGAIN, errno.EWOULDBLOCK):

@@ -38,7 +38,7 @@ def serve(port: int, engine: str, as_json: bool) -> None:
     try:
         net_bench.serve(port=port, engine=engine, ready=lambda message: click.echo(message, err=True), listening=listening)
     except (net_bench.NetError, OSError) as err:
-        raise UsageProblem(f"net serve: {net_bench._why(err)}") from None
+        raise UsageProblem(f"net serve: {net_bench.error_words(err)}") from None
 
 
 @net.command("test")

@@ -76,11 +76,11 @@ def run_rank(config: CrossRankConfig) -> int:
 
 def child_main(config_path: str) -> None:
     """A rank in its own process (`python -m gpuvet.cluster --cross-node-rank CONFIG`)."""
-    from ..bench.allreduce import _die_with_parent, _exit_after
+    from ..bench.allreduce import rank_dies_with_parent, exit_after
 
     config = CrossRankConfig(**json.loads(Path(config_path).read_text()))
-    _die_with_parent(config.parent_pid)
-    _exit_after(config.deadline + CHILD_GRACE_S)
+    rank_dies_with_parent(config.parent_pid)
+    exit_after(config.deadline + CHILD_GRACE_S)
     code = run_rank(config)
     sys.stdout.flush()
     os._exit(code)  # after a failure the process group may be broken: never wait in its destructor
@@ -127,19 +127,19 @@ def _allreduce_sweep(plan: Plan, rank: int, world_size: int, device: Any, report
     import torch
     import torch.distributed as dist
 
-    from ..bench.allreduce import DTYPE, RankConfig, _agreed_max_bytes, _measure_size, _Rank
+    from ..bench.allreduce import DTYPE, RankConfig, agreed_max_bytes, measure_size, Rank
 
     # On GPUs: no larger than 1/8 of the free memory of the fullest GPU, agreed by every rank.
     config = RankConfig(rank=rank, world_size=world_size, backend=plan.backend, device=str(device),
                         deadline=until, workdir=str(report.path.parent), parent_pid=os.getppid(),
                         max_bytes=None if plan.device == "cuda" else plan.allreduce_max_bytes)
-    measuring = _Rank(config, torch, dist, device, report.path.parent / f"{report.path.stem}.steps")
-    largest = min(plan.allreduce_max_bytes, _agreed_max_bytes(measuring))
+    measuring = Rank(config, torch, dist, device, report.path.parent / f"{report.path.stem}.steps")
+    largest = min(plan.allreduce_max_bytes, agreed_max_bytes(measuring))
     sizes = sweep_sizes(largest, start=min(LATENCY_BYTES, largest))
     rows = []
     for left, nbytes in zip(range(len(sizes), 0, -1), sizes):
         report.step(f"all-reduce of {nbytes} bytes")
-        rows.append(_measure_size(measuring, nbytes, time.monotonic() + (until - time.monotonic()) / left))
+        rows.append(measure_size(measuring, nbytes, time.monotonic() + (until - time.monotonic()) / left))
     return {"rows": rows, "dtype": DTYPE}
 
 

@@ -45,7 +45,7 @@ def replayed_from() -> str | None:
 _MIB = 1024 * 1024
 
 
-def _reason(err: BaseException) -> str:
+def error_reason(err: BaseException) -> str:
     """A short, human reason for a failed NVML call."""
     if pynvml is not None and isinstance(err, pynvml.NVMLError):
         code = getattr(err, "value", None)
@@ -76,11 +76,11 @@ def init_error() -> str | None:
     except pynvml.NVMLError_NoPermission:
         return "no permission to talk to the NVIDIA driver (/dev/nvidia* not accessible)"
     except Exception as err:  # NVML says many things; all of them mean "no GPU facts"
-        return f"NVML could not start: {_reason(err)}"
+        return f"NVML could not start: {error_reason(err)}"
     return None
 
 
-class _Query:
+class Query:
     """Runs NVML calls for one GPU, keeping the reason of every failure."""
 
     def __init__(self, gpu: Gpu):
@@ -90,7 +90,7 @@ class _Query:
         try:
             return fn(*args)
         except Exception as err:  # NVMLError, missing symbols in old nvidia-ml-py, ctypes errors
-            self.gpu.unavailable.setdefault(field, _reason(err))
+            self.gpu.unavailable.setdefault(field, error_reason(err))
             return None
 
 
@@ -106,14 +106,14 @@ def collect() -> tuple[Driver, list[Gpu], Topology | None, str | None]:
     try:
         count = pynvml.nvmlDeviceGetCount()
     except Exception as err:
-        return driver, [], None, f"NVML cannot count the GPUs: {_reason(err)}"
+        return driver, [], None, f"NVML cannot count the GPUs: {error_reason(err)}"
     gpus, handles = [], []
     for index in range(count):
         gpu = Gpu(index=index)
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as err:
-            gpu.unavailable["gpu"] = f"cannot open GPU {index}: {_reason(err)}"
+            gpu.unavailable["gpu"] = f"cannot open GPU {index}: {error_reason(err)}"
             gpus.append(gpu)
             continue
         _fill(gpu, handle)
@@ -158,7 +158,7 @@ def _enum_name(names: dict[int, str], value: Any) -> str | None:
 
 
 def _fill(gpu: Gpu, h: Any) -> None:
-    q = _Query(gpu)
+    q = Query(gpu)
     gpu.name = _text(q("name", pynvml.nvmlDeviceGetName, h))
     gpu.uuid = _text(q("uuid", pynvml.nvmlDeviceGetUUID, h))
     gpu.serial = _text(q("serial", pynvml.nvmlDeviceGetSerial, h))
@@ -185,7 +185,7 @@ def _fill(gpu: Gpu, h: Any) -> None:
     models = _safe(getattr(pynvml, "nvmlDeviceGetDriverModel", None), h)  # Windows only: NotSupported on Linux, as nvidia-smi's N/A
     gpu.driver_model = _enum_name(nvml_names.DRIVER_MODELS, models[0]) if models else None
     _mig(gpu, h, q)
-    gpu.processes = _processes(h, q)
+    gpu.processes = processes_of(h, q)
     _power(gpu, h, q)
     _pcie(gpu, h, q)
     _clocks(gpu, h, q)
@@ -199,7 +199,7 @@ def _flag(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _mig(gpu: Gpu, h: Any, q: _Query) -> None:
+def _mig(gpu: Gpu, h: Any, q: Query) -> None:
     mode = q("mig_enabled", pynvml.nvmlDeviceGetMigMode, h)
     if mode is None:
         return
@@ -225,7 +225,7 @@ def _mig(gpu: Gpu, h: Any, q: _Query) -> None:
         )
 
 
-def _processes(h: Any, q: _Query) -> list[GpuProcess] | None:
+def processes_of(h: Any, q: Query) -> list[GpuProcess] | None:
     found: dict[int, GpuProcess] = {}
     readable = False
     for kind, fn in (("C", pynvml.nvmlDeviceGetComputeRunningProcesses), ("G", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):
@@ -249,7 +249,7 @@ def _processes(h: Any, q: _Query) -> list[GpuProcess] | None:
     return sorted(found.values(), key=lambda p: p.pid) if readable else None
 
 
-def _power(gpu: Gpu, h: Any, q: _Query) -> None:
+def _power(gpu: Gpu, h: Any, q: Query) -> None:
     p = gpu.power
     p.draw_w = _watts(q("power.draw_w", pynvml.nvmlDeviceGetPowerUsage, h))
     p.limit_w = _watts(q("power.limit_w", pynvml.nvmlDeviceGetPowerManagementLimit, h))
@@ -264,7 +264,7 @@ def _watts(milliwatts: Any) -> float | None:
     return None if milliwatts is None else round(milliwatts / 1000.0, 2)
 
 
-def _pcie(gpu: Gpu, h: Any, q: _Query) -> None:
+def _pcie(gpu: Gpu, h: Any, q: Query) -> None:
     info = q("pcie.bus_id", pynvml.nvmlDeviceGetPciInfo, h)
     if info is not None:
         gpu.pcie.bus_id = bus_id(_text(info.busId))
@@ -281,7 +281,7 @@ def _pcie(gpu: Gpu, h: Any, q: _Query) -> None:
     gpu.pcie.replay_count = q("pcie.replay_count", pynvml.nvmlDeviceGetPcieReplayCounter, h)
 
 
-def _clocks(gpu: Gpu, h: Any, q: _Query) -> None:
+def _clocks(gpu: Gpu, h: Any, q: Query) -> None:
     c = gpu.clocks
     SM, GR, MEM = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_MEM
     c.sm_mhz = q("clocks.sm_mhz", pynvml.nvmlDeviceGetClockInfo, h, SM)
@@ -311,7 +311,7 @@ def _current_reasons(h: Any) -> int | None:
     return None
 
 
-def _thermal(gpu: Gpu, h: Any, q: _Query) -> None:
+def _thermal(gpu: Gpu, h: Any, q: Query) -> None:
     t = gpu.thermal
     t.gpu_c = q("thermal.gpu_c", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
     t.slowdown_c = q("thermal.slowdown_c", pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
@@ -328,7 +328,7 @@ def _thermal(gpu: Gpu, h: Any, q: _Query) -> None:
         t.slowdown_margin_c = _safe(pynvml.nvmlDeviceGetMarginTemperature, h)
 
 
-def _ecc(gpu: Gpu, h: Any, q: _Query) -> None:
+def _ecc(gpu: Gpu, h: Any, q: Query) -> None:
     e = gpu.ecc
     mode = q("ecc.enabled", pynvml.nvmlDeviceGetEccMode, h)
     if mode is None:
@@ -354,14 +354,14 @@ def _ecc(gpu: Gpu, h: Any, q: _Query) -> None:
         e.remapped_rows_pending, e.remapped_rows_failure = bool(pending), bool(failure)
 
 
-def _nvlinks(h: Any, q: _Query) -> list[NvLink] | None:
+def _nvlinks(h: Any, q: Query) -> list[NvLink] | None:
     links = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
             state = pynvml.nvmlDeviceGetNvLinkState(h, link)
         except Exception as err:
             if link == 0:  # the GPU has no NVLink at all
-                q.gpu.unavailable["nvlinks"] = _reason(err)
+                q.gpu.unavailable["nvlinks"] = error_reason(err)
                 return None
             continue  # links beyond this GPU's count
         remote = _safe(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)

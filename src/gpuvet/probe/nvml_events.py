@@ -39,7 +39,7 @@ class XidWatch:
                 handle = p.nvmlDeviceGetHandleByIndex(index)
                 p.nvmlDeviceRegisterEvents(handle, p.nvmlEventTypeXidCriticalError, self._set)
         except Exception as err:  # NotSupported on vGPU guests, old drivers, no NVML
-            self.unavailable = f"NVML Xid events not available: {nvml._reason(err)}"
+            self.unavailable = f"NVML Xid events not available: {nvml.error_reason(err)}"
             return
         self._thread = threading.Thread(target=self._run, name="gpuvet-xid-events", daemon=True)
         self._thread.start()
@@ -59,7 +59,7 @@ class XidWatch:
             except Exception as err:
                 if isinstance(err, p.NVMLError) and err.value == p.NVML_ERROR_TIMEOUT:
                     continue
-                self.unavailable = f"NVML Xid events stopped: {nvml._reason(err)}"
+                self.unavailable = f"NVML Xid events stopped: {nvml.error_reason(err)}"
                 return
             self.events.append(XidEvent(_index(data.device), int(data.eventData), time.time(), self.during))
 

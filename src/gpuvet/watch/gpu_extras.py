@@ -11,7 +11,7 @@ from ..facts import Gpu, GpuProcess
 from ..probe import nvml, nvml_events
 from ..samples import next_tick
 from ..telemetry import gpu_gone_reason, is_permanent_error
-from .host import _rate
+from .host import rate_per_s
 from .snapshot import GpuExtras
 
 
@@ -32,7 +32,7 @@ class GpuExtrasReader:
             try:
                 self._handles[index] = nvml.pynvml.nvmlDeviceGetHandleByIndex(index)
             except Exception as err:
-                self.unavailable[index]["gpu"] = nvml._reason(err)
+                self.unavailable[index]["gpu"] = nvml.error_reason(err)
                 continue
             try:
                 self._minor[index] = int(nvml.pynvml.nvmlDeviceGetMinorNumber(self._handles[index]))
@@ -54,7 +54,7 @@ class GpuExtrasReader:
             if gone is not None:
                 self.unavailable[index]["gone"] = gone
             elif is_permanent_error(err):
-                self.unavailable[index][what] = nvml._reason(err)
+                self.unavailable[index][what] = nvml.error_reason(err)
             return None
 
     def _read(self, index: int, handle: Any) -> tuple[GpuExtras, list[GpuProcess] | None]:
@@ -72,7 +72,7 @@ class GpuExtrasReader:
         processes = None
         if "processes" not in self.unavailable[index]:
             holder = Gpu(index=index)
-            processes = nvml._processes(handle, nvml._Query(holder))
+            processes = nvml.processes_of(handle, nvml.Query(holder))
             if processes is None and "processes" in holder.unavailable:
                 self.unavailable[index]["processes"] = holder.unavailable["processes"]
         extras.unavailable = dict(self.unavailable[index])
@@ -117,10 +117,10 @@ class GpuExtrasReader:
         self._nvlink_last[index] = (now, tx, rx)
         if last is None:
             return None, None
-        return _rate(last[1], tx, now - last[0]), _rate(last[2], rx, now - last[0])
+        return rate_per_s(last[1], tx, now - last[0]), rate_per_s(last[2], rx, now - last[0])
 
 
-class _Periodic:
+class Periodic:
     """Runs `fn` every `every_s` on a daemon thread and keeps its last result (NVML calls that block)."""
 
     def __init__(self, fn: Callable[[], Any], every_s: float):

@@ -26,7 +26,7 @@ def cpu_shares(before: Any, after: Any) -> tuple[float, float, float] | None:
     return (100.0 * (total - idle) / total, 100.0 * delta.get("steal", 0.0) / total, 100.0 * delta.get("iowait", 0.0) / total)
 
 
-def _rate(before: float | None, after: float | None, seconds: float) -> float | None:
+def rate_per_s(before: float | None, after: float | None, seconds: float) -> float | None:
     if before is None or after is None or seconds <= 0 or after < before:  # a counter reset is no rate
         return None
     return (after - before) / seconds
@@ -160,10 +160,10 @@ class HostReader:
             workers_cpu_pct=round(sum(w.cpu_pct for w in workers) / len(workers), 1) if workers else None,
             mem_used_bytes=memory.total - memory.available,
             mem_total_bytes=memory.total,
-            disk_read_bps=_rate(self._disk and self._disk[0], disk and disk[0], seconds),
-            disk_write_bps=_rate(self._disk and self._disk[1], disk and disk[1], seconds),
-            net_rx_bps=_rate(self._net and self._net[0], net and net[0], seconds),
-            net_tx_bps=_rate(self._net and self._net[1], net and net[1], seconds),
+            disk_read_bps=rate_per_s(self._disk and self._disk[0], disk and disk[0], seconds),
+            disk_write_bps=rate_per_s(self._disk and self._disk[1], disk and disk[1], seconds),
+            net_rx_bps=rate_per_s(self._net and self._net[0], net and net[0], seconds),
+            net_tx_bps=rate_per_s(self._net and self._net[1], net and net[1], seconds),
             worker_list=workers,
         )
         self._cpu, self._disk, self._net, self._last_t = cpu, disk, net, now

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 
-class _Keys:
+class Keys:
     """Single key presses from the terminal (cbreak: no Enter needed; Ctrl-C still interrupts).
     Off a terminal it only waits. The terminal's settings are restored on exit, whatever happens."""
 
@@ -18,7 +18,7 @@ class _Keys:
         self.fd: int | None = None
         self._saved: Any = None
 
-    def __enter__(self) -> "_Keys":
+    def __enter__(self) -> "Keys":
         try:
             if self.stream is not None and self.stream.isatty():
                 import termios
@@ -46,6 +46,6 @@ class _Keys:
         return os.read(self.fd, 64).decode(errors="ignore") if ready else ""
 
 
-class _NoStream:
+class NoStream:
     def isatty(self) -> bool:
         return False

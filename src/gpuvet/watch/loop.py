@@ -19,7 +19,7 @@ from rich.live import Live
 
 from ..facts import Machine
 from ..samples import next_tick
-from .keys import _Keys, _NoStream
+from .keys import Keys, NoStream
 from .log import WatchLog, snapshot_to_dict
 from .monitor import SLOW_EVERY_S, Monitor
 from .snapshot import Snapshot
@@ -69,7 +69,7 @@ class _Outputs:
             self.exporter.close()
 
 
-def run_loop(monitor: Monitor, outputs: _Outputs, console: Console | None, keys: _Keys,
+def run_loop(monitor: Monitor, outputs: _Outputs, console: Console | None, keys: Keys,
              max_ticks: int | None = None) -> None:
     """Tick, publish, show, wait for the next tick or a key, until q (or max_ticks, for tests)."""
     live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
@@ -186,7 +186,7 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
         if not interactive:
             outputs.print_changes = _print_flushed
             print(_headless_banner(monitor, log_path), file=sys.stderr, flush=True)
-        with _Keys(sys.stdin if interactive else _NoStream()) as keys:
+        with Keys(sys.stdin if interactive else NoStream()) as keys:
             try:
                 run_loop(monitor, outputs, console if interactive else None, keys)
             except (KeyboardInterrupt, _Stop):

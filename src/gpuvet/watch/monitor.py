@@ -15,7 +15,7 @@ from ..facts import Gpu, GpuProcess, Machine
 from ..judge import diagnose
 from ..judge.diagnose import Diagnosis, GpuProcessSeen
 from ..telemetry import Sample, Sampler
-from .gpu_extras import GpuExtrasReader, _Periodic
+from .gpu_extras import GpuExtrasReader, Periodic
 from .host import HostReader
 from .processes import same_process
 from .snapshot import GpuExtras, GpuView, HostReading, JobReading, ProcessView, Snapshot
@@ -53,7 +53,7 @@ class Monitor:
         self._trend: dict[int, deque[Sample]] = {}  # one sample a second, for the 10-minute trend
         self._host: deque[HostReading] = deque()
         self._extras_reader: GpuExtrasReader | None = None
-        self._extras_thread: _Periodic | None = None
+        self._extras_thread: Periodic | None = None
         self._extras: dict[int, tuple[GpuExtras, list[GpuProcess] | None]] = {}
         self._last_slow: float | None = None
         self._host_now: HostReading | None = None
@@ -76,7 +76,7 @@ class Monitor:
             self._extras_reader = GpuExtrasReader(self._facts, self.clock)
             if self.threaded:
                 self.sampler.start()
-                self._extras_thread = _Periodic(self._extras_reader.read_all, SLOW_EVERY_S)
+                self._extras_thread = Periodic(self._extras_reader.read_all, SLOW_EVERY_S)
 
     def close(self) -> None:
         if self._extras_thread is not None:
