@@ -159,3 +159,15 @@ def test_the_loader_tells_the_kinds_apart(tmp_path):
 def test_every_fixture_record_loads():
     for path in sorted(RECORDS.glob("*.json")):
         assert load(str(path)).runs(), path
+
+
+def test_a_rows_values_are_checked_one_by_one():
+    from gpuvet.record.validate import check
+
+    row = [0.5, 3, None, "idle", True, float("nan"), float("inf")]
+    assert check(row, list[float | str | bool | None], "rows[0]") == [0.5, 3, None, "idle", True, None, None]
+    assert check([1, 2.0], list[int], "gpus") == [1, 2.0]
+    for bad, words in (([1, 2.5], "gpus[1]: 2.5 where a whole number belongs"), ([1, [2]], "gpus[1]: a list where"),
+                       ([True], "gpus[0]: true/false where"), ([2**70], "gpus[0]: a number too large")):
+        with pytest.raises(RecordError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            check(bad, list[int], "gpus")

@@ -12,6 +12,7 @@ The same type descriptions give the JSON Schemas (schema.py), so the two cannot 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -51,8 +52,56 @@ def _wrong(path: str, value: Any, wanted: str) -> RecordError:
     return RecordError(f"{path or 'the record'}: {_kind(value)} where {wanted} belongs")
 
 
+@functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@functools.cache
+def _scalar_union(hint: Any) -> tuple[type, ...] | None:
+    """The types of a union of plain JSON scalars (a series row's values), else None: checked
+    without the general walk, since a long soak's series hold hundreds of thousands of them."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if all(a in _SCALARS for a in args):
+            return args
+    return None
+
+
+def _scalar_list(values: list[Any], allowed: tuple[type, ...], path: str) -> list[Any]:
+    """_scalar() of each value, the common cases inline (a row of finite numbers in range); the
+    path is only spelled out for a value that needs a closer look."""
+    numbers = float in allowed or int in allowed
+    low, high = -MAX_INT, MAX_INT
+    out = []
+    for i, v in enumerate(values):
+        kind = type(v)
+        if kind is float and numbers and low < v < high and (float in allowed or v.is_integer()):
+            out.append(v)  # NaN fails the comparison and goes the long way
+        elif kind is int and numbers and low < v < high:
+            out.append(v)
+        elif kind in allowed and kind in (str, bool, type(None)):
+            out.append(v)
+        else:
+            out.append(_scalar(v, allowed, f"{path}[{i}]"))
+    return out
+
+
+def _scalar(value: Any, allowed: tuple[type, ...], path: str) -> Any:
+    if value is None and type(None) in allowed:
+        return None
+    if isinstance(value, bool):
+        if bool in allowed:
+            return value
+    elif isinstance(value, str):
+        if str in allowed:
+            return value
+    elif isinstance(value, (int, float)) and (float in allowed or int in allowed):
+        return number(value, path, integer=float not in allowed)
+    raise _wrong(path, value, " or ".join(_name(a) for a in allowed if a is not type(None)))
 
 
 def number(value: Any, path: str, integer: bool = False) -> Any:
@@ -93,6 +142,9 @@ def check(value: Any, hint: Any, path: str, depth: int = 0) -> Any:
     """`value` checked against the type `hint` (what the dataclass or TypedDict declares)."""
     if depth > MAX_DEPTH:
         raise RecordError(f"{path}: nested more than {MAX_DEPTH} levels deep")
+    allowed = _scalar_union(hint)
+    if allowed is not None:
+        return _scalar(value, allowed, path)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return free(value, path, depth)
@@ -139,6 +191,9 @@ def check(value: Any, hint: Any, path: str, depth: int = 0) -> Any:
         if not isinstance(value, list):
             raise _wrong(path, value, "a list")
         (item,) = args or (Any,)
+        allowed = _scalar_union(item)
+        if allowed is not None:
+            return _scalar_list(value, allowed, path)
         return [check(v, item, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if origin is tuple:
         if not isinstance(value, list):
