@@ -271,7 +271,7 @@ _SMI_WATCH = "nvidia-smi --query-gpu=index,temperature.gpu,power.draw,power.limi
 _POWER = Cause("Power limit capped below the default", rules_out=("gpu.power_limit",), measure="gpuvet run",
                commands=("nvidia-smi -q -d POWER", _SMI_WATCH))
 _PCIE = Cause("PCIe link narrower or slower than the card (riser, x8 slot, virtualised link)",
-              rules_out=("gpu.pcie_bandwidth",), checks=("gpu.pcie_link",), measure="gpuvet bench pcie",
+              rules_out=("gpu.pcie_bandwidth",), checks=("gpu.pcie_link", "gpu.link_errors"), measure="gpuvet bench pcie",
               commands=("sudo lspci -vv | grep -E 'LnkCap|LnkSta'", "nvidia-smi -q -d PCIE (while a job runs)"),
               facts=_pcie_full_link,
               untested="the link was read idle, where it downshifts; copy across it (`gpuvet bench pcie`) to see its speed")
@@ -279,7 +279,8 @@ _WEAK_GPU = Cause("A weaker or cut-down GPU than sold, or one that computes slow
                   rules_out=("gpu.gemm", "gpu.memory_bandwidth"), checks=("gpu.model",),
                   measure="gpuvet bench gemm membw --expect 'MODEL'", commands=("nvidia-smi --query-gpu=name,memory.total --format=csv",),
                   untested="the name matches, but only a GEMM and memory benchmark shows how fast it computes")
-_THROTTLE = Cause("Clocks cut by heat or a power brake", rules_out=("gpu.sustained",), checks=("gpu.throttle", "gpu.temperature"),
+_THROTTLE = Cause("Clocks cut by heat or a power brake", rules_out=("gpu.sustained",),
+                  checks=("gpu.throttle", "gpu.temperature", "gpu.throttle_history"),
                   measure="gpuvet run --soak 10", commands=("nvidia-smi -q -d PERFORMANCE,TEMPERATURE", _SMI_WATCH),
                   untested="clocks and temperature were read once, not under minutes of load, where heat and power brakes show")
 _SHARED_GPU = Cause("The GPU is shared (vGPU, MIG slice, or another tenant's processes)", rules_out=("gpu.isolation",),
@@ -298,12 +299,14 @@ _SHM = Cause("DataLoader workers crash or stall: /dev/shm too small", rules_out=
 _LOADER = Cause("DataLoader too slow for the GPU: num_workers or prefetch_factor too low, pin_memory off",
                 commands=("time one epoch of the DataLoader alone (for batch in loader: pass) against the GPU's step time",
                           "DataLoader(num_workers=N, prefetch_factor=4, pin_memory=True, persistent_workers=True)"))
-_NVLINK = Cause("No NVLink (or links down): the GPUs talk over PCIe", rules_out=("gpu.nvlink", "gpu.p2p"), measure="gpuvet bench p2p",
+_NVLINK = Cause("No NVLink (or links down): the GPUs talk over PCIe", rules_out=("gpu.nvlink", "gpu.p2p"),
+                checks=("gpu.fabric", "gpu.link_errors"), measure="gpuvet bench p2p",
                 commands=("nvidia-smi topo -m", "nvidia-smi nvlink -s"))
 _ALLREDUCE = Cause("Slow all-reduce between the GPUs of this machine", rules_out=("gpu.allreduce",), measure="gpuvet bench allreduce",
                    commands=("NCCL_DEBUG=INFO python train.py (look at the transport: P2P/NVL, SHM or NET)",))
 _NETWORK = Cause("Slow network between nodes: no RDMA/RoCE, or a slow NIC", rules_out=("net.node_to_node",),
-                 checks=("net.rdma", "net.nics"), measure="gpuvet net serve (on one node) / gpuvet net test HOST (on the other)",
+                 checks=("net.rdma", "net.nics", "stack.peermem"),
+                 measure="gpuvet net serve (on one node) / gpuvet net test HOST (on the other)",
                  commands=("ibstat", "ib_write_bw OTHER_NODE", "iperf3 -c OTHER_NODE -P 8"),
                  untested="the NICs and RDMA ports were listed, but nothing was sent between the nodes")
 _MIXED = Cause("Mixed GPUs: the slowest sets the pace", rules_out=("gpu.uniform",), measure="gpuvet run",
@@ -325,7 +328,10 @@ SYMPTOMS: tuple[Symptom, ...] = (
                    rules_out=("storage.read", "storage.random_read"), checks=("storage.workdir",),
                    measure="gpuvet bench disk --path /your/dataset/dir", commands=("iostat -x 5 (await, %util)", "free -g"),
                    untested="only where the working directory lives was read; no disk benchmark ran"),
-             _STEAL, _SHARED_GPU),
+             _STEAL, _SHARED_GPU,
+             Cause("A GPU fault mid-run: the driver logged Xid errors (memory errors, fallen off the bus, GSP) or asks for a reset",
+                   rules_out=("gpu.xid",), checks=("gpu.recovery",), measure="gpuvet run",
+                   commands=("sudo dmesg -T | grep -E 'NVRM|Xid'", "nvidia-smi -q -d ECC,ROW_REMAPPER"))),
             "watch the temperature and clock curves while it slows: `gpuvet run --soak 10` records them"),
     Symptom("gpu-low-cpu-high", "GPU utilization stays low while the CPU is busy",
             "GPU利用率始终上不去，但CPU很高",
@@ -343,7 +349,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
             ("could not select device driver", "docker gpu", "container", "nvidia-container-toolkit", "torch.cuda.is_available() false",
              "cuda not available", "no cuda", "容器"),
             (Cause("The NVIDIA driver is not reachable here: nvidia-container-toolkit missing, or the container started without --gpus",
-                   measure="gpuvet run (inside the container)",
+                   rules_out=("stack.container_runtime",), measure="gpuvet run (inside the container)",
                    commands=("docker run --rm --gpus all nvidia/cuda:12.4.1-base-ubuntu22.04 nvidia-smi", "nvidia-ctk --version",
                              "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"),
                    facts=_driver_here),
@@ -378,7 +384,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
             (Cause("Slow CUDA context creation under virtualization", rules_out=("gpu.context_init",), measure="gpuvet bench latency",
                    commands=("python -c \"import time,torch; t=time.time(); torch.zeros(1).cuda(); print(time.time()-t)\"",),
                    facts=_vgpu, untested="the time to create a CUDA context was not measured"),
-             Cause("Persistence mode off: the driver re-initialises for each process", measure="gpuvet run",
+             Cause("Persistence mode off: the driver re-initialises for each process", rules_out=("gpu.persistence",),
+                   measure="gpuvet run",
                    commands=("nvidia-smi -q | grep -i persistence", "sudo nvidia-smi -pm 1"), facts=_persistence),
              Cause("Eager CUDA module loading", rules_out=("env.cuda_module_loading",), measure="gpuvet run",
                    commands=("export CUDA_MODULE_LOADING=LAZY",), facts=_module_loading),
@@ -412,6 +419,9 @@ SYMPTOMS: tuple[Symptom, ...] = (
                    checks=("net.nics", "net.rdma"), measure="gpuvet net serve / gpuvet net test HOST",
                    commands=("NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=eth0 python train.py", "ibstat"),
                    untested="the interfaces were listed, but nothing was sent between the nodes"),
+             Cause("NVSwitch fabric manager not running or of another version: CUDA error 802 \"system not yet initialized\"",
+                   rules_out=("gpu.fabric",), measure="gpuvet run",
+                   commands=("systemctl status nvidia-fabricmanager", "nvidia-smi -q | grep -A3 Fabric")),
              Cause("Different PyTorch/NCCL versions on the nodes", measure="",
                    commands=("python -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())' on every node",))),
             "`NCCL_DEBUG=INFO` says where it stops"),
