@@ -523,3 +523,18 @@ def test_the_html_page_plots_each_compared_figure_across_nodes_with_baseline_and
     assert bf16.count("<circle") == gpus + 1  # every GPU's dot, and the legend's
     assert re.search(r"<title>node-0017 gpu3: [\d,.]+ TFLOPS</title>", bf16)  # hover names the straggler
     assert "baseline " in bf16 and "straggler below " in bf16
+
+
+def test_different_nccl_on_one_node_fails_uniformity_as_the_seeds_version_mismatch(template):
+    entries, _, _ = synthetic_cluster(3, template=template)
+    for n, entry in enumerate(entries):  # SYNTHETIC: the NCCL each node's PyTorch carries (stack.nccl)
+        record = copy.deepcopy(entry.record)
+        record["machine"]["stack"] = record["machine"].get("stack") or {}
+        torch = record["machine"]["stack"].setdefault("torch", {})
+        torch.update({"installed": True, "version": "2.4.1+cu124", "nccl": "2.20.5" if n == 1 else "2.21.5"})
+        entry.record = record
+    judgement = judge_cluster(entries, [])
+    row = {row.field: row for row in judgement.uniformity}["NCCL"]
+    assert row.value == "2.21.5" and list(row.odd.values()) == [["node-0001"]]
+    (finding,) = [f for f in judgement.findings if f.check == "cluster.uniform" and f.subject == "NCCL"]
+    assert finding.status == FAIL and "2.20.5 on node-0001" in finding.summary

@@ -152,7 +152,7 @@ CHECKS: tuple[Check, ...] = (
           "with --multi-node: not loaded (warns without it)", "can NCCL use GPUDirect RDMA"),
     Check("stack.nccl", "stack", "stack_runtime.check_nccl", None,
           "the NCCL version PyTorch carries (torch.cuda.nccl.version())",
-          "never (shown; every node of a job must run the same one)", "which NCCL runs here"),
+          "never on one node (cluster.uniform fails a node whose NCCL differs)", "which NCCL runs here"),
     Check("stack.container_runtime", "stack", "stack_runtime.check_container_runtime", None,
           "inside a container: /dev/nvidia* nodes, libcuda mounted and of the kernel module's version; "
           "on a Docker host: the NVIDIA runtime or a CDI spec",

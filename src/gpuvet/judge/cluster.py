@@ -207,6 +207,7 @@ def _uniformity_facts(machine: dict[str, Any], gpus: list[dict[str, Any]]) -> di
         "PCIe link": _joined(_pcie_link(g) for g in gpus),
         "GPU memory": _joined(f"{g['memory_total_mib']} MiB" if g.get("memory_total_mib") else None for g in gpus),
         "PyTorch": torch_text,
+        "NCCL": torch.get("nccl") if torch.get("installed") else None,  # stack.nccl: what PyTorch carries
     }
     facts["network"] = network_of(machine.get("host")).words() if machine.get("host") else None
     return facts
@@ -400,9 +401,10 @@ def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragg
 # -- uniformity ------------------------------------------------------------------------------
 
 # Fields whose difference breaks a job outright, and those that only make nodes unequal.
-_UNIFORM_FAIL = {"GPU model", "GPU count"}
+# Different NCCLs on the nodes of one job: "NCCL version mismatch", or a hang in ncclCommInitRank.
+_UNIFORM_FAIL = {"GPU model", "GPU count", "NCCL"}
 UNIFORM_FIELDS = ("GPU model", "GPU count", "GPU memory", "driver", "CUDA (driver)", "VBIOS", "power limit", "PCIe link",
-                  "PyTorch", "network")
+                  "PyTorch", "NCCL", "network")
 
 
 @dataclass
