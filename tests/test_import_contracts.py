@@ -24,6 +24,7 @@ MACHINE = ("gpuvet.probe", "gpuvet.bench", "gpuvet.telemetry", "gpuvet.watch", "
            "pynvml", "torch")
 
 CONTRACTS = {
+    "gpuvet.catalog": ("gpuvet.probe", "gpuvet.bench", "gpuvet.judge", "gpuvet.report", "gpuvet.record", "pynvml", "torch"),
     "gpuvet.judge": MACHINE,
     "gpuvet.report": MACHINE,
     "gpuvet.samples": MACHINE,

@@ -126,6 +126,30 @@ def run_live(
     return record
 
 
+def run_net_test(host: str, port: int, engine: str, seconds: float,
+                 progress: Callable[[str], None] = lambda message: None, expect: str | None = None,
+                 multi_node: bool = False) -> RunRecord:
+    """`gpuvet net test HOST`: this machine's facts (its NICs: the link the test is judged against)
+    and the measurements to HOST, judged into one run record (profile "net-test")."""
+    from .bench import net as net_bench
+
+    started, t0 = _now(), time.monotonic()
+    options = RunOptions(profile="net-test", benchmarks=[], peer=host, port=port, engine=engine)
+    if expect is not None:
+        options["expect"] = expect
+    if multi_node:
+        options["multi_node"] = True
+    progress("reading the machine's facts")
+    machine = live.collect()
+    judge.annotate_references(machine)
+    measurements = net_bench.test(host, port=port, engine=engine, budget_s=seconds, progress=progress)
+    record = RunRecord(machine=machine, started_at=started, options=options,
+                       measurements=[from_dict(Measurement, m) for m in measurements])
+    record.findings = judge.judge(machine, record.measurements, options)
+    record.duration_s = time.monotonic() - t0
+    return record
+
+
 def plan_live(quick: bool = False, soak_minutes: float | None = None, force: bool = False,
               paths: list[str] | None = None, workload_steps: int | None = None,
               benchmarks: list[str] | None = None, device: str = "cuda", workdir: str | None = None) -> schedule.Plan:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from datetime import datetime, timezone
-from typing import Callable
-
 import click
 
+from .. import runner
 from .base import UsageProblem, check_out_path, cli, emit, output_options, progress_status, save, store_options
 
 # One --engine flag drives disk and net elsewhere; here "fio" means the external tool, iperf3.
@@ -64,41 +61,9 @@ def test_cmd(host: str, port: int, engine: str, seconds: float, multi_node: bool
     except net_bench.NetError as err:
         raise UsageProblem(str(err)) from None
     with progress_status(as_json) as progress:
-        record = net_test_record(host, port, engine, seconds, progress, expect=expect, multi_node=multi_node)
+        record = runner.run_net_test(host, port, engine, seconds, progress, expect=expect, multi_node=multi_node)
     save(record, db, no_save, label, price)
     emit(record, as_json, out, verbose, report_format, redact)
 
 
 test_cmd.__test__ = False  # type: ignore[attr-defined]  # a command, not a pytest test
-
-
-def net_test_record(host: str, port: int, engine: str, seconds: float,
-                    progress: Callable[[str], None] = lambda message: None, expect: str | None = None,
-                    multi_node: bool = False):
-    """This machine's facts (its NICs: the link the test is judged against) and the measurements
-    to HOST, judged into one run record (profile "net-test")."""
-    from .. import judge
-    from ..bench import net as net_bench
-    from ..facts import from_dict
-    from ..probe import live
-    from ..record import Measurement, RunOptions, RunRecord
-
-    started, t0 = _now(), time.monotonic()
-    options = RunOptions(profile="net-test", benchmarks=[], peer=host, port=port, engine=engine)
-    if expect is not None:
-        options["expect"] = expect
-    if multi_node:
-        options["multi_node"] = True
-    progress("reading the machine's facts")
-    machine = live.collect()
-    judge.annotate_references(machine)
-    measurements = net_bench.test(host, port=port, engine=engine, budget_s=seconds, progress=progress)
-    record = RunRecord(machine=machine, started_at=started, options=options,
-                       measurements=[from_dict(Measurement, m) for m in measurements])
-    record.findings = judge.judge(machine, record.measurements, options)
-    record.duration_s = time.monotonic() - t0
-    return record
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
