@@ -52,7 +52,7 @@ def test_container_with_gpus_and_the_hosts_libcuda_passes(tree):
 
 def test_container_without_gpu_nodes_fails_with_the_docker_flag(tree):
     f = _finding(_machine(Stack(container=container_runtime.collect()), container="docker"), "stack.container_runtime")
-    assert f.status == "fail" and "--gpus all" in f.remedy
+    assert f.status == "warn" and "--gpus all" in f.remedy and "started without GPUs" in f.summary
 
 
 def test_container_libcuda_of_another_version_is_the_mismatch(tree):

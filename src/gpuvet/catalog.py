@@ -156,7 +156,7 @@ CHECKS: tuple[Check, ...] = (
     Check("stack.container_runtime", "stack", "stack_runtime.check_container_runtime", None,
           "inside a container: /dev/nvidia* nodes, libcuda mounted and of the kernel module's version; "
           "on a Docker host: the NVIDIA runtime or a CDI spec",
-          "a container without GPU nodes or libcuda, or a libcuda of another version (warns on Docker without the runtime)",
+          "GPU nodes without libcuda, or a libcuda of another version (warns on a container without GPU nodes, on Docker without the runtime)",
           "can containers see the GPU"),
     Check("stack.toolkit", "stack", "stack.check_toolkit", None,
           "the CUDA toolkit installed (nvcc, /usr/local/cuda) vs the driver and PyTorch's CUDA",

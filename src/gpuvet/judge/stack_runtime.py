@@ -80,8 +80,10 @@ def _inside(module: str | None, rt: ContainerRuntime, engine: str) -> Finding:
     expected = "/dev/nvidia* nodes and libcuda of the kernel module's version"
     gpu_nodes = [n for n in rt.dev_nodes if n[len("nvidia"):].isdigit()]
     if not gpu_nodes:
-        return finding("stack.container_runtime", "stack", FAIL,
-                       f"inside a {engine} container with no /dev/nvidia<N> device: it was started without GPUs",
+        # A warning, not a failure: a CPU-only container looks the same, and gpu.model already says no GPU is visible.
+        return finding("stack.container_runtime", "stack", WARN,
+                       f"inside a {engine} container with no /dev/nvidia<N> device: if this machine has GPUs, it was "
+                       "started without GPUs",
                        measured=f"/dev: {', '.join(rt.dev_nodes) or 'no nvidia node'}", expected=expected, source=source,
                        remedy="start it with `docker run --gpus all ...` (or the Kubernetes resource nvidia.com/gpu)")
     if rt.libcuda_version is None:
