@@ -42,7 +42,7 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
             status = WARN if rate > REPLAYS_PER_MINUTE_LIMIT else PASS
             parts.append((status, f"{replays} PCIe replays since reset ({rate:.2f}/min at most, over {uptime_s / 3600:.1f} h up)"))
         else:
-            parts.append((PASS, f"{replays} PCIe replays since reset (no uptime in the capture to make a rate of it)"))
+            parts.append((PASS, f"{replays} PCIe replays since reset"))
     aer = gpu.pcie.aer_counts
     if aer is not None:
         judged = True
@@ -64,9 +64,10 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     measured = "; ".join(text for _, text in parts)
     expected = (f"at most {REPLAYS_PER_MINUTE_LIMIT} PCIe replays per minute, no uncorrected AER error, no NVLink error"
                 if judged else None)
-    summary = {PASS: "link error counters clean", MEASURED: "counted, not judged", WARN: "link errors counted",
-               FAIL: "uncorrected PCIe errors counted"}[status]
-    return finding("gpu.link_errors", s, status, f"{summary}: {measured}", measured=measured, expected=expected,
+    summary = {PASS: "link error counters clean", WARN: "link errors counted", FAIL: "uncorrected PCIe errors counted"}.get(status)
+    # Not judged: one line for all the GPUs (the counts are in `measured`), not one per count.
+    text = "PCIe replays counted; a capture has no uptime to make a rate of them" if status == MEASURED else f"{summary}: {measured}"
+    return finding("gpu.link_errors", s, status, text, measured=measured, expected=expected,
                    source=f"{_REPLAY_SOURCE}; the kernel's AER counters (sysfs aer_dev_*); NVML NVLink error counters",
                    remedy=None if status in (PASS, MEASURED) else
                    f"`nvidia-smi -q -i {gpu.index} -d PCIE`, `sudo lspci -vvv -s {gpu.pcie.bus_id or 'BUS'}`, "
@@ -181,8 +182,8 @@ def _throttle_history(gpu: Gpu) -> Finding:
     s = subject(gpu)
     times = gpu.clock_event_time_us
     if times is None:
-        return finding("gpu.throttle_history", s, SKIP, "no clock-event time counters (drivers since R535 report them: "
-                                                       "`nvidia-smi -q -d PERFORMANCE`)")
+        return finding("gpu.throttle_history", s, SKIP, "no clock-event time counters in this report (newer drivers print "
+                                                       "'Clocks Event Reasons Counters': `nvidia-smi -q -d PERFORMANCE`)")
     slowed = {name: us / 1e6 for name, us in times.items() if name in _FAULT_TIMES and us > 0}
     capped = times.get("sw_power_cap", 0.0) / 1e6
     measured = ", ".join(f"{_FAULT_TIMES.get(k, k.replace('_', ' '))} {_duration(v / 1e6)}" for k, v in sorted(times.items()))
