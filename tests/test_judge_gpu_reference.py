@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuvet.judge import reference
+from gpuvet.specs import reference
 
 ROWS = reference.all_references()
 

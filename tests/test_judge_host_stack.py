@@ -10,7 +10,7 @@ import pytest
 from gpuvet import judge as judge_module
 from gpuvet.facts import Host, Machine, Stack, Storage, Torch
 from gpuvet.judge import judge
-from gpuvet.judge.cuda import supports_arch
+from gpuvet.specs.cuda import supports_arch
 from gpuvet.probe import capture
 from gpuvet.probe.host import collect_host
 

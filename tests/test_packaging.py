@@ -43,5 +43,5 @@ def test_the_wheel_declares_mit_and_carries_the_licence_and_package_data(built):
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT" in metadata
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert any(n.startswith("gpuvet/judge/data/") and n.endswith(".csv") for n in names)
+    assert any(n.startswith("gpuvet/specs/data/") and n.endswith(".csv") for n in names)
     assert "Classifier: Operating System :: POSIX :: Linux" in metadata

@@ -383,7 +383,7 @@ class _Runner:
 
 def _peak(gpu: Gpu | None) -> dict[str, Any]:
     """The GPU's dense bf16/fp16 peak for the workload's MFU (none for an unknown model or the CPU)."""
-    from ..judge.reference import match
+    from ..specs.reference import match
 
     ref = match(gpu.name) if gpu else None
     if ref is None:

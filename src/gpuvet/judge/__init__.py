@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from .. import catalog
+from ..specs import reference
 from ..facts import Machine
 from ..record import MEASURED, PASS, SKIP, Finding, Measurement
 from . import (
@@ -29,7 +30,6 @@ from . import (
     health,
     host,
     host_io,
-    reference,
     stack,
     stack_runtime,
     workload,

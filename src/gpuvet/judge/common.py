@@ -7,8 +7,8 @@ from typing import Any
 
 from ..facts import Gpu, Machine
 from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
-from . import reference
-from .reference import Reference
+from ..specs import reference
+from ..specs.reference import Reference
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context", "NO_CONTEXT_MIB"]
 

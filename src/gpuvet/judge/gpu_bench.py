@@ -12,8 +12,8 @@ from ..record import MEASURED, Finding
 from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_links import GBS_PER_LANE
-from . import reference
-from .reference import Reference
+from ..specs import reference
+from ..specs.reference import Reference
 
 DTYPE_PEAK = {"fp32": "fp32_tflops", "tf32": "tf32_tensor_tflops_dense", "fp16": "fp16_tensor_tflops_dense",
               "bf16": "bf16_tensor_tflops_dense", "fp8": "fp8_tensor_tflops_dense"}

@@ -8,8 +8,8 @@ import re
 from ..facts import Gpu
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject, why_missing
-from . import reference
-from .reference import SOURCE_NOTE, TRUNCATION_MARK, Reference
+from ..specs import reference
+from ..specs.reference import SOURCE_NOTE, TRUNCATION_MARK, Reference
 
 # Words in a product name that make it a different product tier, not just another form factor.
 _TIER_WORDS = {"ti", "super", "d", "nvl", "3e", "max", "laptop", "mobile", "lc", "v2"}  # "max": Max-Q

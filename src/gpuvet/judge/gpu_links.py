@@ -8,8 +8,8 @@ import re
 from ..facts import Gpu, Machine, PcieLink, Topology
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
-from . import reference
-from .reference import Reference
+from ..specs import reference
+from ..specs.reference import Reference
 
 # Approximate usable GB/s per lane and direction for each generation (after encoding).
 GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..facts import Gpu
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject, why_missing
-from .reference import Reference
+from ..specs.reference import Reference
 
 # A cap at or below this share of the default limit costs double-digit throughput (the seed:
 # 320 W of 450 W made a run 15% slower); it must never pass.

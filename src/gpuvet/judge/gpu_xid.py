@@ -16,7 +16,7 @@ from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
 
 XID_FILE = "xid.csv"
-TABLE_NOTE = "gpuvet's Xid table (judge/data/xid.csv)"
+TABLE_NOTE = "gpuvet's Xid table (specs/data/xid.csv)"
 # What a user runs where gpuvet could not read the log, or to read it again on that machine.
 READ_COMMAND = "sudo dmesg -T | grep -E 'NVRM|SXid|AER'"
 EXPECTED = "no Xid, SXid, fallen-off-the-bus, RmInitAdapter or PCIe AER error for the GPUs since boot"
@@ -36,7 +36,7 @@ class XidEntry:
 
 @functools.cache
 def xid_table() -> dict[tuple[str, int], XidEntry]:
-    text = resources.files("gpuvet.judge").joinpath("data").joinpath(XID_FILE).read_text(encoding="utf-8")
+    text = resources.files("gpuvet.specs").joinpath("data").joinpath(XID_FILE).read_text(encoding="utf-8")
     table = {}
     for row in csv.DictReader(io.StringIO(text)):
         entry = XidEntry(row["kind"], int(row["code"]), row["name"], row["hardware"] == "yes", row["verdict"],

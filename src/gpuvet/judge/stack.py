@@ -7,9 +7,9 @@ import re
 
 from ..facts import Stack
 from ..record import MEASURED, Finding
-from . import cuda
+from ..specs import cuda
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
-from .cuda import version_tuple as vt
+from ..specs.cuda import version_tuple as vt
 
 # PyTorch's CUDA wheel indexes (https://download.pytorch.org/whl/<tag>): the CUDA each is built
 # with, and the last torch release published there (None: the newest release, 2.9.1, still is).
