@@ -183,13 +183,17 @@ def _run_phase(ctx: BenchContext, budget: Budget, phase: _Phase, stream: torch.c
     at_most = MAX_REPEATS if phase.pinned else MAX_PAGEABLE_REPEATS
     window_start = time.time()  # the host's clock, as the parent's link samples are stamped
     started = time.perf_counter()
-    times = timer(stream, phase.copy, repeats_for(seconds, one, at_most))
+    # A batch sized from one calibration copy can take many times longer when the copies get
+    # slower (a contended host CPU for the pageable copies): it stops being queued at the phase's
+    # end, so a slow phase never eats the next phases' budget.
+    phase_end = started + seconds
+    times = timer(stream, phase.copy, repeats_for(seconds, one, at_most), phase_end)
     # Steady copies can beat the calibration copy: top up until the load window is really held.
     while is_load_phase and len(times) < at_most and not budget.expired():
         short = seconds - (time.perf_counter() - started)
         if short <= 0:
             break
-        times += timer(stream, phase.copy, min(at_most - len(times), repeats_for(short, one, at_most)))
+        times += timer(stream, phase.copy, min(at_most - len(times), repeats_for(short, one, at_most)), phase_end)
     extra = {}
     if is_load_phase:  # every copy queued in the window has finished: the timer synchronised
         extra = {"load_s": round(time.perf_counter() - started, 3),
@@ -217,10 +221,14 @@ def repeats_for(seconds: float, one_copy_s: float, at_most: int) -> int:
     return max(MIN_REPEATS, min(at_most, math.ceil(seconds / one_copy_s)))
 
 
-def _time_on_stream(stream: torch.cuda.Stream, copy: Callable[[], Any], repeats: int) -> list[float]:
-    """Queue all copies with an event pair each, then wait once: the link never idles between them."""
+def _time_on_stream(stream: torch.cuda.Stream, copy: Callable[[], Any], repeats: int,
+                    until: float = math.inf) -> list[float]:
+    """Queue all copies with an event pair each, then wait once: the link never idles between them.
+    Queuing stops at `until` (perf_counter), after at least MIN_REPEATS copies, if not done by then."""
     pairs = []
-    for _ in range(repeats):
+    for done in range(repeats):
+        if done >= MIN_REPEATS and time.perf_counter() >= until:
+            break
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
         copy()
@@ -230,10 +238,13 @@ def _time_on_stream(stream: torch.cuda.Stream, copy: Callable[[], Any], repeats:
     return [start.elapsed_time(end) / 1000.0 for start, end in pairs]
 
 
-def _time_blocking(stream: torch.cuda.Stream, copy: Callable[[], Any], repeats: int) -> list[float]:
+def _time_blocking(stream: torch.cuda.Stream, copy: Callable[[], Any], repeats: int,
+                   until: float = math.inf) -> list[float]:
     times = []
     stream.synchronize()
-    for _ in range(repeats):
+    for done in range(repeats):
+        if done >= MIN_REPEATS and time.perf_counter() >= until:
+            break
         t0 = time.perf_counter()
         copy()  # blocking: PyTorch synchronises the stream before returning
         times.append(time.perf_counter() - t0)
