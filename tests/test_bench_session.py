@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from gpuvet.bench import plan
-from gpuvet.bench.session import Worker, WorkerError
+from gpuvet.bench.session import KILL_WAIT_S, TERM_GRACE_S, Worker, WorkerError
 from gpuvet.facts import Machine
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -36,6 +36,11 @@ def alive(processes: list[psutil.Process]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return left
+
+
+# The longest the product's stop sequence may take (SIGTERM, TERM_GRACE_S, SIGKILL, KILL_WAIT_S):
+# far below the jobs these tests interrupt, so a stop that waited for its job still fails.
+STOP_S = TERM_GRACE_S + KILL_WAIT_S
 
 
 def wait_for(condition, what: str, limit_s: float = 120.0):
@@ -64,11 +69,13 @@ def test_ctrl_c_stops_gpuvet_bench_at_once_and_leaves_no_worker(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert code == 130
-    assert took < 3.0, f"gpuvet took {took:.1f} s to stop after Ctrl-C"
+    # At once: within the worker's stop sequence (SIGTERM, its grace, SIGKILL, the kill wait),
+    # not after the 30 s load; a fixed 3 s failed on a loaded CI machine with nothing wrong.
+    assert took < STOP_S, f"gpuvet took {took:.1f} s to stop after Ctrl-C"
     assert alive(children) == [], "the benchmark worker outlived gpuvet"
 
 
-def test_interrupting_a_running_job_ends_the_worker_within_a_second_or_two():
+def test_interrupting_a_running_job_ends_the_worker_without_waiting_for_the_job():
     worker = Worker()
     started = threading.Event()
 
@@ -82,7 +89,7 @@ def test_interrupting_a_running_job_ends_the_worker_within_a_second_or_two():
     wait_for(started.is_set, "the job to report progress")
     t0 = time.monotonic()
     worker.close(interrupted=True)
-    assert time.monotonic() - t0 < 2.5
+    assert time.monotonic() - t0 < STOP_S  # the stop sequence's bound, not the 60 s job
     assert worker.proc.poll() is not None
 
 
