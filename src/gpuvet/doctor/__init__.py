@@ -13,8 +13,16 @@ doctor says what to run.
 from __future__ import annotations
 
 from .diagnose import diagnose, find_symptom
+from .shapes import (
+           CONFIRMED,
+           RULED_OUT,
+           UNKNOWN,
+           Cause,
+           CauseResult,
+           Diagnosis,
+           Symptom,
+)
 from .symptoms import SYMPTOMS
-from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Cause, CauseResult, Diagnosis, Symptom
 from .view import render_doctor
 
 __all__ = ["CONFIRMED", "RULED_OUT", "UNKNOWN", "Cause", "CauseResult", "Diagnosis", "SYMPTOMS", "Symptom",

@@ -6,7 +6,6 @@ import re
 
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from ..report.checklist import subject_range
-from .symptoms import SYMPTOMS
 from .shapes import (
     CONFIRMED,
     RULED_OUT,
@@ -17,6 +16,7 @@ from .shapes import (
     FactVerdict,
     Symptom,
 )
+from .symptoms import SYMPTOMS
 
 # -- answering from a record -----------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..judge.doctor_facts import CONFIRMED, RULED_OUT, UNKNOWN, FactVerdict
 from ..record import RunRecord
 
-CONFIRMED, RULED_OUT, UNKNOWN = "confirmed", "ruled out", "unknown"
-FactVerdict = tuple[str, str]  # (state, figure)
+__all__ = ["CONFIRMED", "RULED_OUT", "UNKNOWN", "FactVerdict", "Cause", "Symptom", "CauseResult", "Diagnosis"]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .facts import (
+from ..judge.doctor_facts import (
                driver_here,
                in_container,
                module_loading,

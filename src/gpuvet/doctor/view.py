@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from .symptoms import SYMPTOMS
 from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Diagnosis
+from .symptoms import SYMPTOMS
 
 # -- terminal --------------------------------------------------------------------------------------
 

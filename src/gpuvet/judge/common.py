@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,3 +67,16 @@ def holds_no_context(gpu: Gpu) -> bool:
         return False
     limit = NO_CONTEXT_MIB if gpu.memory_reserved_mib is not None else _NO_CONTEXT_WITH_RESERVE_MIB
     return gpu.memory_used_mib < limit
+
+
+def subject_range(subjects: list[str]) -> str:
+    """["gpu0", "gpu1", "gpu2"] -> "gpu0-2"; ["gpu0", "gpu2", "gpu3"] -> "gpu0,2,3"."""
+    if len(subjects) == 1:
+        return subjects[0]
+    numbers = [re.fullmatch(r"gpu(\d+)", s) for s in subjects]
+    if subjects and all(numbers):
+        idx = sorted(int(m.group(1)) for m in numbers)
+        if idx[-1] - idx[0] + 1 == len(set(idx)) == len(idx):  # consecutive; never sized by an index's value
+            return f"gpu{idx[0]}-{idx[-1]}"
+        return "gpu" + ",".join(str(i) for i in idx)
+    return ",".join(dict.fromkeys(subjects))

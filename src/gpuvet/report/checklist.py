@@ -16,8 +16,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..facts import Gpu
+from ..judge.common import subject_range
 from ..judge.gpu_links import attached_gpus, link_state, model_without_nvlink
-from ..judge.gpu_sustained import FAULTS, POWER_FAULTS, power_faults_under_load, short_load_words
+from ..judge.gpu_sustained import (
+    FAULTS,
+    POWER_FAULTS,
+    power_faults_under_load,
+    short_load_words,
+)
 from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
@@ -153,19 +159,6 @@ def _whole_phrase(part: str) -> bool:
 
 def _join(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
-
-
-def subject_range(subjects: list[str]) -> str:
-    """["gpu0", "gpu1", "gpu2"] -> "gpu0-2"; ["gpu0", "gpu2", "gpu3"] -> "gpu0,2,3"."""
-    if len(subjects) == 1:
-        return subjects[0]
-    numbers = [re.fullmatch(r"gpu(\d+)", s) for s in subjects]
-    if subjects and all(numbers):
-        idx = sorted(int(m.group(1)) for m in numbers)
-        if idx[-1] - idx[0] + 1 == len(set(idx)) == len(idx):  # consecutive; never sized by an index's value
-            return f"gpu{idx[0]}-{idx[-1]}"
-        return "gpu" + ",".join(str(i) for i in idx)
-    return ",".join(dict.fromkeys(subjects))
 
 
 # -- items with their own figures ------------------------------------------------------------------

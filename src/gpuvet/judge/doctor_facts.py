@@ -1,13 +1,16 @@
-"""Facts no check covers, read for a cause: each says confirmed, ruled out or unknown, with its figure."""
+"""gpuvet doctor's verdicts on facts no check covers: for a cause, each says confirmed, ruled out or
+unknown, with its figure. Made here, in judge/, like every verdict; doctor only tables and shows them."""
 
 from __future__ import annotations
 
-from ..judge.gpu_links import link_state
-from ..judge.host import preemptible_of, workdir_persistence
-from ..judge.stack import coarse_memory_accounting
 from ..record import RunRecord
-from ..report.checklist import subject_range
-from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, FactVerdict
+from .common import subject_range
+from .gpu_links import link_state
+from .host import preemptible_of, workdir_persistence
+from .stack import coarse_memory_accounting
+
+CONFIRMED, RULED_OUT, UNKNOWN = "confirmed", "ruled out", "unknown"
+FactVerdict = tuple[str, str]  # (state, figure)
 
 # -- facts no check covers -------------------------------------------------------------------------
 
