@@ -78,7 +78,10 @@ def _fabric(h: Any, query: Callable[..., Any]) -> Fabric | None:
 
 
 def _recovery_action(h: Any, query: Callable[..., Any]) -> str | None:
-    values = query("recovery_action", nvml.pynvml.nvmlDeviceGetFieldValues, h, [nvml.pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    field_id = getattr(nvml.pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)  # nvidia-ml-py 12.570+
+    if field_id is None:
+        return None
+    values = query("recovery_action", nvml.pynvml.nvmlDeviceGetFieldValues, h, [field_id])
     if not values or int(values[0].nvmlReturn) != 0:
         return None
     return nvml_names.RECOVERY_ACTIONS.get(int(values[0].value.uiVal), f"action {int(values[0].value.uiVal)}")

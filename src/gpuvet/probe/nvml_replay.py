@@ -133,17 +133,22 @@ def _event_time_ns(tag: str) -> Callable[[ET.Element], tuple[str, int]]:
     return lambda e: ("ullVal", _int(e, f"{_COUNTERS}/{_COUNTERS}_{tag}") * 1000)  # nvidia-smi prints us
 
 
+# Field ids by name: an older nvidia-ml-py (the declared floor) lacks the newer ones, whose calls
+# then find no reader and answer NotSupported, as they would from that library.
+_FIELD_READERS: dict[str, Callable[[ET.Element], tuple[str, int]]] = {
+    "NVML_FI_DEV_MEMORY_TEMP": lambda e: ("uiVal", _int(e, "temperature/memory_temp")),
+    "NVML_FI_DEV_POWER_AVERAGE": lambda e: ("uiVal", _milliwatts(e, "average_power_draw")),
+    "NVML_FI_DEV_POWER_INSTANT": lambda e: ("uiVal", _milliwatts(e, "instant_power_draw")),
+    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": lambda e: ("uiVal", _code(nvml_names.RECOVERY_ACTIONS,
+                                                                       _raw(e, "gpu_recovery_action"))),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP": _event_time_ns("sw_power_cap"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST": _event_time_ns("sync_boost"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN": _event_time_ns("sw_therm_slowdown"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN": _event_time_ns("hw_therm_slowdown"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN": _event_time_ns("hw_power_brake"),
+}
 _FIELDS: dict[int, Callable[[ET.Element], tuple[str, int]]] = {
-    real.NVML_FI_DEV_MEMORY_TEMP: lambda e: ("uiVal", _int(e, "temperature/memory_temp")),
-    real.NVML_FI_DEV_POWER_AVERAGE: lambda e: ("uiVal", _milliwatts(e, "average_power_draw")),
-    real.NVML_FI_DEV_POWER_INSTANT: lambda e: ("uiVal", _milliwatts(e, "instant_power_draw")),
-    real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: lambda e: ("uiVal", _code(nvml_names.RECOVERY_ACTIONS,
-                                                                         _raw(e, "gpu_recovery_action"))),
-    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: _event_time_ns("sw_power_cap"),
-    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: _event_time_ns("sync_boost"),
-    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: _event_time_ns("sw_therm_slowdown"),
-    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: _event_time_ns("hw_therm_slowdown"),
-    real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: _event_time_ns("hw_power_brake"),
+    getattr(real, name): read for name, read in _FIELD_READERS.items() if hasattr(real, name)
 }
 
 
