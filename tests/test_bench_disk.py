@@ -71,8 +71,6 @@ def check_figures(results: list[dict], directory: str, engine: str) -> dict[str,
         assert found[name]["details"]["method"] == disk.METHOD[name]
     assert found["disk.seq_write"]["details"]["bytes"] <= SMALL
     assert found["disk.small_files"]["details"]["files"] >= 10  # thousands in a real run; the test's budget is tiny
-    # A read served by the page cache runs at memory speed, many times what the disk writes.
-    assert found["disk.seq_read"]["value"] < 4 * found["disk.seq_write"]["value"]
     return found
 
 
