@@ -19,9 +19,8 @@ import sys
 import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import PurePosixPath
+from types import ModuleType
 from typing import NamedTuple
-
-import psutil
 
 from gpuvet.facts import Host, Storage
 
@@ -63,6 +62,16 @@ def _isolated(unavailable: dict[str, str], field: str) -> Iterator[None]:
         yield
     except Exception as error:  # a probe must never stop the run
         unavailable[field] = _why(error)
+
+
+def _psutil() -> ModuleType:
+    """psutil, imported where a fact needs it: without it (a broken install) those facts are
+    "not available" with the reason, and judging a capture never needs it at all."""
+    try:
+        import psutil
+    except ImportError as err:
+        raise RuntimeError(f"psutil is not installed ({err}): `pip install psutil`") from None
+    return psutil
 
 
 def _read(path: str) -> str:
@@ -508,7 +517,7 @@ def _mounts() -> list[Mount]:
         return parse_mountinfo(_read(PROC_MOUNTINFO))
     except OSError:  # not Linux: psutil knows the mounts but not their device numbers
         return [Mount(p.mountpoint, p.fstype, p.device, None)
-                for p in psutil.disk_partitions(all=True)]
+                for p in _psutil().disk_partitions(all=True)]
 
 
 def _block_device(mount: Mount) -> str | None:
@@ -608,9 +617,9 @@ def _fill_cpu(host: Host) -> None:
         if host.cpu_model is None:
             notes["cpu_model"] = f"no model in {PROC_CPUINFO} or platform.processor()"
     with _isolated(notes, "cpu_logical_cores"):
-        host.cpu_logical_cores = psutil.cpu_count(logical=True)
+        host.cpu_logical_cores = _psutil().cpu_count(logical=True)
     with _isolated(notes, "cpu_physical_cores"):
-        host.cpu_physical_cores = psutil.cpu_count(logical=False)
+        host.cpu_physical_cores = _psutil().cpu_count(logical=False)
         if host.cpu_physical_cores is None:
             notes["cpu_physical_cores"] = "psutil could not count physical cores"
     with _isolated(notes, "cpu_usable_cores"):
@@ -623,7 +632,7 @@ def _fill_cpu(host: Host) -> None:
             quota = cgroup_cpu_quota()
         host.cpu_usable_cores = usable_cores(affinity, quota) if affinity else None
     with _isolated(notes, "cpu_mhz"):
-        freq = psutil.cpu_freq()
+        freq = _psutil().cpu_freq()
         host.cpu_mhz = (freq.current or None) if freq else None  # 0.0 means "not reported"
         host.cpu_max_mhz = (freq.max or None) if freq else None
         if host.cpu_mhz is None:
@@ -635,7 +644,7 @@ def _fill_cpu(host: Host) -> None:
 def _fill_memory(host: Host) -> None:
     notes = host.unavailable
     with _isolated(notes, "memory_total_bytes"):
-        memory = psutil.virtual_memory()
+        memory = _psutil().virtual_memory()
         host.memory_total_bytes, host.memory_available_bytes = memory.total, memory.available
     with _isolated(notes, "numa_nodes"):
         host.numa_nodes = sum(1 for name in os.listdir(NUMA_DIR) if re.fullmatch(r"node\d+", name))
