@@ -2,8 +2,8 @@
 
 For every path: `disk.seq_write` and `disk.seq_read` (MB/s, 10^6 bytes/s, 1 MiB blocks, 8 in
 flight), `disk.rand_read_iops` (4 KiB random reads, 32 in flight: the depth drive makers quote;
-p50/p99 latency in details) and `disk.small_files` (4,000 16 KiB files written, then read back
-cold in shuffled order by 4 readers, like a DataLoader over a folder of small images; p50/p99 of
+p50/p99 latency in details) and `disk.small_files` (4,000 16 KiB files written, fewer where the
+disk creates them too slowly for the budget, then read back cold in shuffled order by 4 readers, like a DataLoader over a folder of small images; p50/p99 of
 one file's open-read-close).
 
 Engines: fio when it is installed ("auto" or "fio": libaio, --direct=1, JSON output), gpuvet's
@@ -66,17 +66,19 @@ FREE_SHARE = 0.10  # never write more than this share of the free space
 MIN_TEST_BYTES = 32 * MIB
 SMALL_FILE_BYTES = 16 * KIB
 SMALL_FILES_MAX = 4096
-# "Thousands of files": creating them is set-up, not the measurement, so it may run past its share
-# of the budget to reach this many (where the space allows), up to SMALL_CREATE_CAP_S.
+# "Thousands of files": creating them is set-up, not the measurement, so it may run past its half
+# of the pass to reach this many (where the space allows), into the time the reads do not need.
 SMALL_FILES_MIN = 4000
-SMALL_CREATE_CAP_S = 5.0
 SMALL_READ_MIN_S = 1.0  # cold reads are timed for at least this long (rounds, the cache dropped before each)
 SMALL_FILE_READERS = 4
 FILES_PER_DIR = 512
 TEMP_PREFIX = ".gpuvet-disk-"
-# Most of a path's budget each pass may use; a fast disk finishes each pass well before.
+# Each pass's part of what is left of a path's budget when it starts; the rest (SPARE_PART) covers
+# fio's start-up and final fsync. A fast disk finishes each pass well before its part.
 PHASE_SHARE = {"seq_write": 0.25, "seq_read": 0.25, "rand_read": 0.15, "small_files": 0.25}
+SPARE_PART = 0.10
 MIN_PHASE_S = 0.5
+CLEANUP_RESERVE_S = 1.0  # removing the 1 GiB file and 4,000 small ones (1.1 s on a slow VM disk)
 FIO_SLACK_S = 30.0  # fio start-up, file layout and the final fsync on a slow disk
 
 ENGINES = ("auto", "fio", "builtin")
@@ -158,6 +160,7 @@ def note(path: str, outcome: str, reason: str) -> dict:
 
 def _run_path(path: str, chosen: str, fio: str | None, fallback: bool, seconds: float,
               progress: Progress, max_bytes: int) -> list[dict]:
+    clock = PathClock(seconds)  # from the start: sweeping a killed run's files counts too
     reason = _unusable(path)
     if reason:
         return [note(path, "skipped", reason)]
@@ -177,7 +180,7 @@ def _run_path(path: str, chosen: str, fio: str | None, fallback: bool, seconds: 
     try:
         target = _target(path, workdir, size)
         engines = _engines(chosen, fio, fallback)
-        _measure(target, engines, seconds, progress, results)
+        _measure(target, engines, clock, progress, results)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # noqa: BLE001 - an IO error on one path must not end the run
@@ -251,28 +254,45 @@ def direct_io_works(directory: str) -> bool:
 
 # -- the four measurements --------------------------------------------------------------------
 
-def _measure(target: Target, engines: list, seconds: float, progress: Progress, results: list[dict]) -> None:
-    """The four passes, each capped at its share of the path's `seconds` (fast disks finish early)."""
-    where, share = target.path, {phase: max(MIN_PHASE_S, seconds * part) for phase, part in PHASE_SHARE.items()}
+class PathClock:
+    """A path's budget as a deadline. Each pass gets its part of what is left when it starts, so a
+    pass that ran long (fio's start-up, a slow final fsync) shortens those after it instead of the
+    benchmark overrunning its budget; the last pass gets all that is left but the clean-up."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.end = clock() + seconds
+
+    def share(self, phase: str) -> float:
+        later = list(PHASE_SHARE)[list(PHASE_SHARE).index(phase):]
+        left = self.end - self.clock() - CLEANUP_RESERVE_S
+        if len(later) == 1:
+            return max(MIN_PHASE_S, left)
+        return max(MIN_PHASE_S, left * PHASE_SHARE[phase] / (sum(PHASE_SHARE[p] for p in later) + SPARE_PART))
+
+
+def _measure(target: Target, engines: list, clock: PathClock, progress: Progress, results: list[dict]) -> None:
+    """The four passes within the path's budget (fast disks finish each early)."""
+    where, share = target.path, clock.share
     progress(f"disk {where}: sequential write")
-    write, engine = _first_that_works(engines, "seq_write", target, share["seq_write"])
+    write, engine = _first_that_works(engines, "seq_write", target, share("seq_write"))
     results.append(_seq_measurement("disk.seq_write", target, write, engine))
     written = write.bytes // SEQ_BLOCK * SEQ_BLOCK
     if written < SEQ_BLOCK:
         raise EngineError(f"the sequential write wrote only {write.bytes} bytes")
 
     progress(f"disk {where}: sequential read")
-    read, engine = _first_that_works(engines, "seq_read", target, share["seq_read"], written)
+    read, engine = _first_that_works(engines, "seq_read", target, share("seq_read"), written)
     results.append(_seq_measurement("disk.seq_read", target, read, engine))
 
     progress(f"disk {where}: random 4 KiB reads")
-    rand, engine = _first_that_works(engines, "rand_read", target, min(RAND_SECONDS, share["rand_read"]), written)
+    rand, engine = _first_that_works(engines, "rand_read", target, min(RAND_SECONDS, share("rand_read")), written)
     results.append(_rand_measurement(target, rand, engine))
     if os.path.exists(target.file):  # fio has unlinked it already
         os.unlink(target.file)
 
     progress(f"disk {where}: {target.small_files} small files")
-    small = small_files(target, share["small_files"])
+    small = small_files(target, share("small_files"))
     results.append(_small_files_measurement(target, small))
 
 
@@ -754,20 +774,22 @@ def _fio_job(stdout: str, stderr: str, returncode: int) -> dict:
 # -- small files (built-in for every engine) --------------------------------------------------
 
 def small_files(target: Target, seconds: float) -> Pass:
-    """Create `target.small_files` 16 KiB files (at least SMALL_FILES_MIN where the space allows,
-    even past half of `seconds`), flush them to the device, drop them from the page cache, and read
-    them back in shuffled order, SMALL_FILE_READERS threads like DataLoader workers, in rounds
-    until the reads have taken SMALL_READ_MIN_S or half of `seconds`."""
+    """Create `target.small_files` 16 KiB files in half of `seconds` (past it towards SMALL_FILES_MIN
+    where the space allows, in the time the reads do not need), flush them to the device, drop them
+    from the page cache, and read them back in shuffled order, SMALL_FILE_READERS threads like
+    DataLoader workers, in rounds until the reads have taken SMALL_READ_MIN_S (or what is left of
+    `seconds`). A disk that creates files slowly ends with fewer: `files` and `write_files_s` say so."""
     paths = _small_file_paths(target)
     for directory in sorted({os.path.dirname(p) for p in paths}):
         os.makedirs(directory, exist_ok=True)
     start = time.perf_counter()
-    written = _write_small_files(paths, seconds / 2, at_least=min(len(paths), SMALL_FILES_MIN))
+    written = _write_small_files(paths, seconds / 2, at_least=min(len(paths), SMALL_FILES_MIN),
+                                 until_s=seconds - SMALL_READ_MIN_S)
     _sync_file_system(target.workdir)
     write_seconds = time.perf_counter() - start
     if not written:
         raise EngineError("could not write a single small file in time")
-    read_seconds, files, latencies, rounds = _read_rounds(written, max(seconds / 2, SMALL_READ_MIN_S))
+    read_seconds, files, latencies, rounds = _read_rounds(written, max(seconds - write_seconds, SMALL_READ_MIN_S))
     latencies.sort()
     return Pass(bytes=files * SMALL_FILE_BYTES, seconds=read_seconds, ops=files,
                 p50_us=_percentile(latencies, 50) / 1e3 if latencies else None,
@@ -781,9 +803,9 @@ def _small_file_paths(target: Target) -> list[str]:
     return [os.path.join(root, f"d{i // FILES_PER_DIR:03d}", f"f{i:05d}.bin") for i in range(target.small_files)]
 
 
-def _write_small_files(paths: list[str], seconds: float, at_least: int = 0) -> list[str]:
-    """Create files until done or out of time (`seconds`; up to SMALL_CREATE_CAP_S while fewer
-    than `at_least` exist); returns those written (each one whole). One os.write per file, no
+def _write_small_files(paths: list[str], seconds: float, at_least: int = 0, until_s: float = 0.0) -> list[str]:
+    """Create files until done or out of time (`seconds`; up to `until_s` while fewer than
+    `at_least` exist); returns those written (each one whole). One os.write per file, no
     fsync: the caller flushes them all at once, as a dataset copied to a disk is."""
     body = os.urandom(SMALL_FILE_BYTES - 8)  # incompressible; each file starts with its own number
     cursor = itertools.count()
@@ -806,7 +828,7 @@ def _write_small_files(paths: list[str], seconds: float, at_least: int = 0) -> l
         return done
 
     start = time.perf_counter()
-    deadline, hard_deadline = start + seconds, start + max(seconds, SMALL_CREATE_CAP_S)
+    deadline, hard_deadline = start + seconds, start + max(seconds, until_s)
     return list(itertools.chain.from_iterable(_Workers(SMALL_FILE_READERS, writer).run()))
 
 
