@@ -1,6 +1,6 @@
 """Comparisons and history for people: a rich terminal table, Markdown, and a JSON-ready dict.
 
-Everything shown is computed in `compare.py`; this module only lays it out. Columns are runs,
+Everything shown is computed in `gpuvet.compare`; this module only lays it out. Columns are runs,
 rows are quantities; each value carries its difference to the best run, which is marked.
 """
 
