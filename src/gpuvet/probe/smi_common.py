@@ -8,7 +8,7 @@ canonical keys to its own paths, oldest names last; this module turns the values
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from ..facts import Ecc, Fabric, Gpu, PcieLink
 from . import values as v
@@ -33,6 +33,29 @@ REASON_KEYS = (
     "sw_thermal_slowdown",
     "display_clock_setting",
 )
+
+
+# Counters each format names per reason, per histogram level and per ECC scope.
+EVENT_TIME_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+REMAP_LEVELS = ("max", "high", "partial", "low", "none")
+ECC_SCOPES = ("volatile", "aggregate")
+
+
+def counter_paths(
+    event_time: Callable[[str], str],
+    remap_bank: Callable[[str], str],
+    ecc: Callable[[str, str], str],
+    ecc_leaves: Mapping[str, tuple[str, ...]],
+) -> Paths:
+    """The keys for those counters, at the path a format gives each one: `event_time(reason)`,
+    `remap_bank(level)`, and `ecc(scope, leaf)` for each leaf that `ecc_leaves` lists under a key
+    ("corrected_parts", "uncorrected_parts", "single_bit_total", "double_bit_total").
+    Kept here so that a reason or level added once is read from every format."""
+    paths: Paths = {"event_time_" + name: (event_time(name),) for name in EVENT_TIME_REASONS}
+    paths.update({"remap_bank_" + level: (remap_bank(level),) for level in REMAP_LEVELS})
+    for scope in ECC_SCOPES:
+        paths.update({f"{scope}_{key}": tuple(ecc(scope, leaf) for leaf in leaves) for key, leaves in ecc_leaves.items()})
+    return paths
 
 
 class Reader:
@@ -92,10 +115,6 @@ def build_gpu(index: int, report: Report, paths: Paths) -> Gpu:
     return gpu
 
 
-_EVENT_TIME_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-_REMAP_LEVELS = ("max", "high", "partial", "low", "none")
-
-
 def _health_signals(r: Reader, gpu: Gpu) -> None:
     """What newer reports add for fleet health: the recovery action the driver asks for, the
     NVSwitch fabric registration, time spent under each clock-event reason, spare rows per bank."""
@@ -103,10 +122,10 @@ def _health_signals(r: Reader, gpu: Gpu) -> None:
     state, status = v.text(r.raw("fabric_state")), v.text(r.raw("fabric_status"))
     if state or status:  # "N/A" on GPUs without an NVSwitch fabric: no Fabric at all
         gpu.fabric = Fabric(state=state, status=status, health=v.text(r.raw("fabric_health")))
-    times = {name: v.number(r.raw("event_time_" + name)) for name in _EVENT_TIME_REASONS}
+    times = {name: v.number(r.raw("event_time_" + name)) for name in EVENT_TIME_REASONS}
     if any(t is not None for t in times.values()):
         gpu.clock_event_time_us = {name: t for name, t in times.items() if t is not None}
-    banks = {level: v.integer(r.raw("remap_bank_" + level)) for level in _REMAP_LEVELS}
+    banks = {level: v.integer(r.raw("remap_bank_" + level)) for level in REMAP_LEVELS}
     if any(b is not None for b in banks.values()):
         gpu.remap_histogram = {level: b for level, b in banks.items() if b is not None}
 
@@ -179,8 +198,8 @@ def _ecc(r: Reader) -> Ecc:
     e = Ecc()
     e.enabled = v.flag(r.raw("ecc_current")) if v.text(r.raw("ecc_current")) else None
     e.pending_enabled = v.flag(r.raw("ecc_pending")) if v.text(r.raw("ecc_pending")) else None
-    for scope in ("volatile", "aggregate"):
-        corrected = _sum(r, f"{scope}_corrected_parts") 
+    for scope in ECC_SCOPES:
+        corrected = _sum(r, f"{scope}_corrected_parts")
         if corrected is None:
             corrected = v.integer(r.raw(f"{scope}_single_bit_total"))
         uncorrected = _sum(r, f"{scope}_uncorrected_parts")

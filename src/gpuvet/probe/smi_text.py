@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
 from . import values as v
 from .errors import CaptureError
-from .smi_common import Paths, build_gpu
+from .smi_common import Paths, build_gpu, counter_paths
 
 _LINK = "PCI/GPU Link Info"
 
@@ -98,21 +98,24 @@ PATHS: Paths = {
     "fabric_status": ("Fabric/Status",),
     "fabric_health": ("Fabric/Health/Summary",),
 }
-for _name, _label in (("sw_power_cap", "SW Power Capping"), ("sync_boost", "Sync Boost"),
-                      ("sw_thermal_slowdown", "SW Thermal Slowdown"), ("hw_thermal_slowdown", "HW Thermal Slowdown"),
-                      ("hw_power_brake_slowdown", "HW Power Braking")):
-    PATHS["event_time_" + _name] = (f"Clocks Event Reasons Counters/{_label}",)
-for _level in ("Max", "High", "Partial", "Low", "None"):
-    PATHS["remap_bank_" + _level.lower()] = (f"Remapped Rows/Bank Remap Availability Histogram/{_level}",)
-for _scope in ("Volatile", "Aggregate"):
-    _key = _scope.lower()
-    PATHS[f"{_key}_corrected_parts"] = (f"ECC Errors/{_scope}/SRAM Correctable", f"ECC Errors/{_scope}/DRAM Correctable")
-    PATHS[f"{_key}_uncorrected_parts"] = tuple(
-        f"ECC Errors/{_scope}/{name}"
-        for name in ("SRAM Uncorrectable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable")
-    )
-    PATHS[f"{_key}_single_bit_total"] = (f"ECC Errors/{_scope}/Single Bit/Total",)
-    PATHS[f"{_key}_double_bit_total"] = (f"ECC Errors/{_scope}/Double Bit/Total",)
+_EVENT_TIME_LABELS = {
+    "sw_power_cap": "SW Power Capping",
+    "sync_boost": "Sync Boost",
+    "sw_thermal_slowdown": "SW Thermal Slowdown",
+    "hw_thermal_slowdown": "HW Thermal Slowdown",
+    "hw_power_brake_slowdown": "HW Power Braking",
+}
+PATHS.update(counter_paths(
+    event_time=lambda name: f"Clocks Event Reasons Counters/{_EVENT_TIME_LABELS[name]}",
+    remap_bank=lambda level: f"Remapped Rows/Bank Remap Availability Histogram/{level.capitalize()}",
+    ecc=lambda scope, leaf: f"ECC Errors/{scope.capitalize()}/{leaf}",
+    ecc_leaves={
+        "corrected_parts": ("SRAM Correctable", "DRAM Correctable"),
+        "uncorrected_parts": ("SRAM Uncorrectable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable"),
+        "single_bit_total": ("Single Bit/Total",),
+        "double_bit_total": ("Double Bit/Total",),
+    },
+))
 
 # Clock-event reason labels; "HW Thermal/Power Brake Slowdown" are nested under "HW Slowdown".
 _REASON_LABELS = {

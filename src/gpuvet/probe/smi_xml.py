@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
 from . import values as v
 from .errors import CaptureError
-from .smi_common import REASON_KEYS, Paths, build_gpu
+from .smi_common import REASON_KEYS, Paths, build_gpu, counter_paths
 
 _LINK = "pci/pci_gpu_link_info"
 
@@ -80,20 +80,19 @@ PATHS: Paths = {
     "fabric_status": ("fabric/status",),
     "fabric_health": ("fabric/health/summary",),
 }
-for _name, _tag in (("sw_power_cap", "sw_power_cap"), ("sync_boost", "sync_boost"),
-                    ("sw_thermal_slowdown", "sw_therm_slowdown"), ("hw_thermal_slowdown", "hw_therm_slowdown"),
-                    ("hw_power_brake_slowdown", "hw_power_brake")):
-    PATHS["event_time_" + _name] = (f"clocks_event_reasons_counters/clocks_event_reasons_counters_{_tag}",)
-for _level in ("max", "high", "partial", "low", "none"):
-    PATHS["remap_bank_" + _level] = (f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{_level}",)
-for _scope in ("volatile", "aggregate"):
-    PATHS[f"{_scope}_corrected_parts"] = (f"ecc_errors/{_scope}/sram_correctable", f"ecc_errors/{_scope}/dram_correctable")
-    PATHS[f"{_scope}_uncorrected_parts"] = tuple(
-        f"ecc_errors/{_scope}/{name}"
-        for name in ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
-    )
-    PATHS[f"{_scope}_single_bit_total"] = (f"ecc_errors/{_scope}/single_bit/total",)
-    PATHS[f"{_scope}_double_bit_total"] = (f"ecc_errors/{_scope}/double_bit/total",)
+_EVENT_TIME_TAGS = {"sw_thermal_slowdown": "sw_therm_slowdown", "hw_thermal_slowdown": "hw_therm_slowdown",
+                    "hw_power_brake_slowdown": "hw_power_brake"}
+PATHS.update(counter_paths(
+    event_time=lambda name: f"clocks_event_reasons_counters/clocks_event_reasons_counters_{_EVENT_TIME_TAGS.get(name, name)}",
+    remap_bank=lambda level: f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{level}",
+    ecc=lambda scope, leaf: f"ecc_errors/{scope}/{leaf}",
+    ecc_leaves={
+        "corrected_parts": ("sram_correctable", "dram_correctable"),
+        "uncorrected_parts": ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable"),
+        "single_bit_total": ("single_bit/total",),
+        "double_bit_total": ("double_bit/total",),
+    },
+))
 for _reason in REASON_KEYS:
     _tag = "display_clocks_setting" if _reason == "display_clock_setting" else _reason
     PATHS["reason_" + _reason] = (
