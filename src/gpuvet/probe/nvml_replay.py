@@ -99,6 +99,17 @@ def _code(names: dict[int, str], word: str) -> int:
     return code
 
 
+def _enum(element: ET.Element, names: dict[int, str], *paths: str) -> int:
+    return _code(names, _raw(element, *paths))
+
+
+def _getter(read: Callable[..., Any], *args: Any) -> Callable[[Any, Device | MigDevice], Any]:
+    """An NVML call that takes only a handle and answers `read(handle's element, *args)`."""
+    def get(self: Any, h: Device | MigDevice) -> Any:
+        return read(h.element, *args)
+    return get
+
+
 class Device:
     """One `<gpu>` of the capture: the handle NVML calls take."""
 
@@ -127,6 +138,7 @@ _REASON_TAGS = {bit: "display_clocks_setting" if name == "display_clock_setting"
 _VIOLATION_COUNTERS = {real.NVML_PERF_POLICY_POWER: "sw_power_cap", real.NVML_PERF_POLICY_THERMAL: "sw_therm_slowdown",
                        real.NVML_PERF_POLICY_SYNC_BOOST: "sync_boost"}
 _COUNTERS = "clocks_event_reasons_counters"
+_LINK = "pci/pci_gpu_link_info"
 
 
 def _event_time_ns(tag: str) -> Callable[[ET.Element], tuple[str, int]]:
@@ -139,8 +151,7 @@ _FIELD_READERS: dict[str, Callable[[ET.Element], tuple[str, int]]] = {
     "NVML_FI_DEV_MEMORY_TEMP": lambda e: ("uiVal", _int(e, "temperature/memory_temp")),
     "NVML_FI_DEV_POWER_AVERAGE": lambda e: ("uiVal", _milliwatts(e, "average_power_draw")),
     "NVML_FI_DEV_POWER_INSTANT": lambda e: ("uiVal", _milliwatts(e, "instant_power_draw")),
-    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": lambda e: ("uiVal", _code(nvml_names.RECOVERY_ACTIONS,
-                                                                       _raw(e, "gpu_recovery_action"))),
+    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": lambda e: ("uiVal", _enum(e, nvml_names.RECOVERY_ACTIONS, "gpu_recovery_action")),
     "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP": _event_time_ns("sw_power_cap"),
     "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST": _event_time_ns("sync_boost"),
     "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN": _event_time_ns("sw_therm_slowdown"),
@@ -207,32 +218,15 @@ class Replay(ModuleType):
         return self.devices[index]
 
     # -- identity and modes -------------------------------------------------------------------
-    def nvmlDeviceGetName(self, h: Device) -> str:
-        return _raw(h.element, "product_name")
-
-    def nvmlDeviceGetUUID(self, h: Device | MigDevice) -> str:
-        return _raw(h.element, "uuid")
-
-    def nvmlDeviceGetSerial(self, h: Device) -> str:
-        return _raw(h.element, "serial")
-
-    def nvmlDeviceGetVbiosVersion(self, h: Device) -> str:
-        return _raw(h.element, "vbios_version")
-
-    def nvmlDeviceGetBrand(self, h: Device) -> int:
-        return _code(nvml_names.BRANDS, _raw(h.element, "product_brand"))
-
-    def nvmlDeviceGetArchitecture(self, h: Device) -> int:
-        return _code(nvml_names.ARCHITECTURES, _raw(h.element, "product_architecture"))
-
-    def nvmlDeviceGetMinorNumber(self, h: Device) -> int:
-        return _int(h.element, "minor_number")
-
-    def nvmlDeviceGetPersistenceMode(self, h: Device) -> int:
-        return _enabled(h.element, "persistence_mode")
-
-    def nvmlDeviceGetComputeMode(self, h: Device) -> int:
-        return _code(nvml_names.COMPUTE_MODES, _raw(h.element, "compute_mode"))
+    nvmlDeviceGetName = _getter(_raw, "product_name")
+    nvmlDeviceGetUUID = _getter(_raw, "uuid")
+    nvmlDeviceGetSerial = _getter(_raw, "serial")
+    nvmlDeviceGetVbiosVersion = _getter(_raw, "vbios_version")
+    nvmlDeviceGetBrand = _getter(_enum, nvml_names.BRANDS, "product_brand")
+    nvmlDeviceGetArchitecture = _getter(_enum, nvml_names.ARCHITECTURES, "product_architecture")
+    nvmlDeviceGetMinorNumber = _getter(_int, "minor_number")
+    nvmlDeviceGetPersistenceMode = _getter(_enabled, "persistence_mode")
+    nvmlDeviceGetComputeMode = _getter(_enum, nvml_names.COMPUTE_MODES, "compute_mode")
 
     def nvmlDeviceGetPerformanceState(self, h: Device) -> int:
         state = v.pstate(_raw(h.element, "performance_state"))
@@ -245,7 +239,7 @@ class Replay(ModuleType):
         return _code(nvml_names.VIRTUALIZATION_MODES, word or "")
 
     def nvmlDeviceGetDriverModel(self, h: Device) -> list[int]:
-        return [_code(nvml_names.DRIVER_MODELS, _raw(h.element, f"driver_model/{which}_dm"))
+        return [_enum(h.element, nvml_names.DRIVER_MODELS, f"driver_model/{which}_dm")
                 for which in ("current", "pending")]
 
     nvmlDeviceGetDriverModel_v2 = nvmlDeviceGetDriverModel
@@ -280,11 +274,8 @@ class Replay(ModuleType):
             _refuse(real.NVML_ERROR_NOT_FOUND)
         return h.mig_devices[index]
 
-    def nvmlDeviceGetGpuInstanceId(self, mh: MigDevice) -> int:
-        return _int(mh.element, "gpu_instance_id")
-
-    def nvmlDeviceGetComputeInstanceId(self, mh: MigDevice) -> int:
-        return _int(mh.element, "compute_instance_id")
+    nvmlDeviceGetGpuInstanceId = _getter(_int, "gpu_instance_id")
+    nvmlDeviceGetComputeInstanceId = _getter(_int, "compute_instance_id")
 
     def nvmlDeviceGetAttributes(self, mh: MigDevice) -> SimpleNamespace:
         return SimpleNamespace(multiprocessorCount=_int(mh.element, "device_attributes/shared/multiprocessor_count"))
@@ -317,17 +308,10 @@ class Replay(ModuleType):
     nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
 
     # -- power --------------------------------------------------------------------------------
-    def nvmlDeviceGetPowerUsage(self, h: Device) -> int:
-        return _milliwatts(h.element, "average_power_draw", "power_draw", "instant_power_draw")
-
-    def nvmlDeviceGetPowerManagementLimit(self, h: Device) -> int:
-        return _milliwatts(h.element, "requested_power_limit", "power_limit")
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: Device) -> int:
-        return _milliwatts(h.element, "current_power_limit", "enforced_power_limit")
-
-    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: Device) -> int:
-        return _milliwatts(h.element, "default_power_limit")
+    nvmlDeviceGetPowerUsage = _getter(_milliwatts, "average_power_draw", "power_draw", "instant_power_draw")
+    nvmlDeviceGetPowerManagementLimit = _getter(_milliwatts, "requested_power_limit", "power_limit")
+    nvmlDeviceGetEnforcedPowerLimit = _getter(_milliwatts, "current_power_limit", "enforced_power_limit")
+    nvmlDeviceGetPowerManagementDefaultLimit = _getter(_milliwatts, "default_power_limit")
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Device) -> list[int]:
         return [_milliwatts(h.element, "min_power_limit"), _milliwatts(h.element, "max_power_limit")]
@@ -348,25 +332,12 @@ class Replay(ModuleType):
 
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
-    _LINK = "pci/pci_gpu_link_info"
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Device) -> int:
-        return _int(h.element, f"{self._LINK}/pcie_gen/current_link_gen")
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Device) -> int:
-        return _int(h.element, f"{self._LINK}/pcie_gen/max_link_gen")
-
-    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h: Device) -> int:
-        return _int(h.element, f"{self._LINK}/pcie_gen/max_device_link_gen")
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Device) -> int:
-        return _int(h.element, f"{self._LINK}/link_widths/current_link_width")
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Device) -> int:
-        return _int(h.element, f"{self._LINK}/link_widths/max_link_width")
-
-    def nvmlDeviceGetPcieReplayCounter(self, h: Device) -> int:
-        return _int(h.element, "pci/replay_counter")
+    nvmlDeviceGetCurrPcieLinkGeneration = _getter(_int, f"{_LINK}/pcie_gen/current_link_gen")
+    nvmlDeviceGetMaxPcieLinkGeneration = _getter(_int, f"{_LINK}/pcie_gen/max_link_gen")
+    nvmlDeviceGetGpuMaxPcieLinkGeneration = _getter(_int, f"{_LINK}/pcie_gen/max_device_link_gen")
+    nvmlDeviceGetCurrPcieLinkWidth = _getter(_int, f"{_LINK}/link_widths/current_link_width")
+    nvmlDeviceGetMaxPcieLinkWidth = _getter(_int, f"{_LINK}/link_widths/max_link_width")
+    nvmlDeviceGetPcieReplayCounter = _getter(_int, "pci/replay_counter")
 
     def nvmlDeviceGetPcieThroughput(self, h: Device, counter: int) -> int:
         tag = {real.NVML_PCIE_UTIL_TX_BYTES: "tx_util", real.NVML_PCIE_UTIL_RX_BYTES: "rx_util"}.get(counter)
@@ -424,8 +395,7 @@ class Replay(ModuleType):
             _refuse()
         return _int(h.element, f"temperature/{tag}")
 
-    def nvmlDeviceGetMarginTemperature(self, h: Device) -> int:
-        return _int(h.element, "temperature/gpu_temp_tlimit")
+    nvmlDeviceGetMarginTemperature = _getter(_int, "temperature/gpu_temp_tlimit")
 
     def nvmlDeviceGetFieldValues(self, h: Device, field_ids: list[Any]) -> Any:
         values = (real.c_nvmlFieldValue_t * len(field_ids))()
@@ -469,8 +439,8 @@ class Replay(ModuleType):
         addresses = [a for a in addresses if a is not None]
         return addresses if len(addresses) == count else list(range(count))  # the count is what a capture always has
 
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Device) -> int:
-        return _enabled(h.element, "retired_pages/pending_retirement", "retired_pages/pending_blacklist")
+    nvmlDeviceGetRetiredPagesPendingStatus = _getter(_enabled, "retired_pages/pending_retirement",
+                                                     "retired_pages/pending_blacklist")
 
     def nvmlDeviceGetRowRemapperHistogram(self, h: Device) -> SimpleNamespace:
         base = "remapped_rows/row_remapper_histogram/row_remapper_histogram"
@@ -478,7 +448,7 @@ class Replay(ModuleType):
 
     def nvmlDeviceGetGpuFabricInfo(self, h: Device, info: Any) -> int:
         """Fills nvidia-ml-py's c_nvmlGpuFabricInfo_t (passed by reference) from <fabric>."""
-        state = _code(nvml_names.FABRIC_STATES, _raw(h.element, "fabric/state"))
+        state = _enum(h.element, nvml_names.FABRIC_STATES, "fabric/state")
         target = getattr(info, "_obj", info)  # ctypes.byref(...) keeps the structure in _obj
         target.state = state
         status = (h.element.findtext("fabric/status") or "").strip()
