@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..record import Finding, Measurement
+from ..record import Finding, Measurement, Valued, has_value
 from .common import FAIL, SKIP, Context, finding
 
 # A failure reason that points at the machine (a hang, a CUDA or NCCL error), not at gpuvet.
@@ -20,9 +20,9 @@ def measured(ctx: Context, name: str, subject: str | None = None) -> list[Measur
     return [m for m in ctx.measurements if m.name == name and (subject is None or m.subject == subject)]
 
 
-def one(ctx: Context, name: str, subject: str) -> Measurement | None:
-    found = [m for m in measured(ctx, name, subject) if m.value is not None]
-    return found[0] if found else None
+def one(ctx: Context, name: str, subject: str) -> Valued | None:
+    """The first measurement of `name` on `subject` that has a figure."""
+    return next((m for m in measured(ctx, name, subject) if has_value(m)), None)
 
 
 def not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding:
@@ -43,7 +43,7 @@ def not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding:
 
 def box_median(ctx: Context, name: str) -> float | None:
     """The median of a measurement over the GPUs of this machine (None with fewer than two)."""
-    values = [m.value for m in measured(ctx, name) if m.value is not None and m.subject.startswith("gpu")]
+    values = [m.value for m in measured(ctx, name) if has_value(m) and m.subject.startswith("gpu")]
     return statistics.median(values) if len(values) >= 2 else None
 
 

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..facts import Gpu
-from ..record import MEASURED, Finding, Measurement
+from ..record import MEASURED, Finding, Measurement, Valued
 from .bench_common import measured, one, planned
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
 
@@ -82,7 +82,7 @@ def check_cpu_feed(ctx: Context) -> list[Finding]:
     return [_compare(feed, demands, len(ctx.machine.gpus), cpu_text, caveat)]
 
 
-def _compare(feed: Measurement, demands: list[Demand], gpu_count: int, cpu_text: str, caveat: str) -> Finding:
+def _compare(feed: Valued, demands: list[Demand], gpu_count: int, cpu_text: str, caveat: str) -> Finding:
     need = sum(d.images_per_s for d in demands)
     ratio = feed.value / need
     gpus = "the GPU" if len(demands) == 1 else f"the {len(demands)} GPUs"

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 from ..facts import Gpu
-from ..record import MEASURED, Finding
+from ..record import MEASURED, Finding, has_value
 from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_links import GBS_PER_LANE
@@ -97,7 +97,7 @@ def check_gemm(ctx: Context) -> list[Finding]:
 def _gemm(ctx: Context, gpu: Gpu) -> Finding:
     s = subject(gpu)
     rates = {m.name.removeprefix("gemm."): m for m in ctx.measurements
-             if m.subject == s and m.name.startswith("gemm.") and m.value is not None and m.unit == "TFLOPS"}
+             if m.subject == s and m.name.startswith("gemm.") and has_value(m) and m.unit == "TFLOPS"}
     if not rates:
         return not_measured(ctx, "gemm", "gpu.gemm", s)
     ref = ctx.ref(gpu)
@@ -142,7 +142,7 @@ def _against_best(dtype: str, value: float, best: Achievable) -> _Judged:
 
 def _against_peak(ref: Reference | None, gpu: Gpu, dtype: str, value: float) -> _Judged:
     peak = ref.number(DTYPE_PEAK[dtype]) if ref and dtype in DTYPE_PEAK else None
-    if not peak:
+    if ref is None or not peak:
         return _Judged(PASS, f"{dtype} {value:.1f} TFLOPS (no reference figure for {gpu.name or 'this GPU'})")
     share = value / peak
     status = PASS if share >= PEAK_WARN else WARN if share >= PEAK_FAIL else FAIL
@@ -215,7 +215,7 @@ def check_memory_bandwidth(ctx: Context) -> list[Finding]:
         ref = ctx.ref(gpu)
         spec = ref.number("mem_bandwidth_gbs") if ref else None
         words, status, expected, source = f"device copy {m.value:.0f} GB/s (read + write counted)", PASS, None, None
-        if spec:
+        if ref is not None and spec:
             share = m.value / spec
             status = PASS if share >= 0.75 else WARN if share >= 0.55 else FAIL
             words += f" = {100 * share:.0f}% of the {spec:g} GB/s spec"
@@ -241,9 +241,9 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
         if h2d is None or d2h is None:
             findings.append(not_measured(ctx, "pcie", "gpu.pcie_bandwidth", s))
             continue
-        pageable = [one(ctx, f"pcie.{d}_pageable", s) for d in ("h2d", "d2h")]
+        h2d_pageable, d2h_pageable = one(ctx, "pcie.h2d_pageable", s), one(ctx, "pcie.d2h_pageable", s)
         measured_text = f"pinned H2D {h2d.value:.1f} / D2H {d2h.value:.1f} GB/s" + (
-            f"; pageable {pageable[0].value:.1f} / {pageable[1].value:.1f}" if all(pageable) else "")
+            f"; pageable {h2d_pageable.value:.1f} / {d2h_pageable.value:.1f}" if h2d_pageable and d2h_pageable else "")
         gen, width, under_load = _link_for_bandwidth(gpu)
         words, status, expected = f"H2D {h2d.value:.1f}, D2H {d2h.value:.1f} GB/s (pinned)", MEASURED, None
         source = "PCIe line rate per lane and generation (after encoding)"
@@ -279,7 +279,7 @@ def _expected_link(gen: int | None, width: int | None, under_load: bool, ref: Re
     read = GBS_PER_LANE[gen] * width if gen in GBS_PER_LANE and width else None
     ref_gen, ref_lanes = (ref.number("pcie_gen"), ref.number("pcie_lanes")) if ref else (None, None)
     model = GBS_PER_LANE[int(ref_gen)] * ref_lanes if ref_gen and int(ref_gen) in GBS_PER_LANE and ref_lanes else None
-    if model and (read is None or model > read * 1.01):
+    if ref is not None and ref_gen and ref_lanes and model and (read is None or model > read * 1.01):
         words = f"the {ref.id}'s own Gen{int(ref_gen)} x{int(ref_lanes)} link (reference)"
         if read:
             words += f"; the link as read, Gen{gen} x{width}, carries ~{read:.0f} GB/s"
@@ -291,9 +291,10 @@ def _expected_link(gen: int | None, width: int | None, under_load: bool, ref: Re
 
 def _link_for_bandwidth(gpu: Gpu) -> tuple[int | None, int | None, bool]:
     loaded = [r for r in gpu.pcie.readings if r.under_load]
-    r = (loaded or gpu.pcie.readings or [None])[0]
-    if r is None:
+    readings = loaded or gpu.pcie.readings
+    if not readings:
         return None, None, False
+    r = readings[0]
     if r.under_load:
         return r.current_gen, r.current_width, True
     return r.max_gen, r.max_width, False  # an idle reading's current generation means nothing
@@ -302,7 +303,7 @@ def _link_for_bandwidth(gpu: Gpu) -> tuple[int | None, int | None, bool]:
 def check_context_init(ctx: Context) -> list[Finding]:
     if not planned(ctx, "latency"):
         return []
-    found = [m for m in measured(ctx, "latency.context_init") if m.value is not None]
+    found = [m for m in measured(ctx, "latency.context_init") if has_value(m)]
     if not found:
         return [not_measured(ctx, "latency", "gpu.context_init", "gpu0" if ctx.machine.gpus else "gpu")]
     findings = []
@@ -328,7 +329,7 @@ def check_context_init(ctx: Context) -> list[Finding]:
 def check_kernel_launch(ctx: Context) -> list[Finding]:
     if not planned(ctx, "latency"):
         return []
-    found = [m for m in measured(ctx, "latency.kernel_launch") if m.value is not None]
+    found = [m for m in measured(ctx, "latency.kernel_launch") if has_value(m)]
     findings = []
     for m in found:
         status = PASS if m.value <= 20 else WARN

@@ -48,7 +48,7 @@ def _when(gpu: Gpu, loaded: bool) -> str:
 def _best_reading(gpu: Gpu) -> PcieLink | None:
     readings = [r for r in gpu.pcie.readings if r.current_width or r.current_gen]
     loaded = [r for r in readings if _under_load(gpu, r)]
-    return (loaded or readings or [None])[0]
+    return next(iter(loaded or readings), None)
 
 
 def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
@@ -99,7 +99,7 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
         problems.append((WARN, views))
         measured += "; " + "; ".join(_reading_text(x) for x in gpu.pcie.readings if x.max_width or x.current_width)
     narrow = _narrower_than_model(gpu, r, ref)
-    if narrow:
+    if narrow and ref is not None:
         problems.append((WARN, narrow))
         capability += f"; {ref.cite('pcie_lanes')}"
         best = f"{_link_text(r.max_gen, int(ref.number('pcie_lanes') or 0))} ({ref.id}'s own lanes)"
@@ -119,11 +119,14 @@ def _with_known_max(r: PcieLink, ref: Reference | None) -> tuple[PcieLink, str |
     (PCIe link capability), else the model's reference row; None when neither knows them."""
     if r.max_gen and r.max_width:
         return r, f"PCIe link capability ({r.source})"
-    ref_gen = ref.number("pcie_gen") if ref else None
-    ref_lanes = ref.number("pcie_lanes") if ref else None
-    if not (r.max_gen or ref_gen) or not (r.max_width or ref_lanes):
+    if ref is None:
         return r, None
-    filled = dataclasses.replace(r, max_gen=r.max_gen or int(ref_gen), max_width=r.max_width or int(ref_lanes))
+    ref_gen, ref_lanes = ref.number("pcie_gen"), ref.number("pcie_lanes")
+    max_gen = r.max_gen or (int(ref_gen) if ref_gen else None)
+    max_width = r.max_width or (int(ref_lanes) if ref_lanes else None)
+    if not max_gen or not max_width:
+        return r, None
+    filled = dataclasses.replace(r, max_gen=max_gen, max_width=max_width)
     return filled, f"the link maximum is not in the capture: {ref.cite('pcie_gen')} and pcie_lanes"
 
 
@@ -138,22 +141,24 @@ def _views_disagree(gpu: Gpu) -> str | None:
     """The driver's view of the link against the host's (sysfs, lspci LnkCap/LnkSta). The seed's
     vendor C: lspci shows x16 while `nvidia-smi -q -d PCI` says Max Link Width x8, which a
     virtualization layer (or the slot behind a switch) does; the GPU then moves data at x8."""
-    driver = [r for r in gpu.pcie.readings if r.source in _DRIVER_SOURCES and r.max_width]
-    host = [r for r in gpu.pcie.readings if r.source not in _DRIVER_SOURCES and r.max_width]
+    driver = [(r.max_width, r.source) for r in gpu.pcie.readings if r.source in _DRIVER_SOURCES and r.max_width]
+    host = [(r.max_width, r.source) for r in gpu.pcie.readings if r.source not in _DRIVER_SOURCES and r.max_width]
     if not driver or not host:
         return None
-    d, h = driver[0], host[0]
-    if d.max_width == h.max_width:
+    (d_width, d_source), (h_width, h_source) = driver[0], host[0]
+    if d_width == h_width:
         return None
-    return (f"the driver reports a max of x{d.max_width} ({d.source}) but the host shows x{h.max_width} ({h.source} "
+    return (f"the driver reports a max of x{d_width} ({d_source}) but the host shows x{h_width} ({h_source} "
             f"LnkCap): a virtualization layer or the slot narrows the link the GPU uses; host<->GPU copies run at "
-            f"x{min(d.max_width, h.max_width)}")
+            f"x{min(d_width, h_width)}")
 
 
 def _narrower_than_model(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:
     """A maximum narrower than the model's own lanes (an x16 card whose link tops out at x8):
     the slot, a riser or a virtualization layer halves what the card was built to move."""
-    lanes = ref.number("pcie_lanes") if ref else None
+    if ref is None:
+        return None
+    lanes = ref.number("pcie_lanes")
     if not lanes or not r.max_width or r.max_width >= lanes or "pcie_lanes" in (ref.row.get("uncertain_fields") or ""):
         return None
     gen = r.max_gen or (int(ref.number("pcie_gen") or 0) or None)
@@ -224,7 +229,7 @@ def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: 
     s = subject(gpu)
     kind = ref.nvlink if ref else None
     model = gpu.name or s
-    if kind == "none":
+    if ref is not None and ref.nvlink == "none":
         return finding("gpu.nvlink", s, SKIP, f"{model} has no NVLink", source=ref.cite("nvlink_gen"))
     if gpu.nvlinks is not None:
         return _from_links(gpu, kind, ref, single_gpu)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ..facts import Gpu, Machine
-from ..record import MEASURED, Finding, Measurement
+from ..record import MEASURED, Finding, Measurement, has_value
 from .bench_common import measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding
 from .gpu_links import GBS_PER_LANE, nvlinks_per_gpu
@@ -49,7 +49,7 @@ def _pair_expectation(ctx: Context, src: int, dst: int) -> tuple[float | None, s
 def check_p2p(ctx: Context) -> list[Finding]:
     if not planned(ctx, "p2p"):
         return []
-    pairs = [m for m in measured(ctx, "p2p.copy") if m.value is not None]
+    pairs = [m for m in measured(ctx, "p2p.copy") if has_value(m)]
     if not pairs:
         return [not_measured(ctx, "p2p", "gpu.p2p", "machine")]
     slow, no_peer, rows = [], [], []
@@ -186,6 +186,5 @@ def _allreduce_expectation(ctx: Context) -> tuple[float | None, str]:
         if totals and min(totals) > 0:
             per_link = _per_link_gbs(ctx, gpus[0] if gpus else None)
             return min(totals) * per_link, f"{min(totals)} NVLinks per GPU"
-    pcie = [_pcie_gbs(g) for g in gpus]
-    pcie = [p for p in pcie if p]
+    pcie = [p for p in (_pcie_gbs(g) for g in gpus) if p]
     return (min(pcie), "PCIe") if pcie else (None, "")

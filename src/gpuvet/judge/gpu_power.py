@@ -59,7 +59,7 @@ def _allowed_range(gpu: Gpu) -> str:
 def _below_reference(gpu: Gpu, ref: Reference | None, default: float) -> Finding | None:
     """A board whose own default is well under the model's: a reduced-power variant or VBIOS."""
     ref_default = ref.number("power_default_w") if ref else None
-    if not ref_default or default >= 0.9 * ref_default:
+    if ref is None or not ref_default or default >= 0.9 * ref_default:
         return None
     return finding(
         "gpu.power_limit", subject(gpu), WARN,
@@ -178,16 +178,16 @@ def _fan_error(gpu: Gpu) -> Finding | None:
 
 def _temperature_reading(gpu: Gpu) -> Finding:
     s, t = subject(gpu), gpu.thermal
-    if t.gpu_c is None and t.slowdown_margin_c is None:
+    threshold_c, threshold_words, source = slowdown_threshold(gpu)
+    margin = t.slowdown_margin_c
+    if margin is None and t.gpu_c is not None:
+        margin = threshold_c - t.gpu_c
+    if margin is None:  # neither the temperature nor the margin to slowdown
         return finding("gpu.temperature", s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")
     now = f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "temperature hidden"
-    threshold_c, threshold_words, source = slowdown_threshold(gpu)
     threshold = f" (slowdown {threshold_words if t.slowdown_c is None else 'at ' + threshold_words})"
     headroom = f"at least 10 C below the slowdown threshold of {threshold_words}"
     remedy = f"watch it under load: `nvidia-smi -i {gpu.index} --query-gpu=temperature.gpu,clocks.sm,power.draw --format=csv -l 2`"
-    margin = t.slowdown_margin_c
-    if margin is None and t.gpu_c is not None and threshold_c is not None:
-        margin = threshold_c - t.gpu_c
     measured = f"{now}, {margin:.0f} C below slowdown{threshold}"
     if margin <= 3:
         return finding("gpu.temperature", s, FAIL, f"{now}: at the slowdown threshold, clocks are being cut",

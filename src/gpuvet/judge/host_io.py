@@ -12,8 +12,8 @@ only the job's.
 from __future__ import annotations
 
 from ..facts import Host, Nic, RdmaPort
-from ..record import MEASURED, Finding, Measurement
-from .bench_common import measured, planned
+from ..record import MEASURED, Finding, Measurement, Valued
+from .bench_common import measured, one, planned
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 
 # -- storage yardsticks -----------------------------------------------------------------------
@@ -60,7 +60,7 @@ def check_storage(ctx: Context) -> list[Finding]:
     findings = []
     for path in paths:
         for name, check in CHECKS.items():
-            m = _one(ctx, name, path)
+            m = one(ctx, name, path)
             findings.append(_storage_finding(ctx, check, m) if m else _not_measured(ctx, "disk", check, path))
     return findings
 
@@ -68,10 +68,6 @@ def check_storage(ctx: Context) -> list[Finding]:
 def _tested_paths(ctx: Context) -> list[str]:
     names = set(CHECKS) | {"bench.disk"}
     return list(dict.fromkeys(m.subject for m in ctx.measurements if m.name in names))
-
-
-def _one(ctx: Context, name: str, subject: str) -> Measurement | None:
-    return next((m for m in measured(ctx, name, subject) if m.value is not None), None)
 
 
 def _not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding:
@@ -84,7 +80,7 @@ def _not_measured(ctx: Context, bench: str, check: str, subject: str) -> Finding
     return finding(check, subject, SKIP, f"the {bench} benchmark could not run: {reason}" if failed else reason)
 
 
-def _storage_finding(ctx: Context, check: str, m: Measurement) -> Finding:
+def _storage_finding(ctx: Context, check: str, m: Valued) -> Finding:
     details = m.details
     kind = details.get("kind") or "unknown"
     # The subject is the path; the summary says which engine measured, on what.
@@ -140,7 +136,7 @@ def _measured_text(m: Measurement) -> str:
     return "; ".join(parts)
 
 
-def _against_device(m: Measurement, kind: str, model: str | None) -> tuple[str | None, str, str]:
+def _against_device(m: Valued, kind: str, model: str | None) -> tuple[str | None, str, str]:
     floors = DEVICE_FLOOR.get(kind, {}).get(m.name)
     if floors is None:
         return None, "", ""
@@ -159,7 +155,7 @@ def _against_device(m: Measurement, kind: str, model: str | None) -> tuple[str |
     return (FAIL if m.value < fail else WARN), words, expected
 
 
-def _against_need(ctx: Context, m: Measurement) -> tuple[str | None, str, str]:
+def _against_need(ctx: Context, m: Valued) -> tuple[str | None, str, str]:
     gpus = max(1, len(ctx.machine.gpus))
     per = f" for {gpus} GPUs" if gpus > 1 else " for one GPU"
     if m.name == "disk.seq_write":
@@ -255,8 +251,8 @@ def check_network(ctx: Context) -> list[Finding]:
 
 
 def _loopback(ctx: Context) -> Finding:
-    latency = _one(ctx, "net.loopback_latency", "loopback")
-    throughput = _one(ctx, "net.loopback_throughput", "loopback")
+    latency = one(ctx, "net.loopback_latency", "loopback")
+    throughput = one(ctx, "net.loopback_throughput", "loopback")
     if latency is None and throughput is None:
         return _not_measured(ctx, "net", "net.loopback", "loopback")
     parts, status = [], PASS
@@ -281,12 +277,6 @@ def _loopback(ctx: Context) -> Finding:
                           "(CPU starvation); inside a container, compare with `--network host`")
 
 
-def _known(ctx: Context, field: str) -> bool:
-    """Whether the live probe read this host fact (captures and older records do not have it)."""
-    host = ctx.machine.host
-    return host is not None and getattr(host, field) is not None
-
-
 def _active_rdma(host: Host) -> list[RdmaPort]:
     return [p for p in host.rdma or [] if (p.state or "").upper() == "ACTIVE"]
 
@@ -297,9 +287,9 @@ def _describe_nic(nic: Nic) -> str:
 
 
 def _nics(ctx: Context) -> list[Finding]:
-    if not _known(ctx, "nics"):
-        return []
     host = ctx.machine.host
+    if host is None or host.nics is None:  # not read: captures and older records do not have it
+        return []
     physical = [n for n in host.nics if not n.virtual]
     if not physical:
         virtual = ", ".join(n.name for n in host.nics) or "none"
@@ -327,9 +317,9 @@ def _describe_port(port: RdmaPort) -> str:
 
 
 def _rdma(ctx: Context) -> list[Finding]:
-    if not _known(ctx, "rdma"):
-        return []
     host = ctx.machine.host
+    if host is None or host.rdma is None:  # not read: captures and older records do not have it
+        return []
     multi_node = bool(ctx.options.get("multi_node"))
     remedy = ("`ibstat` / `ibv_devinfo` show the ports; NCCL_DEBUG=INFO prints NET/IB when NCCL uses them "
               "(NET/Socket when it falls back to TCP)")
@@ -362,8 +352,8 @@ def _node_to_node(ctx: Context) -> list[Finding]:
 
 
 def _one_peer(ctx: Context, subject: str) -> Finding:
-    throughput = _one(ctx, "net.tcp_throughput", subject)
-    latency = _one(ctx, "net.tcp_latency", subject)
+    throughput = one(ctx, "net.tcp_throughput", subject)
+    latency = one(ctx, "net.tcp_latency", subject)
     if throughput is None and latency is None:
         return _not_measured(ctx, "net", "net.node_to_node", subject)
     peer = subject.removeprefix("net:")
@@ -420,12 +410,11 @@ def _route_link(host: Host | None, details: dict) -> tuple[str, tuple[str, float
     interface = details.get("interface")
     nics = {n.name: n for n in (host.nics or [])} if host else {}
     if interface is None:
-        fastest = max((n for n in nics.values() if not n.virtual and n.speed_mbps and n.operstate == "up"),
-                      key=lambda n: n.speed_mbps, default=None)
-        if fastest is None:
+        links = [(n.speed_mbps, n.name) for n in nics.values() if not n.virtual and n.speed_mbps and n.operstate == "up"]
+        if not links:
             return "(route not recorded; no NIC reports a link speed)", None
-        return (f"(route not recorded; compared with the fastest link, {fastest.name})",
-                (fastest.name, fastest.speed_mbps / 1000))
+        speed, name = max(links, key=lambda link: link[0])
+        return f"(route not recorded; compared with the fastest link, {name})", (name, speed / 1000)
     via = f"through {interface}" + (f" from {details['source_address']}" if details.get("source_address") else "")
     nic = nics.get(interface)
     if interface == "lo" or (nic is not None and nic.name == "lo"):

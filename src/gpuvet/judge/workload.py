@@ -117,7 +117,7 @@ def _throughput(ctx: Context, subject: str) -> Finding:
                         "gpuvet estimate for an eager loop of a GPT-2-small-shaped model (compiled runs reach 30-60%)"]
     elif not peak:
         words += " (no dense peak known for this GPU: MFU not computed)"
-    gemm = one(ctx, GEMM_NAME.get(d.get("dtype"), ""), subject)
+    gemm = one(ctx, GEMM_NAME.get(d.get("dtype") or "", ""), subject)
     if gemm is not None and gemm.value and model_tflops is not None and judged_shape:
         share = model_tflops / gemm.value
         words += f", {100 * share:.0f}% of the {gemm.value:.0f} TFLOPS this GPU reached in GEMMs"

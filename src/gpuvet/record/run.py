@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict, TypeGuard
 
 from .. import __version__
 from ..facts import Machine, from_dict, to_dict
@@ -52,6 +52,21 @@ class Measurement:
     unit: str
     subject: str  # "gpu0", "cpu", "host"
     details: dict[str, Any] = field(default_factory=dict)
+
+
+if TYPE_CHECKING:
+    class Valued(Measurement):
+        """A Measurement whose value was taken: what has_value() narrows one to. A static view for
+        the type checker only; every object is a Measurement."""
+
+        value: float
+else:
+    Valued = Measurement
+
+
+def has_value(m: Measurement) -> TypeGuard[Valued]:
+    """Whether the measurement has a figure (a None value is a benchmark that gave none)."""
+    return m.value is not None
 
 
 class _SeriesBase(TypedDict):
