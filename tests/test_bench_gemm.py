@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuvet.bench import gemm  # noqa: E402
+from fake_clock import FakeClock  # noqa: E402
+from gpuvet.bench import common, gemm  # noqa: E402
 from gpuvet.bench.common import BenchContext, Budget, OutOfTime, Skip  # noqa: E402
 from gpuvet.bench.gemm import Shape  # noqa: E402
 
@@ -27,6 +28,34 @@ def run_cpu(seconds: float, **params):
     return {m["name"]: m for m in measurements}, time.monotonic() - start
 
 
+FAKE_FLOPS_PER_S = 2e10  # a small CPU's fp32 rate (a loaded 2-core CI machine: about 15 GFLOPS)
+
+
+def run_on_a_fake_clock(monkeypatch, seconds: float, **params):
+    """gemm.run on a clock that moves only by each product's flops at FAKE_FLOPS_PER_S (the products
+    are still computed and checked): where a run stops in its budget is then the same on any machine,
+    whatever its load. The measurements, and the fake seconds the run took."""
+    clock = FakeClock().install(monkeypatch, gemm, common)
+    real_multiply = gemm.multiply
+
+    def multiply(ops):
+        real_multiply(ops)
+        (m, k), n = ops.a.shape, ops.b.shape[0]
+        clock.advance(2 * m * n * k / FAKE_FLOPS_PER_S)
+
+    monkeypatch.setattr(gemm, "multiply", multiply)
+    start = clock.now
+    measurements = gemm.run(BenchContext(device="cpu", subject="cpu", budget=Budget(seconds), params=params))
+    return {m["name"]: m for m in measurements}, clock.now - start
+
+
+def fewest_calls_s(shape: list[int]) -> float:
+    """The fake seconds of the fewest calls any shape gets (first, warm-up, timed): a shape begun
+    just before the budget ends may overrun it by this much, no more."""
+    m, n, k = shape
+    return (2 + gemm.MIN_TIMED_CALLS) * 2 * m * n * k / FAKE_FLOPS_PER_S
+
+
 def flip_bit(ops, row: int, col: int, bit: int = 30) -> None:
     """A silent data corruption: one bit of one fp32 element (bit 30 is the exponent's top bit)."""
     ops.out.view(torch.int32)[row, col] ^= 1 << bit
@@ -35,8 +64,8 @@ def flip_bit(ops, row: int, col: int, bit: int = 30) -> None:
 # ---------------------------------------------------------------- the contract on the CPU
 
 
-def test_cpu_run_measures_fp32_with_the_default_shapes():
-    by_name, elapsed = run_cpu(2.0)
+def test_cpu_run_measures_fp32_with_the_default_shapes(monkeypatch):
+    by_name, elapsed = run_on_a_fake_clock(monkeypatch, 2.0)
     assert list(by_name) == ["gemm.fp32", "gemm.check_failures"]
     m = by_name["gemm.fp32"]
     assert (m["unit"], m["subject"]) == ("TFLOPS", "cpu")
@@ -56,7 +85,10 @@ def test_cpu_run_measures_fp32_with_the_default_shapes():
     failures = by_name["gemm.check_failures"]
     assert (failures["value"], failures["unit"], failures["subject"]) == (0, "count", "cpu")
     assert failures["details"]["failed"] == [] and failures["details"]["checked"] == ["fp32"]
-    assert elapsed < 3 * 2.0 + 2  # the budget holds, give or take a slow CI machine
+    # The budget holds on the benchmark's own clock: it stops where its time ends, and says so.
+    largest_tried = max((row[:3] for row in d["shapes_tried"]), key=lambda s: s[0] * s[1] * s[2])
+    assert elapsed <= 2.0 + fewest_calls_s(largest_tried)
+    assert d["wall_s"] == pytest.approx(elapsed)
     json.dumps(list(by_name.values()), allow_nan=False)  # the record is strict JSON
 
 
@@ -486,22 +518,25 @@ def test_no_budget_raises_out_of_time():
         run_cpu(0.0)
 
 
-def test_a_shape_too_slow_for_the_time_left_is_not_tried():
+def test_a_shape_too_slow_for_the_time_left_is_not_tried(monkeypatch):
     assert gemm.too_slow(Shape(1000, 1000, 1000), best_flops_per_s=1e9, seconds_left=1.0)  # 5 calls of 2 s
     assert not gemm.too_slow(Shape(1000, 1000, 1000), best_flops_per_s=1e9, seconds_left=100.0)
     assert not gemm.too_slow(Shape(1000, 1000, 1000), best_flops_per_s=0.0, seconds_left=1.0)  # nothing seen yet
-    by_name, elapsed = run_cpu(0.1, shapes=[[256, 256, 256], [2048, 2048, 2048]])
+    by_name, elapsed = run_on_a_fake_clock(monkeypatch, 0.1, shapes=[[256, 256, 256], [2048, 2048, 2048]])
     assert by_name["gemm.fp32"]["details"]["shapes_not_tried"] == [[2048, 2048, 2048]]
-    assert elapsed < 3 * 0.1 + 2
+    assert elapsed <= 0.1 + fewest_calls_s([256, 256, 256])  # the 2048 shape's 5 calls alone would take 17 s
 
 
-def test_a_tiny_budget_measures_fewer_shapes_without_overrunning():
-    by_name, elapsed = run_cpu(0.05)
+def test_a_tiny_budget_measures_fewer_shapes_without_overrunning(monkeypatch):
+    by_name, elapsed = run_on_a_fake_clock(monkeypatch, 0.05)
     d = by_name["gemm.fp32"]["details"]
     assert len(d["shapes_tried"]) < len(gemm.default_candidates("cpu"))
     assert d["shapes_not_tried"]
     assert d["check"]["ok"]
-    assert elapsed < 3 * 0.05 + 2
+    # Too little time for more than the fewest calls: each run of a shape (scout, finalist) gets
+    # those and no more, so the overrun is bounded by them.
+    assert d["iterations"] == gemm.MIN_TIMED_CALLS
+    assert elapsed <= 0.05 + sum(fewest_calls_s(row[:3]) for row in d["shapes_tried"] + d["finalists"])
 
 
 # ---------------------------------------------------------------- candidate shapes and memory

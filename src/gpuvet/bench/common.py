@@ -38,7 +38,7 @@ class Budget:
     """A wall-clock allowance. Benchmarks size their loops to it and stop when it is spent."""
 
     seconds: float
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=lambda: time.monotonic())  # looked up at each start: a test's clock
 
     def remaining(self) -> float:
         return self.seconds - (time.monotonic() - self.start)
