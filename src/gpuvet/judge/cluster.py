@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..facts import Gpu, PcieLink, from_dict
-from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
+from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement, Valued, has_value
 from .gpu_links import link_state
 
 # Node states.
@@ -569,10 +569,10 @@ class RingPair:
     transfers: int = 1
 
 
-def _cross_measurements(measurements: list[Measurement]) -> tuple[Measurement | None, Measurement | None,
+def _cross_measurements(measurements: list[Measurement]) -> tuple[Valued | None, Valued | None,
                                                                   list[Measurement], list[Measurement]]:
-    busbw = next((m for m in measurements if m.name == ALLREDUCE_BUSBW and m.value is not None), None)
-    latency = next((m for m in measurements if m.name == ALLREDUCE_LATENCY and m.value is not None), None)
+    busbw = next((m for m in measurements if m.name == ALLREDUCE_BUSBW and has_value(m)), None)
+    latency = next((m for m in measurements if m.name == ALLREDUCE_LATENCY and has_value(m)), None)
     ring = [m for m in measurements if m.name == RING]
     notes = [m for m in measurements if m.name == NOTE]
     return busbw, latency, ring, notes
@@ -593,7 +593,7 @@ def _network_floor(views: list[NodeView], members: list[str], backend: str) -> t
     return gbs, f"{words} on {slowest.name}", no_rdma, unknown
 
 
-def _allreduce_finding(views: list[NodeView], busbw: Measurement | None, latency: Measurement | None,
+def _allreduce_finding(views: list[NodeView], busbw: Valued | None, latency: Valued | None,
                        notes: list[Measurement]) -> Finding:
     if busbw is None:
         return _not_measured("cluster.allreduce", notes, "the cross-node all-reduce")
@@ -634,7 +634,7 @@ def _allreduce_finding(views: list[NodeView], busbw: Measurement | None, latency
                                                        "the transport; check MTU and that all nodes sit in one placement group")
 
 
-def _gloo_allreduce(busbw: Measurement, measured: str, share: float, floor: float, words: str) -> Finding:
+def _gloo_allreduce(busbw: Valued, measured: str, share: float, floor: float, words: str) -> Finding:
     """gloo (TCP, one stream per pair, CPU copies) is judged like the ring: nodes against each
     other (cluster.ring), and against the NIC only when far below it."""
     summary = f"cross-node all-reduce {busbw.value:.3g} GB/s over gloo = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})"
@@ -898,10 +898,11 @@ def node_rows(views: list[NodeView], stragglers: list[Straggler], ring: RingVerd
     for s in stragglers:  # sorted by share: the first per node is its worst
         if evidence[s.node].straggler is None:
             evidence[s.node].straggler = s
+    baseline = ring.baseline if ring else None
     for name, slow in (ring.suspect_nodes if ring else {}).items():
         values = [p.gbps for p in slow if p.gbps is not None]
         evidence[name].ring_slow = slow
-        evidence[name].ring_share = (statistics.median(values) / ring.baseline if values and ring.baseline else 0.0)
+        evidence[name].ring_share = (statistics.median(values) / baseline if values and baseline else 0.0)
     for row in uniformity or ():
         for value, names in row.odd.items():
             if len(names) < row.count:  # an even split has no odd one out

@@ -73,8 +73,8 @@ def subject_range(subjects: list[str]) -> str:
     """["gpu0", "gpu1", "gpu2"] -> "gpu0-2"; ["gpu0", "gpu2", "gpu3"] -> "gpu0,2,3"."""
     if len(subjects) == 1:
         return subjects[0]
-    numbers = [re.fullmatch(r"gpu(\d+)", s) for s in subjects]
-    if subjects and all(numbers):
+    numbers = [m for m in (re.fullmatch(r"gpu(\d+)", s) for s in subjects) if m]
+    if subjects and len(numbers) == len(subjects):
         idx = sorted(int(m.group(1)) for m in numbers)
         if idx[-1] - idx[0] + 1 == len(set(idx)) == len(idx):  # consecutive; never sized by an index's value
             return f"gpu{idx[0]}-{idx[-1]}"

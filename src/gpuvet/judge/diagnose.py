@@ -275,9 +275,9 @@ def _neighbour(ctx: _Ctx) -> Diagnosis | None:
         return None
     yours, used = ctx.yours, ctx.last("mem_used_mib")
     others = [p for p in ctx.processes if p.visible and p not in yours]  # other jobs you can see (with --pid)
-    unseen_mib = None
-    if used is not None and all(p.used_mib is not None for p in ctx.processes if p.visible):
-        unseen_mib = max(0, used - sum(p.used_mib for p in ctx.processes if p.visible))
+    visible_mib = [p.used_mib for p in ctx.processes if p.visible]
+    known_mib = [mib for mib in visible_mib if mib is not None]
+    unseen_mib = max(0, used - sum(known_mib)) if used is not None and len(known_mib) == len(visible_mib) else None
     others_mib = sum(p.used_mib or 0 for p in others)
     # Utilization on a GPU that lists no process and holds too little memory for a CUDA context
     # is the driver waking it for each query (persistence mode off), not someone's kernel.
@@ -289,7 +289,7 @@ def _neighbour(ctx: _Ctx) -> Diagnosis | None:
     parts = []
     if util_theirs:
         parts.append(f"{ctx.util:.0f}% utilization")
-    if hidden:
+    if hidden and unseen_mib is not None:
         parts.append(f"{unseen_mib / 1024:.1f} GiB in use")
     words = " and ".join(parts)
     if words and (hidden or not others):
@@ -377,27 +377,43 @@ def _io_bound(ctx: _Ctx) -> Diagnosis | None:
     return Diagnosis("io_bound", words, _host_evidence(ctx))
 
 
-def _fifths(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
-    t0, t1 = samples[0].t, samples[-1].t
+@dataclass(frozen=True)
+class _Point:
+    """A sample with the utilization and SM clock read: a point of the throughput trend."""
+
+    t: float
+    util_pct: int
+    sm_mhz: int
+    temp_c: float | None
+
+
+def _fifths(points: list[_Point]) -> tuple[list[_Point], list[_Point]]:
+    """The first and last fifth of the span; each holds at least its end point."""
+    t0, t1 = points[0].t, points[-1].t
     fifth = (t1 - t0) / 5
-    return [s for s in samples if s.t <= t0 + fifth], [s for s in samples if s.t >= t1 - fifth]
+    return [p for p in points if p.t <= t0 + fifth], [p for p in points if p.t >= t1 - fifth]
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _average(values: list[float]) -> float:
+    """The mean of values that cannot be empty (a fifth of the trend)."""
+    return sum(values) / len(values)
+
+
 def _slowing(ctx: _Ctx) -> Diagnosis | None:
     """Throughput proxy (utilization x SM clock) falling over minutes: heat soak, a neighbour arriving."""
-    trend = [s for s in ctx.trend if s.util_pct is not None and s.sm_mhz is not None]
+    trend = [_Point(s.t, s.util_pct, s.sm_mhz, s.temp_c) for s in ctx.trend if s.util_pct is not None and s.sm_mhz is not None]
     if len(trend) < 10 or trend[-1].t - trend[0].t < MIN_TREND_S:
         return None
     first, last = _fifths(trend)
-    util_first, util_last = _mean([s.util_pct for s in first]), _mean([s.util_pct for s in last])
+    util_first, util_last = _average([s.util_pct for s in first]), _average([s.util_pct for s in last])
     if not util_first or util_first < 50:  # it was not doing much to begin with
         return None
-    proxy_first = _mean([s.util_pct * s.sm_mhz for s in first])
-    proxy_last = _mean([s.util_pct * s.sm_mhz for s in last])
+    proxy_first = _average([s.util_pct * s.sm_mhz for s in first])
+    proxy_last = _average([s.util_pct * s.sm_mhz for s in last])
     drop = 100.0 * (1.0 - proxy_last / proxy_first) if proxy_first else 0.0
     if drop < DECAY_WARN_PCT:
         return None
@@ -405,7 +421,7 @@ def _slowing(ctx: _Ctx) -> Diagnosis | None:
     temps_first = _mean([s.temp_c for s in first if s.temp_c is not None])
     temps_last = _mean([s.temp_c for s in last if s.temp_c is not None])
     rise = temps_last - temps_first if temps_first is not None and temps_last is not None else None
-    sm_change = 100.0 * (_mean([s.sm_mhz for s in last]) / _mean([s.sm_mhz for s in first]) - 1.0)
+    sm_change = 100.0 * (_average([s.sm_mhz for s in last]) / _average([s.sm_mhz for s in first]) - 1.0)
     util_change = 100.0 * (util_last / util_first - 1.0)
     words = f"throughput proxy (utilization x SM clock) down {drop:.0f}% over {minutes:.0f} min"
     if rise is not None and rise >= TEMP_RISE_C:

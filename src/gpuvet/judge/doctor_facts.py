@@ -42,7 +42,7 @@ def in_container(record: RunRecord) -> FactVerdict | None:
 
 
 def vgpu(record: RunRecord) -> FactVerdict | None:
-    modes = {g.virtualization_mode for g in record.machine.gpus}
+    modes = {g.virtualization_mode or "unknown" for g in record.machine.gpus}
     if "vgpu" in modes:
         names = subject_range([f"gpu{g.index}" for g in record.machine.gpus if g.virtualization_mode == "vgpu"])
         return CONFIRMED, f"{names}: vGPU guest (every new process pays a slower context start)"

@@ -65,8 +65,9 @@ def check_exposed_servers(audit: Audit) -> list[Finding]:
         if item.protected is True or item.kind == "test-server":
             continue  # sshd; Jupyter or code-server with a token or password; a daemon with its own credentials;
             # a bandwidth test server (it runs no code and serves no files)
-        if item.kind in _EXPOSURE:
-            findings.append(_exposed(item))
+        exposure = _EXPOSURE.get(item.kind) if item.kind is not None else None
+        if exposure is not None:
+            findings.append(_exposed(item, exposure))
         elif item.all_interfaces:
             findings.append(_open_unknown(item))
     if findings:
@@ -118,8 +119,8 @@ def reachable_from_network(listener: Listener) -> bool:
         return listener.address != "localhost"
 
 
-def _exposed(listener: Listener) -> Finding:
-    who_can, closing = _EXPOSURE[listener.kind]
+def _exposed(listener: Listener, exposure: tuple[str, str]) -> Finding:
+    who_can, closing = exposure
     where = _describe(listener)
     reach = ("anyone who can reach this machine's port "
              f"{listener.port} (a cloud security group or the container's port mapping may still block it; gpuvet cannot see those)")
@@ -441,12 +442,12 @@ def check_cuda_module_loading(ctx: Context, audit: Audit) -> list[Finding]:
                         "CUDA_MODULE_LOADING unset: LAZY is the default since CUDA 12.2, and this driver supports "
                         f"CUDA {ctx.machine.driver.cuda_version}", measured=measured, expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     runtime = _version(torch.cuda if torch else None)
-    if runtime and runtime < LAZY_AVAILABLE_SINCE:
+    if torch is not None and runtime and runtime < LAZY_AVAILABLE_SINCE:
         return [finding("env.cuda_module_loading", "host", PASS,
                         f"lazy loading needs a CUDA 11.7+ runtime; this PyTorch uses CUDA {torch.cuda}", measured=measured,
                         expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     torch_version = _version(torch.version if torch else None)
-    if torch_version and torch_version >= TORCH_SETS_LAZY_SINCE and runtime:
+    if torch is not None and torch_version and torch_version >= TORCH_SETS_LAZY_SINCE and runtime:
         return [finding("env.cuda_module_loading", "host", PASS,
                         f"CUDA_MODULE_LOADING unset: PyTorch {torch.version} sets LAZY itself; other CUDA programs load eagerly "
                         "on this driver", measured=measured, expected=_LAZY_EXPECTED, source=LAZY_SOURCE, remedy=remedy)]

@@ -16,7 +16,7 @@ from ..specs.cuda import version_tuple as vt
 # Source: pytorch.org/get-started/previous-versions (the pip --index-url line of each release).
 # cu111 and older are left out: their releases used `-f torch_stable.html`, not an index.
 WHEEL_SOURCE = "PyTorch's wheel indexes per release (pytorch.org/get-started/previous-versions)"
-TORCH_WHEELS = (
+TORCH_WHEELS: tuple[tuple[str, str, str | None], ...] = (
     ("cu102", "10.2", "1.12.1"), ("cu113", "11.3", "1.12.1"), ("cu116", "11.6", "1.13.1"),
     ("cu117", "11.7", "2.0.1"), ("cu118", "11.8", "2.7.1"), ("cu121", "12.1", "2.5.1"),
     ("cu124", "12.4", "2.6.0"), ("cu126", "12.6", None), ("cu128", "12.8", None),
