@@ -18,6 +18,7 @@ import subprocess
 import time
 
 from ..facts import KernelEvent, KernelLog
+from ..text_patterns import PCI_SLOT
 from . import values as v
 
 KMSG_PATH = "/dev/kmsg"
@@ -26,7 +27,7 @@ READ_COMMAND = "sudo dmesg -T | grep -E 'NVRM|SXid|AER'"  # what a user runs whe
 _MAX_BYTES = 64 * 1024 * 1024  # a kernel ring buffer is at most a few MiB; a journal since boot can be more
 
 # -- line prefixes: where the time is, in each form a kernel log is kept in ---------------------
-_BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_BUS = rf"{PCI_SLOT}(?:\.[0-7])?"  # Xid lines leave the function out
 _PREFIXES = (
     # /dev/kmsg: "6,3964,206764307,-;message" (priority, sequence, microseconds since boot)
     ("kmsg", re.compile(r"^\d+,(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")),

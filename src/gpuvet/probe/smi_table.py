@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
+from ..text_patterns import PCI_BUS_ID
 from . import smi_series
 from . import values as v
 from .errors import CaptureError
@@ -38,7 +39,7 @@ _PROCESS_ROW = re.compile(
     r"\|\s*(?P<gpu>\d+)\s+(?:(?P<gi>\S+)\s+(?P<ci>\S+)\s+)?(?P<pid>\d+)\s+(?P<type>[A-Z][A-Z+]*)\s+"
     r"(?P<name>.*?)\s+(?P<memory>\d+\s*MiB|N/A)\s*\|"
 )
-_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+_BUS_ID = re.compile(PCI_BUS_ID)
 
 
 def looks_like_smi_table(text: str) -> bool:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
+from ..text_patterns import PCI_BUS_ID
 from . import values as v
 from .errors import CaptureError
 from .smi_common import Paths, build_gpu, counter_paths
@@ -166,7 +167,7 @@ class _TextReport:
         return self.node.value_at(path)
 
 
-_GPU_HEADER = re.compile(r"^\s*GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$")
+_GPU_HEADER = re.compile(rf"^\s*GPU {PCI_BUS_ID}\s*$")
 _LINE = re.compile(r"^(?P<indent> *)(?P<label>[^:]*?)\s*(?::\s?(?P<value>.*?))?\s*$")
 
 

@@ -12,6 +12,7 @@ import re
 
 from ..facts import Gpu, Machine
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
+from ..text_patterns import PCI_BUS_ID
 from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, WORD, checklist, grouped, subject_range
 from .terminal import header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, verdict_line
@@ -140,7 +141,7 @@ def _problems(findings: list[Finding]) -> str:
 
 # What differs between GPUs in an otherwise identical remedy: `nvidia-smi -i 3`, a PCI bus ID.
 _GPU_INDEX = re.compile(r"(-i )\d+\b")
-_BUS_ID = re.compile(r"\b[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\b")
+_BUS_ID = re.compile(rf"\b{PCI_BUS_ID}\b")
 
 
 def general_remedy(remedy: str | None) -> str | None:

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from ..record import RunRecord
+from ..text_patterns import HEX
 
 HOST, SERIAL, USER, COMMENT, ASSET = "HOST", "SERIAL", "USER", "COMMENT", "ASSET"
 
@@ -26,13 +27,12 @@ _FIELD_CATEGORY = {"hostname": HOST, "serial": SERIAL, "comment": COMMENT, "chas
                    "user": USER}
 _SERIAL_SUFFIXES = ("_serial", "serial_number")
 
-_HEX = "[0-9A-Fa-f]"
-_UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_UUID = rf"{HEX}{{8}}-{HEX}{{4}}-{HEX}{{4}}-{HEX}{{4}}-{HEX}{{12}}"
 _PREFIXED_UUID = re.compile(rf"\b(GPU|MIG)-{_UUID}\b")
 _BARE_UUID = re.compile(rf"(?<![\w-]){_UUID}(?![\w-])")
-_MAC = re.compile(rf"(?<![\w:-])(?:{_HEX}{{2}}[:-]){{5}}{_HEX}{{2}}(?![\w:-])")
+_MAC = re.compile(rf"(?<![\w:-])(?:{HEX}{{2}}[:-]){{5}}{HEX}{{2}}(?![\w:-])")
 # Candidates only: ipaddress decides (so times like 16:41:05 and PCI bus ids stay).
-_IPV6 = re.compile(rf"(?<![\w:.])(?:{_HEX}{{0,4}}:){{2,7}}(?:(?:\d{{1,3}}\.){{3}}\d{{1,3}}|{_HEX}{{1,4}})?(?:%[\w-]+)?(?![\w:]|\.\w)")
+_IPV6 = re.compile(rf"(?<![\w:.])(?:{HEX}{{0,4}}:){{2,7}}(?:(?:\d{{1,3}}\.){{3}}\d{{1,3}}|{HEX}{{1,4}})?(?:%[\w-]+)?(?![\w:]|\.\w)")
 _IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)")
 _HOME = re.compile(r"(?<![\w])(/home/|/Users/|C:\\Users\\)([^/\\\s'\"`:;,()]+)")
 
