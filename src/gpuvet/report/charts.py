@@ -19,7 +19,7 @@ import html
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypeGuard
 
 MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
 HOVER_BANDS = 120  # tooltips per chart: one per 5 s of a 10-minute soak
@@ -206,12 +206,12 @@ def _nearest(line: Line, t: float, within: float) -> float | None:
     import bisect
 
     i = bisect.bisect_left(line.t, t)
-    best = None
+    best: tuple[float, float] | None = None  # (distance in time, reading)
     for j in (i - 1, i):
-        if 0 <= j < len(line.t) and _known(line.y[j]) and abs(line.t[j] - t) <= within:
-            if best is None or abs(line.t[j] - t) < abs(line.t[best] - t):
-                best = j
-    return None if best is None else float(line.y[best])
+        if 0 <= j < len(line.t) and _known(v := line.y[j]) and abs(line.t[j] - t) <= within:
+            if best is None or abs(line.t[j] - t) < best[0]:
+                best = abs(line.t[j] - t), float(v)
+    return None if best is None else best[1]
 
 
 # -- numbers ---------------------------------------------------------------------------------------
@@ -242,13 +242,13 @@ def thin(t: Sequence[float], y: Sequence[float | None]) -> tuple[list[float], li
     out_t: list[float] = []
     out_y: list[float | None] = []
     for start in range(0, len(y), size):
-        known = [i for i in range(start, min(start + size, len(y))) if _known(y[i])]
+        known = [(i, v) for i in range(start, min(start + size, len(y))) if _known(v := y[i])]
         if len(known) < min(start + size, len(y)) - start:  # a gap inside: keep it visible
             out_t.append(t[start])
             out_y.append(None)
         if known:
-            low = min(known, key=lambda i: y[i])
-            high = max(known, key=lambda i: y[i])
+            low = min(known, key=lambda reading: reading[1])[0]
+            high = max(known, key=lambda reading: reading[1])[0]
             for i in sorted({low, high}):
                 out_t.append(t[i])
                 out_y.append(y[i])
@@ -266,7 +266,7 @@ def _runs(t: Sequence[float], y: Sequence[float | None]) -> list[list[tuple[floa
     return [r for r in runs if r]
 
 
-def _known(v: float | None) -> bool:
+def _known(v: float | None) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
 
-from ..facts import Gpu, Machine, to_dict
+from ..facts import Gpu, Host, Machine, Topology, to_dict
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from . import charts as charts_lib
 from .numbers import number
@@ -163,7 +163,7 @@ def _facts(m: Machine) -> str:
     parts.append(_dl("Driver", [("version", m.driver.version), ("CUDA (driver)", m.driver.cuda_version),
                                 ("kernel module", m.driver.kernel_module_version)]))
     if m.host is not None:
-        parts.append(_dl("Host", _host_rows(m)))
+        parts.append(_dl("Host", _host_rows(m.host)))
     if m.stack is not None:
         t = m.stack.torch
         parts.append(_dl("Software stack", [
@@ -171,7 +171,7 @@ def _facts(m: Machine) -> str:
             ("torch arch list", " ".join(t.arch_list) if t.arch_list else None), ("nvcc", m.stack.nvcc_version),
             ("CUDA home", m.stack.cuda_home), ("CUDA_MODULE_LOADING", m.stack.cuda_module_loading)]))
     if m.topology is not None and m.topology.devices:
-        parts.append(_topology(m))
+        parts.append(_topology(m.topology))
     captures = "".join(f"<li><code>{_e(c.get('path'))}</code> ({_e(c.get('kind'))})</li>" for c in m.captures)
     if captures:
         parts.append(f"<h3>Captures</h3><ul>{captures}</ul>")
@@ -186,8 +186,7 @@ def _dl(title: str, rows: list[tuple[str, Any]]) -> str:
     return f"<h3>{_e(title)}</h3><dl class=\"facts\">{items}</dl>" if items else ""
 
 
-def _host_rows(m: Machine) -> list[tuple[str, Any]]:
-    h = m.host
+def _host_rows(h: Host) -> list[tuple[str, Any]]:
     w = h.workdir
     return [
         ("hostname", h.hostname), ("OS", h.os), ("kernel", h.kernel), ("CPU", h.cpu_model),
@@ -222,14 +221,13 @@ def _gpu_row(g: Gpu) -> list[Any]:
     slowdown = _slowdown_c(g)
     temp = (f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "?") + (f" (slowdown {slowdown:.0f})" if slowdown else "")
     mode = ", ".join(x for x in (g.virtualization_mode, "MIG" if g.mig_enabled else None) if x) or "?"
-    ecc = {True: "on", False: "off"}.get(g.ecc.enabled, "?")
+    ecc = "?" if g.ecc.enabled is None else "on" if g.ecc.enabled else "off"
     memory = f"{g.memory_total_mib / 1024:.1f} GiB" if g.memory_total_mib else "?"
     sm = f"{c.sm_mhz or '?'} of {c.max_sm_mhz or '?'} MHz"
     return [f"gpu{g.index}", g.name, memory, power, link, sm, temp, ecc, mode, g.uuid, g.serial]
 
 
-def _topology(m: Machine) -> str:
-    topo = m.topology
+def _topology(topo: Topology) -> str:
     devices = topo.devices
     head = "<th></th>" + "".join(f"<th>{_e(d)}</th>" for d in devices)
     rows = "".join(f"<tr><th>{_e(a)}</th>" + "".join(f"<td>{_e(topo.links.get(a, {}).get(b, ''))}</td>" for b in devices) + "</tr>"

@@ -117,7 +117,7 @@ def _gpu_row(g: Gpu) -> list[object]:
         t.gpu_c + t.slowdown_margin_c if t.gpu_c is not None and t.slowdown_margin_c is not None else None)
     temp = (f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "?") + (f" (slowdown {slowdown:.0f})" if slowdown else "")
     mode = ", ".join(x for x in (g.virtualization_mode, "MIG" if g.mig_enabled else None) if x)
-    ecc = {True: "on", False: "off"}.get(g.ecc.enabled)
+    ecc = None if g.ecc.enabled is None else "on" if g.ecc.enabled else "off"
     memory = f"{g.memory_total_mib / 1024:.1f} GiB" if g.memory_total_mib else None
     sm = f"{c.sm_mhz or '?'} of {c.max_sm_mhz or '?'} MHz" if c.sm_mhz or c.max_sm_mhz else None
     return [f"gpu{g.index}", g.name, g.pcie.bus_id, g.uuid, g.serial, g.vbios, memory, power, link, sm, temp, ecc, mode]
@@ -164,10 +164,10 @@ def _problem(same: list[Finding]) -> str:
     who = subject_range(list(dict.fromkeys(x.subject for x in same)))
     lines = [f"### {STATUS_MARK[f.status]} `{f.check}` {text(who)}", "", text(f.summary)]
     e = f.evidence
-    remedy = f.remedy
-    if len(same) > 1 and len({x.remedy for x in same}) > 1:
-        remedy = (f"{general_remedy(f.remedy)} (N: the GPU's index, BUS_ID: its bus ID in the GPUs table)"
-                  if "BUS_ID" in general_remedy(f.remedy) else f"{general_remedy(f.remedy)} (N: the GPU's index)")
+    remedy, general = f.remedy, general_remedy(f.remedy)
+    if general and len(same) > 1 and len({x.remedy for x in same}) > 1:  # same_problems: one general remedy
+        remedy = (f"{general} (N: the GPU's index, BUS_ID: its bus ID in the GPUs table)"
+                  if "BUS_ID" in general else f"{general} (N: the GPU's index)")
     facts = [("Measured", e.measured), ("Expected", e.expected), ("Source", e.source), ("Fix / confirm", remedy)]
     listed = [f"- **{label}:** {text(value)}" for label, value in facts if value]
     return "\n".join(lines + ([""] + listed if listed else []))
