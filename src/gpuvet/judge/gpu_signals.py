@@ -8,17 +8,13 @@ import re
 
 from ..facts import Gpu, Machine
 from ..record import MEASURED, Finding
+from .bench_common import worst
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
 
 # DCGM's PCIe health watch: "Detected more than 8 PCIe replays per minute" (DCGM_FR_PCI_REPLAY_RATE,
 # DCGM_LIMIT_MAX_PCIREPLAY_RATE = 8).
 REPLAYS_PER_MINUTE_LIMIT = 8
 _REPLAY_SOURCE = "DCGM PCIe health watch (DCGM_FR_PCI_REPLAY_RATE: more than 8 replays per minute)"
-_WORST = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}
-
-
-def _worst(statuses: list[str]) -> str:
-    return max(statuses, key=lambda s: _WORST.get(s, 0)) if statuses else PASS
 
 
 # -- gpu.link_errors ------------------------------------------------------------------------------
@@ -58,7 +54,7 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     if not parts:
         return finding("gpu.link_errors", s, SKIP, "no link error counter read (PCIe replays, AER, NVLink)",
                        remedy=f"`nvidia-smi -q -i {gpu.index} -d PCIE` and `nvidia-smi nvlink -e -i {gpu.index}`")
-    status = _worst([st for st, _ in parts])
+    status = worst(*(st for st, _ in parts))
     if status == PASS and not judged:
         status = MEASURED  # a count with no time to make a rate of it: shown, not judged
     measured = "; ".join(text for _, text in parts)
@@ -94,16 +90,18 @@ def _fabric(gpu: Gpu) -> Finding:
     fabric = gpu.fabric
     assert fabric is not None
     measured = f"state {fabric.state}, status {fabric.status}" + (f", health {fabric.health}" if fabric.health else "")
-    remedy = ("`systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`; start it "
-              "(`sudo systemctl start nvidia-fabricmanager`) with the driver's own version, or ask the provider")
+    expected = "state Completed, status Success"
     if fabric.state != "Completed":
-        return finding("gpu.fabric", subject(gpu), FAIL, f"NVSwitch fabric registration {fabric.state or 'unknown'}: {_ERROR_802}",
-                       measured=measured, expected="state Completed, status Success", source=_FABRIC_SOURCE, remedy=remedy)
-    if fabric.status and fabric.status.lower() != "success":
-        return finding("gpu.fabric", subject(gpu), FAIL, f"NVSwitch fabric registration failed ({fabric.status}): {_ERROR_802}",
-                       measured=measured, expected="state Completed, status Success", source=_FABRIC_SOURCE, remedy=remedy)
-    return finding("gpu.fabric", subject(gpu), PASS, "registered with the NVSwitch fabric", measured=measured,
-                   expected="state Completed, status Success", source=_FABRIC_SOURCE)
+        problem = f"NVSwitch fabric registration {fabric.state or 'unknown'}"
+    elif fabric.status and fabric.status.lower() != "success":
+        problem = f"NVSwitch fabric registration failed ({fabric.status})"
+    else:
+        return finding("gpu.fabric", subject(gpu), PASS, "registered with the NVSwitch fabric", measured=measured,
+                       expected=expected, source=_FABRIC_SOURCE)
+    return finding("gpu.fabric", subject(gpu), FAIL, f"{problem}: {_ERROR_802}", measured=measured, expected=expected,
+                   source=_FABRIC_SOURCE,
+                   remedy="`systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`; start it "
+                          "(`sudo systemctl start nvidia-fabricmanager`) with the driver's own version, or ask the provider")
 
 
 def _fabric_manager(machine: Machine) -> list[Finding]:
@@ -159,7 +157,7 @@ def _recovery(gpu: Gpu) -> Finding:
             remedy = remedy or f"watch `nvidia-smi -q -i {gpu.index} -d ROW_REMAPPER`; ask the provider if it grows"
         else:
             parts.append((PASS, "spare rows left in every memory bank"))
-    status = _worst([st for st, _ in parts])
+    status = worst(*(st for st, _ in parts))
     measured = "; ".join(text for _, text in parts)
     histogram = f"; banks {banks}" if banks else ""
     return finding("gpu.recovery", s, status, measured, measured=f"recovery action {action}{histogram}",
