@@ -23,7 +23,6 @@ from . import values as v
 
 KMSG_PATH = "/dev/kmsg"
 DMESG_RESTRICT_PATH = "/proc/sys/kernel/dmesg_restrict"
-READ_COMMAND = "sudo dmesg -T | grep -E 'NVRM|SXid|AER'"  # what a user runs when gpuvet could not read it
 _MAX_BYTES = 64 * 1024 * 1024  # a kernel ring buffer is at most a few MiB; a journal since boot can be more
 
 # -- line prefixes: where the time is, in each form a kernel log is kept in ---------------------
@@ -171,11 +170,16 @@ def _event(msg: str, when: str | None, uptime: float | None) -> KernelEvent | No
         return KernelEvent("init_failed", normal_bus(m.group("bus")), None, "fatal", None, when, uptime, msg)
     m = _AER.search(msg)
     if m:
-        word = m.group("severity").strip().lower()
-        severity = "corrected" if word.startswith("correct") else "uncorrected_fatal" if "fatal" in word and "non" not in word \
-            else "uncorrected"
-        return KernelEvent("aer", normal_bus(m.group("bus")), None, severity, None, when, uptime, msg)
+        return KernelEvent("aer", normal_bus(m.group("bus")), None, _aer_severity(m.group("severity")), None, when, uptime, msg)
     return None
+
+
+def _aer_severity(printed: str) -> str:
+    """ "Corrected", "Uncorrected (Non-Fatal)", "Uncorrected (Fatal)" -> corrected, uncorrected, uncorrected_fatal."""
+    word = printed.strip().lower()
+    if word.startswith("correct"):
+        return "corrected"
+    return "uncorrected_fatal" if "fatal" in word and "non" not in word else "uncorrected"
 
 
 def _severity_word(rest: str) -> str | None:
