@@ -30,6 +30,10 @@ CLOCK_EVENT_REASONS = {
 }
 
 
+# Gpu.remap_histogram's keys: memory banks by how many spare rows they have left.
+REMAP_LEVELS = ("max", "high", "partial", "low", "none")
+
+
 def reasons_from_mask(mask: int) -> list[str]:
     """Active clock-event reason names from an NVML bitmask."""
     return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]

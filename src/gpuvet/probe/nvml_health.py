@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..facts import Fabric, Gpu
+from ..facts import REMAP_LEVELS, Fabric, Gpu
 from . import nvml, nvml_names  # nvml: its `pynvml`: the driver's, or the replay of a capture (GPUVET_NVML_REPLAY)
 
 _NS_PER_US = 1000.0
@@ -63,7 +63,7 @@ def _remap_histogram(h: Any, query: Callable[..., Any]) -> dict[str, int] | None
     values = query("remap_histogram", fn, h) if fn else None
     if values is None:
         return None
-    return {level: int(getattr(values, level)) for level in ("max", "high", "partial", "low", "none")}
+    return {level: int(getattr(values, level)) for level in REMAP_LEVELS}
 
 
 def _fabric(h: Any, query: Callable[..., Any]) -> Fabric | None:

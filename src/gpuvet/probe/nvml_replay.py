@@ -23,7 +23,7 @@ from typing import Any, Callable, NoReturn
 
 import pynvml as real
 
-from ..facts import CLOCK_EVENT_REASONS
+from ..facts import CLOCK_EVENT_REASONS, REMAP_LEVELS
 from . import nvml_names
 from . import values as v
 from .errors import CaptureError
@@ -444,7 +444,7 @@ class Replay(ModuleType):
 
     def nvmlDeviceGetRowRemapperHistogram(self, h: Device) -> SimpleNamespace:
         base = "remapped_rows/row_remapper_histogram/row_remapper_histogram"
-        return SimpleNamespace(**{level: _int(h.element, f"{base}_{level}") for level in ("max", "high", "partial", "low", "none")})
+        return SimpleNamespace(**{level: _int(h.element, f"{base}_{level}") for level in REMAP_LEVELS})
 
     def nvmlDeviceGetGpuFabricInfo(self, h: Device, info: Any) -> int:
         """Fills nvidia-ml-py's c_nvmlGpuFabricInfo_t (passed by reference) from <fabric>."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Protocol
 
-from ..facts import Ecc, Fabric, Gpu, PcieLink
+from ..facts import REMAP_LEVELS, Ecc, Fabric, Gpu, PcieLink
 from . import values as v
 
 
@@ -21,7 +21,8 @@ class Report(Protocol):
 
 Paths = dict[str, tuple[str, ...]]
 
-# Clock-event reasons: canonical name -> last path element in each format.
+# Clock-event reasons in the order the reports list them (and Clocks.event_reasons keeps);
+# facts.CLOCK_EVENT_REASONS has the same names in NVML's bit order.
 REASON_KEYS = (
     "gpu_idle",
     "applications_clocks_setting",
@@ -37,7 +38,6 @@ REASON_KEYS = (
 
 # Counters each format names per reason, per histogram level and per ECC scope.
 EVENT_TIME_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-REMAP_LEVELS = ("max", "high", "partial", "low", "none")
 ECC_SCOPES = ("volatile", "aggregate")
 
 
