@@ -438,11 +438,9 @@ def test_allreduce_stuck_inside_a_size_is_a_hang_that_keeps_the_sizes_measured_b
     """Rank 0 only starts a size its estimate says fits: one still running at the deadline is stuck."""
     before = live_children()
     said = []
-    started = time.monotonic()
     ctx = BenchContext("cpu", "cpu", Budget(10.0), {"world_size": 2, "_test_stall_after_sizes": 1},
                        progress=said.append)
     latency, busbw = allreduce.run(ctx)
-    assert time.monotonic() - started < 10.0 + allreduce.REAP_S
     assert latency["value"] > 0 and latency["details"]["bytes"] == MiB
     assert "batch" in latency["details"]["method"]
     d = busbw["details"]
@@ -460,3 +458,32 @@ def test_allreduce_complete_sweep_says_so():
     assert d["outcome"] == "complete" and d["sizes_not_measured"] == [] and "reason" not in d
     assert [row["bytes"] for row in d["sizes"]] == [MiB, 4 * MiB]
     assert latency["details"]["batches"] == allreduce.BATCHES
+
+
+def test_allreduce_budget_starts_when_every_rank_has_started():
+    """Ranks that take longer to start than the whole budget (importing torch on a loaded machine)
+    still get the whole budget to measure in: the sweep completes."""
+    before = live_children()
+    latency, busbw = allreduce.run(BenchContext("cpu", "cpu", Budget(6.0), {"world_size": 2, "_test_slow_start_s": 7.0}))
+    d = busbw["details"]
+    assert d["outcome"] == "complete" and d["sizes_not_measured"] == [] and "reason" not in d
+    assert [row["bytes"] for row in d["sizes"]] == [MiB, 4 * MiB]
+    assert live_children() <= before
+
+
+def test_allreduce_ranks_that_do_not_start_in_their_limit_skip_the_benchmark_and_say_why():
+    """A loaded machine, not a broken one: skipped (never failed), naming the ranks still starting."""
+    from gpuvet.bench import worker
+
+    before = live_children()
+    params = {"world_size": 2, "_test_slow_start_s": 600.0, "start_timeout_s": 2.0}
+    with pytest.raises(allreduce.RanksDidNotStart) as caught:
+        allreduce.run(BenchContext("cpu", "cpu", Budget(10.0), params))
+    message = str(caught.value)
+    assert message.startswith("the all-reduce ranks did not start within 2 s (rank 0 in 'importing torch'; "
+                              "rank 1 in 'importing torch'; a loaded machine? see `uptime`)")
+    assert caught.value.slow_ranks == [0, 1]
+    result = worker.run_job({"module": "allreduce", "device": "cpu", "subject": "cpu", "budget_s": 10.0,
+                             "params": params}, emit=lambda message: None)
+    assert result["ok"] is False and "error" not in result and "did not start within 2 s" in result["skip"]
+    assert live_children() <= before

@@ -15,8 +15,12 @@ The ranks are separate Python processes (`python -m gpuvet.bench.allreduce CONFI
 session, meeting through a FileStore in a private folder (no TCP port to pick). Rank 0 rewrites
 its report after every size. A size whose estimated time (the last size's time per all-reduce,
 scaled by the size ratio, times the all-reduces a size needs) does not fit in the time left is
-skipped, with the larger ones. NCCL initialisation can hang for ever on a broken fabric, so the
-parent holds a hard deadline: when it passes, every rank is killed and the ranks that hung are
+skipped, with the larger ones. Starting the ranks (Python, importing torch) is not measuring: on a
+loaded machine it can take tens of seconds, so it has a limit of its own (START_UP_S), and the
+budget starts when every rank has started (they meet in the store). Ranks that do not start in
+that limit are a loaded machine, not a fault: the benchmark is skipped and says so
+(RanksDidNotStart). NCCL initialisation can hang for ever on a broken fabric, so the
+parent holds a hard deadline from there: when it passes, every rank is killed and the ranks that hung are
 named with the step each was in; the sizes measured before it are kept (outcome "hung"). A sweep
 whose larger sizes were skipped for time is "incomplete". Ranks are also killed when the parent dies (PR_SET_PDEATHSIG) and end
 themselves shortly after the deadline, so none is ever left behind.
@@ -54,6 +58,11 @@ CALIBRATION_ITERATIONS = 2  # one short timed batch that sizes the real ones
 COLLECTIVES_PER_SIZE = 1 + WARMUP_ITERATIONS + CALIBRATION_ITERATIONS + BATCHES * MIN_ITERATIONS
 TEARDOWN_S = 3.0  # kept free at the end of the deadline for destroy_process_group and exit
 RANK_GRACE_S = 10.0  # a rank ends itself this long after the deadline if nobody killed it
+# How long the ranks may take to start (Python, import torch) before the budget starts: generous,
+# since a loaded machine is slow there. Within the worker's deadline for the job (twice its budget
+# plus 45 s, bench/plan.py): start_up_limit_s keeps start-up, budget and reaping inside it.
+START_UP_S = 60.0
+START_UP_BEYOND_BUDGET_S = 25.0
 REAP_S = 10.0  # after SIGKILL, how long the parent waits in all for the ranks to be reaped
 DTYPE = "float32"  # nccl-tests' default; sums of small integers are exact in it
 # The GPU sleep ahead of a timed batch: long enough for the host to enqueue the whole batch.
@@ -75,8 +84,13 @@ class RankConfig:
     workdir: str  # private to the run: the ranks' FileStore, reports and logs
     parent_pid: int
     max_bytes: int | None = None  # None: min(1 GiB, free GPU memory / 8), agreed between ranks
-    hang: bool = False  # tests only: this rank never joins
+    # With budget_s: every rank must have started by start_by, and `deadline` becomes budget_s
+    # after the moment the last one did (start-up is not the measurement's time).
+    start_by: float | None = None
+    budget_s: float | None = None
+    hang: bool = False  # tests only: this rank starts, then never joins the process group
     stall_after_sizes: int | None = None  # tests only: stop for ever before measuring this many sizes
+    slow_start_s: float | None = None  # tests only: importing torch takes this much longer (a loaded machine)
 
 
 class AllReduceHung(RuntimeError):
@@ -87,6 +101,21 @@ class AllReduceHung(RuntimeError):
 
 class RankFailed(RuntimeError):
     pass
+
+
+class RanksDidNotStart(Skip):
+    """The ranks had not all started (Python, import torch) within the start-up limit: a loaded
+    machine, not a fault of its GPUs or links; nothing was measured."""
+
+    def __init__(self, message: str, slow_ranks: list[int]):
+        super().__init__(message)
+        self.slow_ranks = slow_ranks
+
+
+def start_up_limit_s(timeout_s: float) -> float:
+    """The ranks' start-up limit for a sweep of `timeout_s`: START_UP_S, less for short budgets so
+    that start-up, budget and reaping fit in the worker's deadline for the job."""
+    return min(START_UP_S, timeout_s + START_UP_BEYOND_BUDGET_S)
 
 
 def algbw_gbps(nbytes: int, seconds: float) -> float:
@@ -157,11 +186,15 @@ def run(ctx: BenchContext) -> list[dict]:
     max_bytes = ctx.params.get("max_bytes", None if backend == "nccl" else CPU_MAX_BYTES)
     hang_rank = ctx.params.get("_test_hang_rank")  # tests: a rank that never joins
     stall = ctx.params.get("_test_stall_after_sizes")  # tests: the ranks stop for ever after this many sizes
+    slow_start = ctx.params.get("_test_slow_start_s")  # tests: the ranks take this much longer to start
+    start_timeout = ctx.params.get("start_timeout_s")
     ctx.progress(f"allreduce: {world_size} ranks ({backend})")
     started = time.monotonic()
     result = run_ranks(backend, devices, timeout_s, max_bytes=None if max_bytes is None else int(max_bytes),
                        hang_rank=None if hang_rank is None else int(hang_rank),
-                       stall_after_sizes=None if stall is None else int(stall))
+                       stall_after_sizes=None if stall is None else int(stall),
+                       start_timeout_s=None if start_timeout is None else float(start_timeout),
+                       slow_start_s=None if slow_start is None else float(slow_start))
     result["wall_s"] = round(time.monotonic() - started, 3)
     measurements = _measurements(result, backend, world_size)
     if measurements[-1]["details"]["outcome"] != "complete":
@@ -185,21 +218,26 @@ def _placement(ctx: BenchContext) -> tuple[str, list[str]]:
 
 
 def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int | None = None,
-              hang_rank: int | None = None, stall_after_sizes: int | None = None) -> dict[str, Any]:
-    """Start one process per device, wait at most `timeout_s`, return rank 0's report (with
-    "hung" set, saying where, when the deadline passed after some sizes were measured).
-    Raises AllReduceHung (deadline passed, nothing measured) or RankFailed (a rank exited with an error)."""
-    deadline = time.monotonic() + timeout_s
+              hang_rank: int | None = None, stall_after_sizes: int | None = None,
+              start_timeout_s: float | None = None, slow_start_s: float | None = None) -> dict[str, Any]:
+    """Start one process per device, give them `start_timeout_s` (start_up_limit_s) to start, then
+    `timeout_s` from when the last one did; return rank 0's report (with "hung" set, saying where,
+    when the deadline passed after some sizes were measured). Raises RanksDidNotStart (start-up
+    limit passed), AllReduceHung (deadline passed, nothing measured) or RankFailed (a rank exited
+    with an error)."""
+    start_s = start_up_limit_s(timeout_s) if start_timeout_s is None else start_timeout_s
+    start_by = time.monotonic() + start_s
     with scratch_dir("gpuvet-allreduce-") as workdir:  # removed on SIGTERM too (the worker's handler)
         configs = [RankConfig(rank=r, world_size=len(devices), backend=backend, device=d,
-                              deadline=deadline, workdir=workdir, parent_pid=os.getpid(), max_bytes=max_bytes,
-                              hang=r == hang_rank, stall_after_sizes=stall_after_sizes)
+                              deadline=start_by + timeout_s, workdir=workdir, parent_pid=os.getpid(), max_bytes=max_bytes,
+                              start_by=start_by, budget_s=timeout_s,
+                              hang=r == hang_rank, stall_after_sizes=stall_after_sizes, slow_start_s=slow_start_s)
                    for r, d in enumerate(devices)]
         procs: list[subprocess.Popen] = []
         try:
             for c in configs:
                 procs.append(_start_rank(c))
-            hung = _wait(procs, deadline, timeout_s, Path(workdir))
+            hung = _wait(procs, Limits(start_by, start_s, timeout_s), Path(workdir))
             result = _read_result(Path(workdir), len(devices))
             if hung:
                 result["hung"] = hung
@@ -239,9 +277,21 @@ def rank_env(config: RankConfig, base: dict[str, str] | os._Environ) -> dict[str
     return env
 
 
-def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, workdir: Path) -> str | None:
+@dataclass
+class Limits:
+    """The parent's clock for the ranks: start-up by `start_by` (`start_s` after they were
+    started), then `timeout_s` from when the last rank started."""
+
+    start_by: float
+    start_s: float
+    timeout_s: float
+
+
+def _wait(procs: list[subprocess.Popen], limits: Limits, workdir: Path) -> str | None:
     """Until every rank has exited, or the deadline. Returns None when the sweep finished, or why
     it was cut short when the deadline passed after some sizes were measured (those are kept)."""
+    timeout_s = limits.timeout_s
+    deadline: float | None = None  # known once every rank has started
     while True:
         codes = [p.poll() for p in procs]
         failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
@@ -251,7 +301,13 @@ def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, work
                 for r in failed))
         if all(code == 0 for code in codes):
             return None
-        if time.monotonic() >= deadline:
+        if deadline is None:
+            budget_from = read_budget_from(workdir)
+            if budget_from is not None:
+                deadline = budget_from + timeout_s
+            elif time.monotonic() >= limits.start_by:
+                _did_not_start(workdir, len(procs), limits.start_s)
+        elif time.monotonic() >= deadline:
             running = [r for r, code in enumerate(codes) if code is None]
             report = _read_report(workdir)
             if report and report.get("finished"):
@@ -271,6 +327,23 @@ def _wait(procs: list[subprocess.Popen], deadline: float, timeout_s: float, work
             procs[next(r for r, code in enumerate(codes) if code is None)].wait(timeout=0.05)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _did_not_start(workdir: Path, world_size: int, start_s: float) -> None:
+    """Raise RanksDidNotStart, naming the ranks still starting and where each was."""
+    steps = {r: last_step(workdir, r) for r in range(world_size)}
+    slow = [r for r, step in steps.items() if step != WAITING_FOR_RANKS] or list(steps)
+    where = "; ".join(f"rank {r} in '{steps[r]}'" for r in slow)
+    raise RanksDidNotStart(f"the all-reduce ranks did not start within {start_s:.0f} s ({where}; a loaded machine? "
+                           "see `uptime`): nothing measured, which says nothing against the GPUs or their links", slow)
+
+
+def read_budget_from(workdir: Path) -> float | None:
+    """When the last rank started (time.monotonic()), as rank 0 wrote it; None before."""
+    try:
+        return float((workdir / "budget_from").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _kill_all(procs: list[subprocess.Popen]) -> None:
@@ -391,18 +464,25 @@ class Rank:
             f.write(name + "\n")
 
 
+WAITING_FOR_RANKS = "waiting for the other ranks to start"
+
+
 def rank_main(config_path: str) -> None:
     config = RankConfig(**json.loads(Path(config_path).read_text()))
     rank_dies_with_parent(config.parent_pid)
-    exit_after(config.deadline + RANK_GRACE_S)
+    exit_after(config.deadline + RANK_GRACE_S)  # the latest: every rank started at start_by, then the budget
     step_file = Path(config.workdir) / f"rank{config.rank}.step"
-    if config.hang:  # tests: a rank that never shows up; the others wait for it in init
-        step_file.write_text("hanging on purpose (test)\n")
-        threading.Event().wait()
     step_file.write_text("importing torch\n")
+    if config.slow_start_s:  # tests: a loaded machine, where starting takes longer
+        threading.Event().wait(config.slow_start_s)
     import torch
     import torch.distributed as dist
 
+    store = _meet(config, dist, step_file)
+    if config.hang:  # tests: a rank that never shows up; the others wait for it in init
+        with open(step_file, "a") as f:
+            f.write("hanging on purpose (test)\n")
+        threading.Event().wait()
     device = torch.device(config.device)
     if config.backend == "nccl":
         torch.cuda.set_device(device)
@@ -414,12 +494,34 @@ def rank_main(config_path: str) -> None:
     rank.step("init_process_group")
     # Past the parent's deadline: the parent, not a collective's timeout, decides what hung.
     timeout = datetime.timedelta(seconds=max(1.0, config.deadline - time.monotonic()) + RANK_GRACE_S)
-    dist.init_process_group(config.backend, init_method=store_url(config.workdir), rank=config.rank,
-                            world_size=config.world_size, timeout=timeout)
+    dist.init_process_group(config.backend, store=store, rank=config.rank, world_size=config.world_size, timeout=timeout)
     _sweep(rank)
     rank.step("teardown")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _meet(config: RankConfig, dist: Any, step_file: Path) -> Any:
+    """Wait in the store until every rank has started; from then on the budget runs (config.deadline,
+    the same moment on every rank: rank 0 tells the parent by the file `budget_from`). The store,
+    for the process group."""
+    with open(step_file, "a") as f:
+        f.write(WAITING_FOR_RANKS + "\n")
+    store = dist.FileStore(store_url(config.workdir).removeprefix("file://"), config.world_size)
+    if config.start_by is None or config.budget_s is None:
+        return store
+    # Past the parent's start-up limit: the parent, not the store's timeout, decides who was slow.
+    store.set_timeout(datetime.timedelta(seconds=max(1.0, config.start_by - time.monotonic()) + RANK_GRACE_S))
+    if store.add("gpuvet/started", 1) == config.world_size:
+        store.set("gpuvet/budget_from", repr(time.monotonic()))
+    store.wait(["gpuvet/budget_from"])
+    budget_from = float(store.get("gpuvet/budget_from"))
+    config.deadline = budget_from + config.budget_s
+    if config.rank == 0:
+        path = Path(config.workdir) / "budget_from"
+        path.with_suffix(".tmp").write_text(repr(budget_from))
+        path.with_suffix(".tmp").replace(path)
+    return store
 
 
 def _sweep(rank: Rank) -> None:
