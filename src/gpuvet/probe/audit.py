@@ -325,9 +325,9 @@ def jupyter_cli_options(cmdline: list[str]) -> dict[str, str]:
             continue
         name, has_value, value = arg[2:].partition("=")
         if not has_value:
-            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else None
-            if value is None:
+            if i + 1 >= len(args) or args[i + 1].startswith("-"):
                 continue
+            value = args[i + 1]
         key = aliases.get(name, name)
         cls, _, option = key.rpartition(".")
         if cls in JUPYTER_CLASSES and option in JUPYTER_OPTIONS:
@@ -495,10 +495,10 @@ def _listener(address: str, port: int, pid: int | None, view: ProcessView | None
         notes.append("login rules: see sshd settings")
     elif kind == "test-server":
         notes.append("a network test server (gpuvet net serve, iperf3 -s): runs no code, serves no files")
-    elif kind == "file-server":
+    elif kind == "file-server" and view is not None:  # recognised by its command line only
         listener.protected = False
         notes.append(f"serves every file under {served_folder(view.cmdline, view.cwd)}")
-    elif view is not None and (view.name or "") in AUTHENTICATED_DAEMONS:
+    elif view is not None and view.name is not None and view.name in AUTHENTICATED_DAEMONS:
         listener.protected = True
         notes.append(f"{view.name} authenticates with {AUTHENTICATED_DAEMONS[view.name]}")
     listener.note = "; ".join(notes) or None

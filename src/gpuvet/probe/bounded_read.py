@@ -28,7 +28,7 @@ def read_bounded(path: str, fd: int | None = None) -> bytes:
     """The bytes of the file at `path` (or of the open descriptor `fd`, e.g. stdin), at most
     `limit` of them, arriving within `seconds`; CaptureError otherwise."""
     own = fd is None
-    if own:
+    if fd is None:
         fd = _open(path)
     try:
         return _read_all(fd, path, READ_SECONDS, MAX_CAPTURE_BYTES)

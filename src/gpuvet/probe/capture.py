@@ -183,7 +183,8 @@ def _fill(capture: Capture, text: str) -> None:
         devices = lspci.parse_lspci(text)
         capture.pci_links = lspci.gpu_link_readings(devices)
         for dev in devices:
-            if dev.is_nvidia_gpu:
+            # bus_id and vendor_device are None only on the headless device a cut capture starts with
+            if dev.is_nvidia_gpu and dev.bus_id is not None and dev.vendor_device is not None:
                 capture.pci_names[dev.bus_id] = dev.vendor_device
                 if dev.kernel_driver:
                     capture.pci_drivers[dev.bus_id] = dev.kernel_driver
@@ -358,7 +359,7 @@ def merge(captures: list[Capture]) -> Machine:
         for other in reports[1:]:
             _merge_report(machine, other)
     for c in captures:
-        if c.topology is not None and machine.topology is None and _topology_fits(machine, c, reports):
+        if c.topology is not None and machine.topology is None and _topology_fits(machine, c.path, c.topology, reports):
             machine.topology = c.topology
         if c.kernel_module_version:
             machine.driver.kernel_module_version = c.kernel_module_version
@@ -370,7 +371,7 @@ def merge(captures: list[Capture]) -> Machine:
         if c.kernel_log is not None:
             _merge_kernel_log(machine, c.kernel_log)
     if machine.topology is not None:
-        _ensure_topology_gpus(machine)
+        _ensure_topology_gpus(machine, machine.topology)
     if not machine.gpus:
         machine.gpu_error = "the captures hold no per-GPU facts"
     return machine
@@ -456,7 +457,7 @@ def _refuse_other_machine(base: Capture, other: Capture) -> None:
 
 
 def _real_uuid(uuid: str | None) -> bool:
-    return bool(uuid) and not uuid.startswith("GPU-00000000-0000")  # zeroed: redacted before sharing
+    return bool(uuid and not uuid.startswith("GPU-00000000-0000"))  # zeroed: redacted before sharing
 
 
 def _same_name(a: str | None, b: str | None) -> bool:
@@ -478,16 +479,16 @@ def _describe(report: Capture) -> str:
     return f"{text} driver {version}" if version else text
 
 
-def _topology_fits(machine: Machine, capture: Capture, reports: list[Capture]) -> bool:
+def _topology_fits(machine: Machine, path: str, topology: Topology, reports: list[Capture]) -> bool:
     """`topo -m` shows every GPU of its machine, so its GPU count must be the machine's: the
     reports' "Attached GPUs" (a `-i N` report still counts them all), else the GPUs they list.
     Only the count is compared: a matrix names no GPU model, so a topology of another machine
     with as many GPUs (NV12 links pasted beside an H100 report) cannot be told apart here."""
-    shown = len(capture.topology.gpus)
+    shown = len(topology.gpus)
     reported = max((r.attached or len(r.gpus) for r in reports), default=0)
     if reported and shown != reported:
-        _note(machine, capture.path, f"this topo matrix shows {shown} GPUs, the nvidia-smi report {reported}: "
-                                     "not used; is this capture from the same machine?")
+        _note(machine, path, f"this topo matrix shows {shown} GPUs, the nvidia-smi report {reported}: "
+                             "not used; is this capture from the same machine?")
         return False
     return True
 
@@ -569,10 +570,10 @@ def _merge_lspci(machine: Machine, capture: Capture) -> None:
                 entry["note"] = "no GPU here has a bus id of the nvidia-smi report: is this capture from the same machine?"
 
 
-def _ensure_topology_gpus(machine: Machine) -> None:
+def _ensure_topology_gpus(machine: Machine, topology: Topology) -> None:
     """A topo matrix alone still names the GPUs; give each one an entry to judge."""
     known = {g.index for g in machine.gpus}
-    for label in machine.topology.gpus:
+    for label in topology.gpus:
         index = v.integer(label[3:])
         if index is not None and index not in known:
             machine.gpus.append(Gpu(index=index))

@@ -156,8 +156,8 @@ def cgroup_cpu_quota() -> float | None:
                     with contextlib.suppress(FileNotFoundError):
                         limits.append(parse_cfs_quota(_read(f"{directory}/cpu.cfs_quota_us"),
                                                       _read(f"{directory}/cpu.cfs_period_us")))
-    limits = [limit for limit in limits if limit is not None]
-    return min(limits) if limits else None
+    known = [limit for limit in limits if limit is not None]
+    return min(known) if known else None
 
 
 # -- CPU steal (/proc/stat) -------------------------------------------------------------------
@@ -480,6 +480,7 @@ def storage_kind(fs_type: str | None, device_name: str | None, rotational: bool 
     source (which names the program behind a plain "fuse" mount).
     """
     fs = (fs_type or "").lower()
+    fuse_name: str | None
     if fs.startswith("fuse."):
         fuse_name = fs[len("fuse."):]
     else:

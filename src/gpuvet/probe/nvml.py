@@ -30,10 +30,11 @@ except Exception as _err:  # pragma: no cover - only on broken installs
 else:
     _IMPORT_ERROR = ""
 
-if pynvml is not None and nvml_replay.replay_file():
+_REPLAY = nvml_replay.replay_file()
+if pynvml is not None and _REPLAY:
     # GPUVET_NVML_REPLAY: every NVML call of this process answers from a capture (a testing aid).
     try:
-        pynvml = nvml_replay.load(nvml_replay.replay_file())
+        pynvml = nvml_replay.load(_REPLAY)
     except Exception as _err:  # the CLI refuses a bad file up front; a library caller gets the reason
         pynvml, _IMPORT_ERROR = None, str(_err)
 
@@ -139,7 +140,10 @@ def _memory_info(handle):
         return None
 
 
-def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+def _safe(fn: Callable[..., Any] | None, *args: Any) -> Any:
+    """fn(*args), or None when fn is missing (an older nvidia-ml-py) or raises."""
+    if fn is None:
+        return None
     try:
         return fn(*args)
     except Exception:
@@ -246,7 +250,7 @@ def processes_of(h: Any, q: Query) -> list[GpuProcess] | None:
                 used_memory_mib=int(used // _MIB) if isinstance(used, int) else None,
             )
     # By pid, as the capture parsers list them: NVML's order is only the order of its two calls.
-    return sorted(found.values(), key=lambda p: p.pid) if readable else None
+    return [found[pid] for pid in sorted(found)] if readable else None
 
 
 def _power(gpu: Gpu, h: Any, q: Query) -> None:

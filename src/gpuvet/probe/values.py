@@ -69,7 +69,7 @@ def hex_or_int(raw: str | None) -> int | None:
 def mib(raw: str | None) -> int | None:
     """Memory in MiB from "81559 MiB" (also accepts GiB/KiB units)."""
     value = number(raw)
-    if value is None:
+    if raw is None or value is None:
         return None
     unit = raw.strip().lower()
     if unit.endswith("gib") or unit.endswith("gb"):
