@@ -271,6 +271,13 @@ def test_ranks_still_starting_python_at_the_deadline_are_not_measured_not_failed
     assert note.details["behind"] == {"b": "starting Python"}
 
 
+def test_a_node_not_yet_joined_when_the_run_is_stopped_is_missing_and_says_so():
+    nodes = [NodeState(0, "a", "ready"), NodeState(1, "b", "joined", step="local vet"), NodeState(2, "c")]
+    a, b, c = cluster.node_entries(nodes, {}, {}, stopped="SIGTERM received during the local vets", stopped_after_s=42.4)
+    assert (a.status, b.status) == ("ok", "failed") and b.reason == "still at local vet when the run was stopped"
+    assert c.status == "missing" and c.reason == "had not joined when the run stopped after 42 s"
+
+
 def test_a_vet_that_hangs_is_reported_not_waited_for():
     outcome = cluster.vet_with_deadline(Options(test_pause_at="vet"), 0.5, lambda step: None)
     assert outcome.hung and outcome.record is None and "did not finish in 0 s" in outcome.error

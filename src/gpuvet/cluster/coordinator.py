@@ -166,7 +166,7 @@ class Coordinator:
             self.plan.names = [self.roster.nodes[r].name for r in self.plan.members]
         unnamed = max(settled.unnamed, self.expected_count - len(nodes) - len(settled.absent))
         entries = node_entries(nodes, records, saved, Settled(settled.absent, unnamed, settled.unmatched),
-                               self.list_source, self.stopped)
+                               self.list_source, self.stopped, time.monotonic() - self.node.started)
         measurements = cross_measurements(self.plan, nodes, self.skipped if final else f"stopped: {self.stopped}")
         record = cluster_record(self.node.launch, o, self.node.started_at, time.monotonic() - self.node.started,
                                 entries, self.plan, measurements, stopped=self.stopped)

@@ -161,13 +161,17 @@ def _note(outcome: str, reason: str, nodes: list[str] | None = None, extra: dict
 
 def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], saved: dict[int, int | None],
                  absent: Settled | list[str] | None = None, source: str = "--nodes",
-                 stopped: str | None = None) -> list[NodeEntry]:
+                 stopped: str | None = None, stopped_after_s: float | None = None) -> list[NodeEntry]:
     """One entry per rank, and one per expected node that no rank answered for (`absent`: named
-    from the node list, `source`, or only counted). `stopped`: the run ended early, for that reason."""
+    from the node list, `source`, or only counted). `stopped`: the run ended early, for that
+    reason, `stopped_after_s` after it started."""
     settled = absent if isinstance(absent, Settled) else Settled(list(absent or []))
     entries = []
     for n in nodes:
-        status = OK if n.state in ("ready", "done") else MISSING if n.state == MISSING else FAILED
+        status = OK if n.state in ("ready", "done") else MISSING if n.state in (MISSING, "waiting") else FAILED
+        if n.state == "waiting":  # not joined yet: the run was stopped within the join timeout
+            after = f" after {stopped_after_s:.0f} s" if stopped_after_s is not None else ""
+            n.reason = n.reason or (f"had not joined when the run stopped{after}" if stopped else "it never joined")
         if n.state == "joined":  # alive but never ready: the plan went on without it, or the run was stopped
             status = FAILED
             n.reason = n.reason or (f"still at {n.step or 'its local vet'} when the run was stopped" if stopped
