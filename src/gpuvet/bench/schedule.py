@@ -25,7 +25,6 @@ from ..facts import Gpu, Machine
 
 GPU_BENCHMARKS = catalog.GPU_BENCHMARKS
 HOST_BENCHMARKS = catalog.HOST_BENCHMARKS
-ALONE = ("cpu",)  # host benchmarks that must not share the CPU: before the GPU work
 ALONGSIDE_SUSTAINED = ("disk", "net")  # host benchmarks that run while the GPUs hold the sustained load
 
 # Seconds each GPU benchmark may use (all GPUs at once where they run side by side; pcie: per GPU).
@@ -47,7 +46,6 @@ WORKER_START_S = 5.0  # the benchmark worker imports PyTorch and sees the GPUs
 RUN_TARGET_S = 120.0  # the promise for the default run on 8 GPUs
 
 CPU_CAPABLE = tuple(b.name for b in catalog.BENCHMARKS if b.where == "gpu" and b.cpu_capable)
-MACHINE_WIDE = ("p2p", "allreduce")  # one job across all GPUs
 SIDE_BY_SIDE = ("gemm", "membw", "sustained")  # one job per GPU, all at once
 
 
@@ -63,8 +61,7 @@ def gpu_budget_s(name: str, device: str = "cuda", profile: str = "bench", soak_m
     cpu = device == "cpu"
     if name == "sustained":
         return sustained_s(device, soak_minutes, profile) + SUSTAINED_SETUP_S
-    table = CPU_BUDGET_S if cpu else (RUN_BUDGET_S if profile == "default" else BENCH_BUDGET_S)
-    budget = table[name]
+    budget = _budgets(device, profile)[name]
     if name == "workload" and workload_steps:
         sized_for = RUN_WORKLOAD_STEPS if (profile == "default" and not cpu) else WORKLOAD_DEFAULT_STEPS["cpu" if cpu else "cuda"]
         budget *= max(1.0, workload_steps / sized_for)
@@ -75,7 +72,11 @@ def sustained_s(device: str = "cuda", soak_minutes: float | None = None, profile
     """How long the sustained load holds: --soak, else the profile's default."""
     if soak_minutes:
         return soak_minutes * 60.0
-    return (CPU_BUDGET_S if device == "cpu" else RUN_BUDGET_S if profile == "default" else BENCH_BUDGET_S)["sustained"]
+    return _budgets(device, profile)["sustained"]
+
+
+def _budgets(device: str, profile: str) -> dict[str, float]:
+    return CPU_BUDGET_S if device == "cpu" else RUN_BUDGET_S if profile == "default" else BENCH_BUDGET_S
 
 
 @dataclass
