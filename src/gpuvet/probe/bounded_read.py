@@ -26,7 +26,7 @@ _CHUNK = 1 << 20
 
 def read_bounded(path: str, fd: int | None = None) -> bytes:
     """The bytes of the file at `path` (or of the open descriptor `fd`, e.g. stdin), at most
-    `limit` of them, arriving within `seconds`; CaptureError otherwise."""
+    MAX_CAPTURE_BYTES of them, arriving within READ_SECONDS; CaptureError otherwise."""
     own = fd is None
     if fd is None:
         fd = _open(path)
