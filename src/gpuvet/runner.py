@@ -18,7 +18,7 @@ from .bench import plan as bench_plan
 from .facts import Machine, from_dict
 from .probe import capture, live, nvml, nvml_events
 from .probe.errors import CaptureError
-from .record import SCHEMA, Measurement, RecordError, RunOptions, RunRecord, Series
+from .record import SCHEMA, Measurement, RecordError, RunOptions, RunRecord, Series, timestamp
 from .record.load import RUN, load
 from .record.watch import check_watch_line, is_watch_header
 
@@ -26,10 +26,6 @@ from .record.watch import check_watch_line, is_watch_header
 # Every benchmark, in the order a default run takes them: the host first (no GPU needed), then
 # the GPUs.
 ALL_BENCHMARKS = catalog.ALL_BENCHMARKS
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def run_live(
@@ -50,7 +46,7 @@ def run_live(
     """Facts, then (unless quick) benchmarks, judged. `benchmarks` picks some; None: all of them.
     `paths`: directories to test storage on besides the working directory (the first one also
     takes the workload's checkpoint)."""
-    started, t0 = _now(), time.monotonic()
+    started, t0 = timestamp(), time.monotonic()
     names = [] if quick and benchmarks is None else list(benchmarks or ALL_BENCHMARKS)
     asked: dict[str, Any] = {"profile": _profile(quick, benchmarks, soak_minutes), "benchmarks": names}
     if names:
@@ -133,7 +129,7 @@ def run_net_test(host: str, port: int, engine: str, seconds: float,
     and the measurements to HOST, judged into one run record (profile "net-test")."""
     from .bench import net as net_bench
 
-    started, t0 = _now(), time.monotonic()
+    started, t0 = timestamp(), time.monotonic()
     options = RunOptions(profile="net-test", benchmarks=[], peer=host, port=port, engine=engine)
     if expect is not None:
         options["expect"] = expect
@@ -205,7 +201,7 @@ def _profile(quick: bool, benchmarks: list[str] | None, soak_minutes: float | No
 def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
     """Judge captures taken elsewhere (several files of one machine merge into one record),
     or judge a stored run record again with the current rules."""
-    started, t0 = _now(), time.monotonic()
+    started, t0 = timestamp(), time.monotonic()
     options = RunOptions(expect=expect) if expect else RunOptions()
     records = [p for p in paths if saved_json_kind(p) == "record"]
     if records:
@@ -273,7 +269,7 @@ def load_watch_log(path: str) -> RunRecord | None:
     if not is_watch_header(header):
         return None
     header = check_watch_line(header, f"{path}: line 1")  # RecordError: a header field of the wrong type
-    started = datetime.fromtimestamp(header.get("t0") or 0, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    started = timestamp(datetime.fromtimestamp(header.get("t0") or 0, timezone.utc))
     notes: list[str] = []
     try:
         series = watch.read_log(path, notes)

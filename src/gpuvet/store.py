@@ -28,13 +28,12 @@ import re
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from .compare import gpu_summary, key_figures
 from .facts import Machine
-from .record import SCHEMA, RunRecord, check_run
+from .record import SCHEMA, RunRecord, check_run, parse_timestamp, timestamp
 from .untrusted_text import clean_strings
 
 SCHEMA_VERSION = 1
@@ -422,7 +421,7 @@ class Store:
         cursor = self._db.execute(
             "INSERT INTO runs (id, run_hash, started_at, saved_at, label, price_per_hour, machine_key, machine_basis,"
             " gpus, hostname, verdict, tool_version, figures, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, row.run_hash, row.started_at, _now(), row.label, row.price_per_hour, row.machine_key,
+            (run_id, row.run_hash, row.started_at, timestamp(), row.label, row.price_per_hour, row.machine_key,
              row.machine_basis, row.gpus, row.hostname, row.verdict, row.tool_version, row.figures, row.record),
         )
         return int(cursor.lastrowid)
@@ -633,7 +632,7 @@ def _check_importable(data: dict[str, Any]) -> None:
     if missing:
         raise ValueError(f"a gpuvet run record without {', '.join(missing)} (not written by gpuvet run/inspect?)")
     try:
-        datetime.fromisoformat(data["started_at"].replace("Z", "+00:00"))
+        parse_timestamp(data["started_at"])
     except ValueError:
         raise ValueError(f"started_at {data['started_at']!r} is not an ISO 8601 time") from None
     options = data.get("options") or {}
@@ -679,5 +678,3 @@ def _to_json(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"))
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -4,27 +4,22 @@ as one run record of its own kind (options["profile"] == "health")."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 
 from .. import judge
 from ..facts import Machine
 from ..judge import health as health_rules
 from ..probe import capture, live
-from ..record import RunOptions, RunRecord
+from ..record import RunOptions, RunRecord, parse_timestamp, timestamp
 from ..store import Store, machine_identity
 
 PROFILE = "health"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def check(captures: list[str] | None = None, expect_gpus: int | None = None,
           budgets_s: dict[str, float] | None = None, machine: Machine | None = None,
           skip: list[str] | None = None) -> RunRecord:
     """This node's health (or that of the machine in `captures`, or a `machine` already read)."""
-    started, t0 = _now(), time.monotonic()
+    started, t0 = timestamp(), time.monotonic()
     budgets = {**live.HEALTH_BUDGETS_S, **(budgets_s or {})}
     if machine is None:
         if captures:
@@ -60,8 +55,7 @@ def worth_keeping(store: Store, record: RunRecord, heartbeat_s: float = HEARTBEA
     if last is None or last.summary != record.options.get("summary"):
         return True
     try:
-        then = datetime.fromisoformat(last.started_at.replace("Z", "+00:00"))
-        now = datetime.fromisoformat(record.started_at.replace("Z", "+00:00"))
+        then, now = parse_timestamp(last.started_at), parse_timestamp(record.started_at)
     except ValueError:
         return True
     return (now - then).total_seconds() >= heartbeat_s

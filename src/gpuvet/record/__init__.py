@@ -9,9 +9,10 @@ schemas/, printed by `gpuvet schema KIND`). Nothing here touches the machine.
 
 from .errors import RecordError
 from .run import (FAIL, MEASURED, PASS, SCHEMA, SKIP, STATUSES, WARN, Evidence, Finding, Measurement, RunOptions,
-                  RunRecord, Series, Valued, check_run, exit_code, has_value, verdict_of)
+                  RunRecord, Series, Valued, check_run, exit_code, has_value, parse_timestamp, timestamp, verdict_of)
 
 __all__ = [
     "FAIL", "MEASURED", "PASS", "SCHEMA", "SKIP", "STATUSES", "WARN", "Evidence", "Finding", "Measurement", "RecordError",
-    "RunOptions", "RunRecord", "Series", "Valued", "check_run", "exit_code", "has_value", "verdict_of",
+    "RunOptions", "RunRecord", "Series", "Valued", "check_run", "exit_code", "has_value", "parse_timestamp", "timestamp",
+    "verdict_of",
 ]

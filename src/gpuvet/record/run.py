@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict, TypeGuard
 
 from .. import __version__
@@ -26,6 +27,17 @@ PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 MEASURED = "measured"
 STATUSES = (PASS, WARN, FAIL, SKIP, MEASURED)  # the one list: the validator and the JSON Schema read it
 _SEVERITY = {PASS: 0, SKIP: 0, MEASURED: 0, WARN: 1, FAIL: 2}
+
+
+def timestamp(when: datetime | None = None) -> str:
+    """A record's time (started_at, a store row's import time): `when` (aware; default now) in UTC
+    to the second, "2026-12-02T02:14:30Z"."""
+    return (when or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """The time a record's ISO 8601 field names ("Z" read on Python 3.10 too); ValueError when it is not one."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @dataclass
