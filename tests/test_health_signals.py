@@ -161,6 +161,7 @@ def test_nvml_fabric_recovery_violations_and_nvlink_counters(monkeypatch):
     assert gpu.recovery_action == "Drain and Reset"
     assert gpu.clock_event_time_us == {"sw_power_cap": 90e6, "thermal": 90e6}
     assert gpu.nvlink_errors == {"replay": 0, "recovery": 7, "crc": 0}
+    assert gpu.nvlink_error_links == {"0": {"recovery": 7}}  # link 1 is down: not read
     assert gpu.remap_histogram == {"max": 0, "high": 0, "partial": 0, "low": 2, "none": 1}
     statuses = {f.check: f.status for f in judge.judge(Machine(gpus=[gpu])) if f.subject == "gpu0"}
     assert statuses["gpu.fabric"] == "fail" and statuses["gpu.recovery"] == "fail"

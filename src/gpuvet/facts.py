@@ -187,8 +187,10 @@ class Gpu:
     ecc: Ecc = field(default_factory=Ecc)
     nvlinks: list[NvLink] | None = None  # None: not read; []: no link active
     # NVLink error counters summed over the links: {"replay": n, "recovery": n, "crc": n}
-    # (NVML field values, `nvidia-smi nvlink -e`); None: not read.
+    # (NVML field values, `nvidia-smi nvlink -e`; Blackwell's counters by their own names); None: not read.
     nvlink_errors: dict[str, int] | None = None
+    # The links whose error counters are not 0: link number -> counter -> count ({} when all are 0).
+    nvlink_error_links: dict[str, dict[str, int]] | None = None
     fabric: Fabric | None = None  # None: not an NVSwitch system, or not read
     recovery_action: str | None = None  # 'GPU Recovery Action': "None", "GPU Reset", "Drain and Reset" ...
     # Time spent under each clock-event reason since the driver loaded, in microseconds

@@ -49,8 +49,7 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     nvlink = gpu.nvlink_errors
     if nvlink is not None:
         judged = True
-        total = sum(nvlink.values())
-        parts.append((WARN if total else PASS, "NVLink errors: " + ", ".join(f"{n} {k}" for k, n in sorted(nvlink.items()))))
+        parts.append(_nvlink_part(gpu, nvlink))
     if not parts:
         return finding("gpu.link_errors", s, SKIP, "no link error counter read (PCIe replays, AER, NVLink)",
                        remedy=f"`nvidia-smi -q -i {gpu.index} -d PCIE` and `nvidia-smi nvlink -e -i {gpu.index}`")
@@ -58,16 +57,40 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     if status == PASS and not judged:
         status = MEASURED  # a count with no time to make a rate of it: shown, not judged
     measured = "; ".join(text for _, text in parts)
-    expected = (f"at most {REPLAYS_PER_MINUTE_LIMIT} PCIe replays per minute, no uncorrected AER error, no NVLink error"
+    expected = (f"at most {REPLAYS_PER_MINUTE_LIMIT} PCIe replays per minute, no uncorrected AER error, "
+                "NVLink error counters 0 (DCGM's NVLink watch fails a GPU on 1 replay or recovery error, or 100 CRC errors "
+                "a second, within a minute; a count since the counters were reset has no time, so it warns)"
                 if judged else None)
     summary = {PASS: "link error counters clean", WARN: "link errors counted", FAIL: "uncorrected PCIe errors counted"}.get(status)
     # Not judged: one line for all the GPUs (the counts are in `measured`), not one per count.
     text = "PCIe replays counted; a capture has no uptime to make a rate of them" if status == MEASURED else f"{summary}: {measured}"
     return finding("gpu.link_errors", s, status, text, measured=measured, expected=expected,
-                   source=f"{_REPLAY_SOURCE}; the kernel's AER counters (sysfs aer_dev_*); NVML NVLink error counters",
+                   source=f"{_REPLAY_SOURCE}; the kernel's AER counters (sysfs aer_dev_*); {_NVLINK_SOURCE}",
                    remedy=None if status in (PASS, MEASURED) else
                    f"`nvidia-smi -q -i {gpu.index} -d PCIE`, `sudo lspci -vvv -s {gpu.pcie.bus_id or 'BUS'}`, "
                    f"`nvidia-smi nvlink -e -i {gpu.index}`; reseat the GPU or its riser, or ask the provider")
+
+
+# DCGM's NVLink health watch (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp, MonitorNVLink and the
+# NVLink 5 fields; common/DcgmGPUHardwareLimits.h): over its one-minute window, 1 replay or recovery
+# error (DCGM_LIMIT_MAX_NVLINK_ERROR) fails a GPU, CRC errors fail from 100 a second
+# (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR); on NVLink 5 every error counter fails from 1.
+_NVLINK_SOURCE = ("NVLink error counters (NVML, `nvidia-smi nvlink -e`) against DCGM's NVLink health watch "
+                  "(DCGM_LIMIT_MAX_NVLINK_ERROR 1, DCGM_LIMIT_MAX_NVLINK_CRC_ERROR 100 per second; "
+                  "github.com/NVIDIA/DCGM common/DcgmGPUHardwareLimits.h, modules/health/DcgmHealthWatch.cpp)")
+
+
+def _nvlink_part(gpu: Gpu, totals: dict[str, int]) -> tuple[str, str]:
+    """One line on the NVLink counters, naming the links that counted errors."""
+    if not any(totals.values()):
+        return PASS, "NVLink error counters 0 (" + ", ".join(k.replace("_", " ") for k in sorted(totals)) + ")"
+    links = gpu.nvlink_error_links
+    if links:
+        where = "; ".join(f"link {link}: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(counts.items()))
+                          for link, counts in sorted(links.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0))
+    else:
+        where = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(totals.items()) if n)
+    return WARN, f"NVLink errors since the counters were reset: {where}"
 
 
 # -- gpu.fabric -----------------------------------------------------------------------------------
@@ -127,6 +150,27 @@ def _fabric_manager(machine: Machine) -> list[Finding]:
 
 _RECOVERY_SOURCE = "nvidia-smi 'GPU Recovery Action' / NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; 'Bank Remap Availability Histogram'"
 
+# Remapped rows (Ampere and later), judged as the field's tools judge them:
+# - DCGM: the health watch fails a GPU on a row-remap failure and warns from 512 rows remapped for
+#   uncorrectable errors; `dcgmi diag` fails on a failure, on 512 such rows, and on a pending remap
+#   (NVIDIA/DCGM@72fa3feaa67d716a75323a8f47c34ff3ee73f824: common/DcgmGPUHardwareLimits.h
+#   DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE 512, modules/health/DcgmHealthWatch.cpp
+#   MonitorMemRowRemapFailures / MonitorMemRowRemapUncorrectable, nvvs/src/Software.cpp).
+# - Azure's azurehpc-health-checks, check_gpu_ecc: fails on a pending remap, a remap failure, or
+#   more than 512 uncorrectable remapped rows (FaultCode NHC2007; Azure/azurehpc-health-checks@
+#   0295e2f1c29cc17725f0150817b4e6e7e05a74ca customTests/azure_gpu_ecc.nhc).
+# - NVIDIA's GPU memory error management guide: row remapping "supports up to 512 remapping for the
+#   frame buffer" (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/row-remapping.html).
+REMAP_UNCORRECTABLE_LIMIT = 512
+_REMAP_SOURCE = ("DCGM (DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE 512; health watch: a remap failure fails, 512 uncorrectable "
+                 "remaps warn; dcgmi diag: a failure, 512 uncorrectable remaps or a pending remap fail; github.com/NVIDIA/DCGM "
+                 "common/DcgmGPUHardwareLimits.h, modules/health/DcgmHealthWatch.cpp, nvvs/src/Software.cpp); "
+                 "Azure azurehpc-health-checks check_gpu_ecc (a pending remap, a remap failure or more than 512 uncorrectable "
+                 "remapped rows fail, NHC2007; github.com/Azure/azurehpc-health-checks customTests/azure_gpu_ecc.nhc); "
+                 "NVIDIA: up to 512 remappings per frame buffer (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/row-remapping.html)")
+_RECOVERY_EXPECTED = (f"recovery action None; no bank without spare rows; no pending or failed row remap and fewer than "
+                      f"{REMAP_UNCORRECTABLE_LIMIT} rows remapped for uncorrectable errors (DCGM, Azure)")
+
 
 def check_recovery(ctx: Context) -> list[Finding]:
     return [_recovery(gpu) for gpu in ctx.machine.gpus]
@@ -134,10 +178,11 @@ def check_recovery(ctx: Context) -> list[Finding]:
 
 def _recovery(gpu: Gpu) -> Finding:
     s = subject(gpu)
-    action, banks = gpu.recovery_action, gpu.remap_histogram
-    if action is None and banks is None:
-        return finding("gpu.recovery", s, SKIP, "this driver or capture reports no recovery action or remap histogram "
-                                               "(drivers since R550 on datacenter GPUs do)")
+    action, banks, e = gpu.recovery_action, gpu.remap_histogram, gpu.ecc
+    remaps = (e.remapped_rows_uncorrectable, e.remapped_rows_pending, e.remapped_rows_failure)
+    if action is None and banks is None and all(r is None for r in remaps):
+        return finding("gpu.recovery", s, SKIP, "this driver or capture reports no recovery action, remap histogram or "
+                                               "remapped rows (drivers since R550 on datacenter GPUs do)")
     parts: list[tuple[str, str]] = []
     remedy = None
     if action is not None:
@@ -157,11 +202,44 @@ def _recovery(gpu: Gpu) -> Finding:
             remedy = remedy or f"watch `nvidia-smi -q -i {gpu.index} -d ROW_REMAPPER`; ask the provider if it grows"
         else:
             parts.append((PASS, "spare rows left in every memory bank"))
+    remap_part, remap_remedy = _remaps(gpu)
+    if remap_part is not None:
+        parts.append(remap_part)
+        remedy = remedy or remap_remedy
     status = worst(*(st for st, _ in parts))
     measured = "; ".join(text for _, text in parts)
     histogram = f"; banks {banks}" if banks else ""
-    return finding("gpu.recovery", s, status, measured, measured=f"recovery action {action}{histogram}",
-                   expected="recovery action None; no bank without spare rows", source=_RECOVERY_SOURCE, remedy=remedy)
+    rows = "" if all(r is None for r in remaps) else (
+        f"; remapped rows: uncorrectable {_known(e.remapped_rows_uncorrectable)}, pending {_known(e.remapped_rows_pending)}, "
+        f"failure {_known(e.remapped_rows_failure)}")
+    source = _RECOVERY_SOURCE + ("" if all(r is None for r in remaps) else f"; remapped rows against {_REMAP_SOURCE}")
+    return finding("gpu.recovery", s, status, measured, measured=f"recovery action {action}{histogram}{rows}",
+                   expected=_RECOVERY_EXPECTED, source=source, remedy=remedy)
+
+
+def _remaps(gpu: Gpu) -> tuple[tuple[str, str] | None, str | None]:
+    """Remapped rows against the figures DCGM and Azure's health checks fail a GPU at."""
+    e = gpu.ecc
+    reset = f"drain the GPU's jobs and reset it (`sudo nvidia-smi -r -i {gpu.index}`) so the remap takes effect"
+    replace = "ask the provider for another GPU: its memory can no longer hide its bad rows"
+    if e.remapped_rows_failure:
+        return (FAIL, "a row remapping failed (DCGM and Azure fail the GPU)"), replace
+    uncorrectable = e.remapped_rows_uncorrectable
+    if uncorrectable is not None and uncorrectable >= REMAP_UNCORRECTABLE_LIMIT:
+        return (FAIL, f"{uncorrectable} rows remapped for uncorrectable errors: at DCGM's limit of "
+                      f"{REMAP_UNCORRECTABLE_LIMIT} (the most the frame buffer supports)"), replace
+    if e.remapped_rows_pending:
+        return (FAIL, "a row remap is pending until the GPU is reset (dcgmi diag and Azure fail the GPU)"), reset
+    if uncorrectable is None and e.remapped_rows_pending is None and e.remapped_rows_failure is None:
+        return None, None
+    said = [] if uncorrectable is None else [f"{uncorrectable} of at most {REMAP_UNCORRECTABLE_LIMIT} rows remapped for "
+                                              "uncorrectable errors"]
+    said += ["no remap pending"] * (e.remapped_rows_pending is False) + ["no remap failed"] * (e.remapped_rows_failure is False)
+    return (PASS, ", ".join(said)), None
+
+
+def _known(value: object) -> str:
+    return "unknown" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 # -- gpu.throttle_history -------------------------------------------------------------------------

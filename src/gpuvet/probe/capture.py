@@ -15,7 +15,7 @@ from datetime import datetime
 
 from ..facts import CaptureEntry, Driver, Gpu, KernelLog, Machine, PcieLink, Topology
 from ..untrusted_text import clean_document
-from . import kernel_log, lspci, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
+from . import kernel_log, lspci, nvlink_errors, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
 from . import values as v
 from .bounded_read import MAX_CAPTURE_BYTES, check_gpu_count, check_size, read_bounded
 from .errors import CaptureError
@@ -31,7 +31,7 @@ _SMI_ERRORS = (
     (re.compile(r"^ERROR: .*", re.M), "nvidia-smi refused the command"),
 )
 
-KINDS = ("nvidia-smi -q -x, nvidia-smi -q, nvidia-smi (table), --query-gpu CSV, topo -m, nvlink -s, lspci -vv, "
+KINDS = ("nvidia-smi -q -x, nvidia-smi -q, nvidia-smi (table), --query-gpu CSV, topo -m, nvlink -s, nvlink -e, lspci -vv, "
          "/proc/driver/nvidia/version, a kernel log (dmesg, journalctl -k, syslog), a capture bundle, or a gpuvet run record")
 
 
@@ -46,6 +46,7 @@ class Capture:
     gpus: list[Gpu] = field(default_factory=list)
     topology: Topology | None = None
     nvlinks: list[nvlink_status.NvlinkStatus] = field(default_factory=list)
+    nvlink_errors: list[nvlink_errors.NvlinkErrors] = field(default_factory=list)
     pci_links: list[tuple[str, PcieLink]] = field(default_factory=list)
     pci_drivers: dict[str, str] = field(default_factory=dict)  # bus id -> kernel driver
     pci_names: dict[str, str] = field(default_factory=dict)  # bus id -> lspci device text
@@ -117,6 +118,8 @@ def detect_kind(text: str) -> str | None:
         return "smi-dmon"
     if topo.looks_like_topo(text):
         return "topo"
+    if nvlink_errors.looks_like_nvlink_errors(text):  # before nvlink -s: its Link lines look alike
+        return "nvlink-errors"
     if nvlink_status.looks_like_nvlink_status(text):
         return "nvlink-status"
     if lspci.looks_like_lspci(text):
@@ -179,6 +182,8 @@ def _fill(capture: Capture, text: str) -> None:
         capture.topology = topo.parse_topo(text, source=capture.path)
     elif kind == "nvlink-status":
         capture.nvlinks = nvlink_status.parse_nvlink_status(text)
+    elif kind == "nvlink-errors":
+        capture.nvlink_errors = nvlink_errors.parse_nvlink_errors(text)
     elif kind == "lspci":
         devices = lspci.parse_lspci(text)
         capture.pci_links = lspci.gpu_link_readings(devices)
@@ -366,6 +371,8 @@ def merge(captures: list[Capture]) -> Machine:
             _note_stale_module(machine, c)
         if c.nvlinks:
             _merge_nvlinks(machine, c.nvlinks)
+        if c.nvlink_errors:
+            _merge_nvlink_errors(machine, c.nvlink_errors)
         if c.pci_names:
             _merge_lspci(machine, c)
         if c.kernel_log is not None:
@@ -509,7 +516,7 @@ def _check_lspci_has_gpus(captures: list[Capture]) -> None:
     for c in captures:
         if c.kind != "lspci" or c.pci_names:
             continue
-        if not any(o.gpus or o.topology or o.nvlinks or o.pci_names for o in captures):
+        if not any(o.gpus or o.topology or o.nvlinks or o.nvlink_errors or o.pci_names for o in captures):
             raise CaptureError(
                 f"{c.path}: lspci output with no NVIDIA GPU (vendor 10de, display class); give the GPU machine's "
                 "`sudo lspci -vvv -d 10de:` output, or its `nvidia-smi -q -x` with it"
@@ -531,19 +538,35 @@ def _merge_kernel_log(machine: Machine, log: KernelLog) -> None:
     have.first, have.last = have.first or log.first, log.last or have.last
 
 
+def _nvlink_target(machine: Machine, index: int, name: str | None, uuid: str | None) -> Gpu:
+    """The GPU an `nvlink -s`/`-e` block is about (by UUID, else index); a new one if none is known."""
+    target = _find(machine, Gpu(index=index, uuid=uuid))
+    if target is None:
+        target = Gpu(index=index, name=name, uuid=uuid)
+        machine.gpus.append(target)
+    return target
+
+
 def _merge_nvlinks(machine: Machine, statuses: list[nvlink_status.NvlinkStatus]) -> None:
     for status in statuses:
-        probe = Gpu(index=status.index, uuid=status.uuid)
-        target = _find(machine, probe)
-        if target is None:
-            target = Gpu(index=status.index, name=status.name, uuid=status.uuid)
-            machine.gpus.append(target)
+        target = _nvlink_target(machine, status.index, status.name, status.uuid)
         # "all links are inactive" means no link is up; "does not support Nvlink" or "not
         # supported ... in MIG mode" means the links were not read at all.
         if status.links or "inactive" in (status.note or "").lower():
             target.nvlinks = list(status.links)
         if status.note:
             target.unavailable["nvlinks"] = status.note
+    machine.gpus.sort(key=lambda g: g.index)
+
+
+def _merge_nvlink_errors(machine: Machine, blocks: list[nvlink_errors.NvlinkErrors]) -> None:
+    for block in blocks:
+        target = _nvlink_target(machine, block.index, block.name, block.uuid)
+        totals, by_link = nvlink_errors.error_counts(block)
+        if totals:  # links read, and some of their counters count faults
+            target.nvlink_errors, target.nvlink_error_links = totals, by_link
+        if block.note:
+            target.unavailable["nvlink_errors"] = block.note
     machine.gpus.sort(key=lambda g: g.index)
 
 

@@ -58,20 +58,15 @@ def parse_nvlink_status(text: str) -> list[NvlinkStatus]:
     CaptureError, because it means the text is not (only) `nvlink -s` output.
     """
     gpus: list[NvlinkStatus] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        gpu = _GPU_LINE.match(line)
-        if gpu:
-            check_gpu_index(int(gpu.group(1)), "this `nvlink -s` output")
-            gpus.append(NvlinkStatus(index=int(gpu.group(1)), name=gpu.group(2), uuid=gpu.group(3)))
-            check_gpu_count(len(gpus), "this `nvlink -s` output")
-        elif gpus:
-            _read_gpu_line(line, gpus[-1])
+    for match, lines in gpu_blocks(text, _GPU_LINE, "nvlink -s"):
+        gpu = NvlinkStatus(index=int(match.group(1)), name=match.group(2), uuid=match.group(3))
+        for line in lines:
+            _read_gpu_line(line, gpu)
+        gpus.append(gpu)
     if not gpus:
         raise CaptureError(
             "expected `nvidia-smi nvlink -s` output (lines 'GPU 0: NAME (UUID: GPU-...)' with "
-            f"'Link N: ...' under them); found {_describe(text)}"
+            f"'Link N: ...' under them); found {describe(text)}"
         )
     return gpus
 
@@ -97,6 +92,25 @@ def _link(number: int, value: str) -> NvLink:
     return NvLink(link=number, active=False)
 
 
-def _describe(text: str) -> str:
+def gpu_blocks(text: str, gpu_line: re.Pattern[str], command: str) -> list[tuple[re.Match[str], list[str]]]:
+    """Each "GPU n: ..." line of an `nvidia-smi nvlink` output (its match) with the non-blank lines
+    under it, in the order printed. Lines before the first GPU line (a shell prompt) are skipped;
+    the GPU indexes and their number are bounded here."""
+    blocks: list[tuple[re.Match[str], list[str]]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        gpu = gpu_line.match(line)
+        if gpu:
+            check_gpu_index(int(gpu.group(1)), f"this `{command}` output")
+            blocks.append((gpu, []))
+            check_gpu_count(len(blocks), f"this `{command}` output")
+        elif blocks:
+            blocks[-1][1].append(line)
+    return blocks
+
+
+def describe(text: str) -> str:
+    """The first line of a text that is not the output expected, for the error message."""
     stripped = text.strip()
     return repr(stripped.splitlines()[0][:120]) if stripped else "an empty text"

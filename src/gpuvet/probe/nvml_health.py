@@ -19,7 +19,7 @@ def fill(gpu: Gpu, h: Any, query: Callable[..., Any]) -> None:
     gpu.fabric = _fabric(h, query)
     gpu.recovery_action = _recovery_action(h, query)
     gpu.clock_event_time_us = _event_times(h, query) or _violation_times(h, query)
-    gpu.nvlink_errors = _nvlink_errors(gpu, h, query)
+    gpu.nvlink_errors, gpu.nvlink_error_links = _nvlink_errors(gpu, h, query)
     gpu.remap_histogram = _remap_histogram(h, query)
 
 
@@ -87,14 +87,17 @@ def _recovery_action(h: Any, query: Callable[..., Any]) -> str | None:
     return nvml_names.RECOVERY_ACTIONS.get(int(values[0].value.uiVal), f"action {int(values[0].value.uiVal)}")
 
 
-def _nvlink_errors(gpu: Gpu, h: Any, query: Callable[..., Any]) -> dict[str, int] | None:
+def _nvlink_errors(gpu: Gpu, h: Any, query: Callable[..., Any]) -> tuple[dict[str, int] | None, dict[str, dict[str, int]] | None]:
+    """(counter -> sum over the active links, link -> counter -> count where not 0); None, None unread."""
     active = [link.link for link in gpu.nvlinks or [] if link.active]
-    if not active:
-        return None
     totals: dict[str, int] = {}
+    by_link: dict[str, dict[str, int]] = {}
     for name, counter in _NVLINK_COUNTERS:
-        counts = [query(f"nvlink_errors.{name}", nvml.pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) for link in active]
-        known = [int(c) for c in counts if c is not None]
-        if known:
-            totals[name] = sum(known)
-    return totals or None
+        for link in active:
+            count = query(f"nvlink_errors.{name}", nvml.pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+            if count is None:
+                continue
+            totals[name] = totals.get(name, 0) + int(count)
+            if int(count):
+                by_link.setdefault(str(link), {})[name] = int(count)
+    return (totals, by_link) if totals else (None, None)

@@ -1,0 +1,121 @@
+"""Reading `nvidia-smi nvlink -e` (`--errorcounters`): each NVLink's error counters, per GPU.
+
+    GPU 0: NVIDIA GB300                     (the links are tab-indented)
+      Link 0: Replay Errors: 0
+      Link 0: Recovery Errors: 0
+      Link 0: CRC Errors: 0
+
+Drivers before Blackwell print Replay, Recovery and CRC Errors per link. Blackwell's NVLink 5 has
+other counters (DCGM's NVLink 5 health watch reads them: Rx errors, malformed and dropped packets,
+link integrity errors, link recovery events, effective and symbol errors), printed beside counts
+that are no fault: packets and bytes, FEC histogram bins (corrected codewords), bit error rates,
+raw per-lane counts. Every "Link N: NAME: VALUE" line is kept under its link; `is_error_counter`
+says which of them count link faults.
+
+The GPU line may carry "(UUID: ...)" or not (the NVIDIA srt-slurm docs print it without). A GPU
+whose links were not read gets one line of explanation instead (as in `nvlink -s`); it is kept as
+the GPU's `note`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .errors import CaptureError
+from .nvlink_status import describe, gpu_blocks
+
+_GPU_LINE = re.compile(r"^GPU (\d+): (.*?)\s*(?:\(UUID: ([^)]+)\))?\s*$")
+_COUNTER_LINE = re.compile(r"^\s*Link (\d+): (.+?): (\S.*?)\s*$")
+_INTEGER = re.compile(r"^\d+$")
+_MAX_LINK = 1024  # NVLink counts are tens per GPU; a larger number is a damaged line
+
+# Names that count something else than a fault, or are a rate, or a bin of corrected codewords.
+_NOT_FAULTS = re.compile(r"packets|bytes|^fec errors|\bber\b|^raw |successful")
+
+
+@dataclass
+class NvlinkErrors:
+    """One GPU's block of `nvidia-smi nvlink -e`."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    # link number -> counter name as printed -> value (an integer count, or the text printed: a BER)
+    links: dict[int, dict[str, int | str]] = field(default_factory=dict)
+    note: str | None = None  # what nvidia-smi printed instead of links, verbatim
+
+
+def is_error_counter(name: str) -> bool:
+    """True for the counters that count link faults: Replay/Recovery/CRC Errors (pre-Blackwell) and
+    Blackwell's error and discard counters and link recovery events. "Link recovery successful
+    events" is left out: "Total link recovery events" counts it already, beside the failed ones."""
+    low = name.lower()
+    if _NOT_FAULTS.search(low):
+        return False
+    return "error" in low or "discard" in low or "recovery" in low
+
+
+def counter_key(name: str) -> str:
+    """'Replay Errors' -> 'replay', 'CRC Flit Errors' -> 'crc_flit', 'Link recovery failed events'
+    -> 'link_recovery_failed_events': the names the NVML backend gives the same counters."""
+    low = name.lower().strip()
+    if low.endswith(" errors"):
+        low = low[: -len(" errors")]
+    return re.sub(r"[^a-z0-9]+", "_", low).strip("_")
+
+
+def looks_like_nvlink_errors(text: str) -> bool:
+    """True when the text starts with a "GPU n: NAME" line followed by a "Link n: COUNTER: VALUE" line."""
+    lines = [line for line in text[:4096].splitlines() if line.strip()][:2]
+    return len(lines) == 2 and _GPU_LINE.match(lines[0]) is not None and _COUNTER_LINE.match(lines[1]) is not None
+
+
+def parse_nvlink_errors(text: str) -> list[NvlinkErrors]:
+    """One NvlinkErrors per GPU, in the order printed.
+
+    Lines before the first GPU line (a shell prompt) are skipped; blank lines between links are
+    what nvidia-smi prints. Afterwards every line must be a GPU line, a counter line or the one
+    explanation line right under a GPU line; anything else raises CaptureError.
+    """
+    gpus: list[NvlinkErrors] = []
+    for match, lines in gpu_blocks(text, _GPU_LINE, "nvlink -e"):
+        gpu = NvlinkErrors(index=int(match.group(1)), name=match.group(2) or None, uuid=match.group(3))
+        for line in lines:
+            _read_line(line, gpu)
+        gpus.append(gpu)
+    if not gpus:
+        raise CaptureError("expected `nvidia-smi nvlink -e` output (lines 'GPU 0: NAME' with "
+                           f"'Link N: Replay Errors: 0' under them); found {describe(text)}")
+    return gpus
+
+
+def _read_line(line: str, gpu: NvlinkErrors) -> None:
+    counter = _COUNTER_LINE.match(line)
+    if counter:
+        link = int(counter.group(1))
+        if link > _MAX_LINK:
+            raise CaptureError(f"link {link} of GPU {gpu.index} in `nvidia-smi nvlink -e` output: no GPU has that many NVLinks")
+        value = counter.group(3)
+        gpu.links.setdefault(link, {})[counter.group(2)] = int(value) if _INTEGER.match(value) else value
+    elif not gpu.links and gpu.note is None:
+        gpu.note = line.strip()
+    else:
+        raise CaptureError(f"unexpected line {line.strip()[:120]!r} among the links of GPU {gpu.index} "
+                           "in `nvidia-smi nvlink -e` output")
+
+
+def error_counts(gpu: NvlinkErrors) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """(counter key -> sum over the links, link -> counter key -> count where it is not 0), fault
+    counters only: the facts `Gpu.nvlink_errors` and `Gpu.nvlink_error_links`."""
+    totals: dict[str, int] = {}
+    by_link: dict[str, dict[str, int]] = {}
+    for link, counters in sorted(gpu.links.items()):
+        for name, value in counters.items():
+            if not isinstance(value, int) or not is_error_counter(name):
+                continue
+            key = counter_key(name)
+            totals[key] = totals.get(key, 0) + value
+            if value:
+                by_link.setdefault(str(link), {})[key] = value
+    return totals, by_link
