@@ -17,6 +17,7 @@ from typing import Any
 from .cluster import CLUSTER_SCHEMA, check_cluster
 from .errors import RecordError
 from .run import SCHEMA, RunRecord
+from .validate import json_kind
 from .watch import WATCH_SCHEMA, is_watch_header
 
 RUN, EXPORT, WATCH, CLUSTER = "run", "export", "watch", "cluster"
@@ -143,5 +144,4 @@ def _schema_words(data: Any) -> str:
     if isinstance(data, dict):
         schema = data.get("schema")
         return f"schema {str(schema)[:40]!r}" if schema is not None else "an object without a schema"
-    kind = {list: "list", str: "text", bool: "true/false", int: "number", float: "number"}.get(type(data), "null")
-    return f"a JSON {kind}"
+    return json_kind(data)

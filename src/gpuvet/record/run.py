@@ -17,7 +17,7 @@ from ..facts import Machine, from_dict, to_dict
 from ..untrusted_text import clean_strings
 from .details import details_type
 from .errors import RecordError
-from .validate import OneOf, check
+from .validate import OneOf, check, json_kind
 
 SCHEMA = "gpuvet.run/1"
 
@@ -201,7 +201,7 @@ def check_run(data: Any, path: str = "") -> dict[str, Any]:
     """`data` checked to be a run record this gpuvet can read (RecordError says where not), NaN
     and infinite numbers made None; each measurement's details against its benchmark's type."""
     if not isinstance(data, dict):
-        raise RecordError(f"{path or 'the record'}: not a gpuvet run record (a JSON {_json_kind(data)})")
+        raise RecordError(f"{path or 'the record'}: not a gpuvet run record ({json_kind(data)})")
     if data.get("schema") != SCHEMA:
         raise RecordError(f"{path or 'the record'}: not a gpuvet run record "
                           f"(schema {str(data.get('schema'))[:40]!r}, expected {SCHEMA!r})")
@@ -212,10 +212,6 @@ def check_run(data: Any, path: str = "") -> dict[str, Any]:
             where = f"measurements[{i}].details"
             m["details"] = check(m["details"], shape, f"{path}.{where}" if path else where)
     return checked
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "list", str: "text", int: "number", float: "number", bool: "true/false"}.get(type(value), "null")
 
 
 def verdict_of(findings: list[Finding]) -> str:

@@ -48,6 +48,12 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+def json_kind(value: Any) -> str:
+    """What a top-level value that is not an object is, for the line that refuses it: "a JSON list"."""
+    kind = {list: "list", str: "text", bool: "true/false", int: "number", float: "number"}.get(type(value), "null")
+    return f"a JSON {kind}"
+
+
 def _wrong(path: str, value: Any, wanted: str) -> RecordError:
     return RecordError(f"{path or 'the record'}: {_kind(value)} where {wanted} belongs")
 
