@@ -67,8 +67,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "a small GPT trained end to end: tokens/s, MFU, checkpoint, resume in a fresh process", run_budget_s=20.0),
 )
 
-_WATCH_REMEDY = "the watch log's diagnosis line says what held the GPU back"
-
 
 def _watch(state: str, words: str, fails: str) -> Check:
     return Check(f"watch.{state}", "watch", "diagnose.watch_findings", None,
@@ -291,11 +289,6 @@ ALL_BENCHMARKS: tuple[str, ...] = HOST_BENCHMARKS + GPU_BENCHMARKS  # the order 
 
 
 PER_GPU_CHECKS: frozenset[str] = frozenset(c.id for c in CHECKS if c.per_gpu)
-
-
-def checks_of(rule: str) -> tuple[str, ...]:
-    """The ids one rule makes (a family such as host_io.check_storage makes several)."""
-    return tuple(c.id for c in CHECKS if c.rule == rule)
 
 
 def fed_by(benchmark: str, emitted_by: str = "run") -> tuple[str, ...]:

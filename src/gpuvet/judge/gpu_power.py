@@ -150,7 +150,6 @@ def _clock_text(gpu: Gpu) -> str:
 # -- gpu.temperature --------------------------------------------------------------------------
 
 _MARGIN_SOURCE = "this GPU's slowdown threshold (NVML / `nvidia-smi -q -d TEMPERATURE`)"
-_IDLE_RULE = "under 70 C at idle (slowdown threshold not reported)"
 _IDLE_RULE_SOURCE = "gpuvet rule of thumb: NVIDIA GPUs slow down near 85-97 C, so an idle GPU at 70 C has little headroom"
 
 

@@ -27,8 +27,6 @@ MARK_STYLE = {TICKED: "bold green", CROSSED: "bold red", WARNED: "bold yellow", 
 AREAS = (("gpu", "GPU"), ("cpu", "CPU benchmarks"), ("stack", "Software stack"), ("host", "Host"),
          ("storage", "Storage"), ("net", "Network"), ("workload", "Reference workload"), ("env", "Environment"))
 _ORDER = {FAIL: 0, WARN: 1, PASS: 2, MEASURED: 3, SKIP: 4}
-# How each status reads in a report: "measured" is a figure with nothing to judge it against.
-STATUS_WORDS = {FAIL: "FAIL", WARN: "WARN", PASS: "PASS", SKIP: "SKIP", MEASURED: "MEASURED (not judged)"}
 VERDICT_TEXT = {FAIL: "FAIL: something is wrong with this machine", WARN: "WARN: usable, with caveats",
                 PASS: "PASS: nothing wrong found"}
 
