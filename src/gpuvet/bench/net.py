@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from .common import measurement
 from .leftovers import die_with_parent
@@ -323,6 +323,8 @@ class _Iperf3Server:
         command = [binary, "-s", "-p", str(port)] + (["-B", bind] if bind else []) + (["-1"] if one_off else [])
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, preexec_fn=die_with_parent())
+        assert self.process.stderr is not None  # opened as PIPE
+        self.errors: IO[bytes] = self.process.stderr
         self.port = port
 
     def wait_listening(self, timeout: float = START_TIMEOUT_S) -> None:
@@ -330,7 +332,7 @@ class _Iperf3Server:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.process.poll() is not None:
-                raise NetError(f"iperf3 -s exited: {self.process.stderr.read().decode(errors='replace').strip()[:160]}")
+                raise NetError(f"iperf3 -s exited: {self.errors.read().decode(errors='replace').strip()[:160]}")
             listening = _is_listening(self.port)
             if listening is None:  # no /proc/net/tcp (not Linux): give it a moment
                 time.sleep(0.5)
@@ -395,16 +397,19 @@ class _ChildServer:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, env=env)
-        ready, _, _ = select.select([self.process.stdout], [], [], START_TIMEOUT_S)
-        line = self.process.stdout.readline().strip() if ready else b""
+        process = self.process
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None  # opened as PIPEs
+        self.to_child: IO[bytes] = process.stdin
+        ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
+        line = process.stdout.readline().strip() if ready else b""
         if not line.isdigit():
             self.close()
-            raise NetError(f"the loopback server did not start: {self.process.stderr.read().decode(errors='replace')[-200:]}")
+            raise NetError(f"the loopback server did not start: {process.stderr.read().decode(errors='replace')[-200:]}")
         self.port = int(line)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.process.stdin.close()
+            self.to_child.close()
         try:
             self.process.wait(timeout=3)
         except subprocess.TimeoutExpired:

@@ -321,7 +321,7 @@ class _Runner:
         try:
             self._jobs([self._job(name, target, **params)], name)
         finally:
-            if sampler is not None:
+            if sampler is not None and target.gpu is not None:  # a sampler only for a GPU
                 samples = sampler.stop().get(target.gpu.index, [])
                 _add_loaded_link(target.gpu, samples, self._load_window(target.subject))
 

@@ -144,6 +144,7 @@ def loaded_gpus(machine: Machine, force: bool = False, notes: list[str] | None =
     forced) those someone else is using."""
     chosen = []
     for gpu in machine.gpus:
+        reason: str | None
         if gpu.compute_mode == "Prohibited":
             reason = "compute mode Prohibited: no process may run CUDA on this GPU"
         else:

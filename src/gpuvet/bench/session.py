@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 START_TIMEOUT_S = 120  # importing a CUDA build of torch on a slow disk can take a minute
 CLOSE_WAIT_S = 2.0  # an idle worker exits as soon as its input closes; a busy one is not waited for
@@ -57,6 +57,9 @@ class Worker:
             env=environ,
             start_new_session=True,  # its own process group: killing it ends its children too
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both opened as PIPE
+        self.to_worker: IO[str] = self.proc.stdin
+        self.from_worker: IO[str] = self.proc.stdout
         self.ended = False  # the process group has been killed
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -72,7 +75,7 @@ class Worker:
         self.info = hello
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self.from_worker:
             self.lines.put(line)
         self.lines.put(None)  # the worker exited
 
@@ -108,8 +111,8 @@ class Worker:
         parts = job.get("parallel") or [job]
         results: list[dict | None] = [None] * len(parts)
         try:
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
+            self.to_worker.write(json.dumps(job) + "\n")
+            self.to_worker.flush()
         except (BrokenPipeError, OSError):
             raise WorkerError(f"the benchmark worker is gone: {self.last_error()}", results) from None
         deadline = time.monotonic() + timeout_s
@@ -180,12 +183,12 @@ class Worker:
         if not self.ended:
             if self.proc.poll() is None and not interrupted:
                 try:
-                    self.proc.stdin.close()
+                    self.to_worker.close()
                     self.proc.wait(timeout=CLOSE_WAIT_S)
                 except (OSError, subprocess.TimeoutExpired):
                     pass
             self.stop()
-        for stream in (self.proc.stdin, self.stderr):
+        for stream in (self.to_worker, self.stderr):
             try:
                 stream.close()
             except OSError:

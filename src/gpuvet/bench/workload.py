@@ -700,7 +700,7 @@ def _drop_from_page_cache(path: str) -> bool:
 
 def describe_os_error(err: OSError, directory: str) -> str:
     """What went wrong, in the words a user needs to pick another path."""
-    plain = {
+    words: dict[int | None, str] = {  # err.errno is None for an OSError raised without one
         errno.ENOENT: "does not exist (or vanished)",
         errno.ENOTDIR: "is not a directory",
         errno.EACCES: "is not writable (permission denied)",
@@ -709,7 +709,8 @@ def describe_os_error(err: OSError, directory: str) -> str:
         errno.ENOSPC: "is full (no space left on the device)",
         errno.EDQUOT: "is over its disk quota",
         errno.EIO: "had an I/O error",
-    }.get(err.errno, "could not be used")
+    }
+    plain = words.get(err.errno, "could not be used")
     return f"{directory} {plain}: {type(err).__name__}: [Errno {err.errno}] {err.strerror}"
 
 
@@ -878,7 +879,7 @@ def compare_runs(ctx: BenchContext, cfg: Config, step: int, reference: tuple[lis
         "noise_factor": NOISE_FACTOR, "dtype": cfg.dtype,
         "how": "a fresh process restored the checkpoint and trained the next steps; its losses and weight "
                "update (random projections per tensor) vs this process continuing without interruption"}
-    if noise:
+    if noise and replay:  # noise: measured from the replay
         details["noise"] = {"loss": _json_number(noise["loss"]), "update": _json_number(noise["update"]),
                             "losses": [_json_number(v) for v in replay["losses"]], "seconds": replay.get("seconds"),
                             "how": "the same checkpoint restored in this process and the same steps taken again"}
