@@ -112,6 +112,12 @@ def on_a_volume() -> RunRecord:
 def preemptible_cpu_run() -> RunRecord:
     r = record("cpu-quick")
     r.options["preemptible"] = True
+    return rejudged(r)
+
+
+def rejudged(r: RunRecord) -> RunRecord:
+    """What `gpuvet doctor` answers from: the record's facts judged by today's rules."""
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
     return r
 
 
@@ -128,8 +134,10 @@ ANSWERS = [
     ("multi-gpu-scaling", lambda: record("h100-8x-throttle"), "Mixed GPUs", RULED_OUT, "8 x NVIDIA H100 80GB HBM3"),
     ("container-no-gpu", lambda: record("cpu-quick"), "not reachable here", CONFIRMED, "no GPU visible (inside docker)"),
     ("container-no-gpu", lambda: record("h100-8x-throttle"), "not reachable here", RULED_OUT, "8 GPU(s) visible"),
-    ("data-lost-after-restart", preemptible_cpu_run, "preemptible", CONFIRMED, "this instance is preemptible (as you stated)"),
-    ("data-lost-after-restart", lambda: record("cpu-quick"), "ephemeral storage", UNKNOWN, "cannot tell whether"),
+    ("data-lost-after-restart", preemptible_cpu_run, "preemptible", CONFIRMED, "host: preemptible (as you stated)"),
+    ("data-lost-after-restart", lambda: rejudged(record("cpu-quick")), "preemptible", UNKNOWN,
+     "not visible from inside the machine"),
+    ("data-lost-after-restart", lambda: rejudged(record("cpu-quick")), "ephemeral storage", UNKNOWN, "cannot tell whether"),
     ("data-lost-after-restart", on_a_volume, "ephemeral storage", RULED_OUT, "a network block volume"),
     ("data-lost-after-restart", lambda: record("cpu-quick"), "installed into the container", UNKNOWN, "running in docker"),
     ("day-night", lambda: record("gtx1070-6x-x1-riser"), "The GPU is shared", CONFIRMED, "ethminer"),
@@ -259,7 +267,7 @@ def test_a_link_read_at_idle_below_its_generation_leaves_pcie_open():
 
 
 def test_unknown_persistence_is_checked_by_hand():
-    result = one(results("data-lost-after-restart", record("cpu-quick")), "ephemeral storage")
+    result = one(results("data-lost-after-restart", rejudged(record("cpu-quick"))), "ephemeral storage")
     assert "/tmp on ext4: cannot tell whether a virtual or unknown disk (kvm guest, in docker) is kept" in " ".join(result.figures)
     assert result.next_step == "by hand: findmnt -T .; lsblk -o NAME,TYPE,ROTA,MODEL; the provider's docs on instance storage"
 

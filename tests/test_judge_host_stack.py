@@ -47,8 +47,9 @@ def test_this_machine_host_facts_are_judged(this_host):
     machine = Machine(host=this_host)
     for check in ("host.cpu", "host.shm", "host.somaxconn"):
         assert result(machine, check).status in ("pass", "warn"), check
-    workdir = result(machine, "storage.workdir")  # a VM's disk may be instance storage: a skip that says so
-    assert workdir.status in ("pass", "warn") or "cannot tell whether" in workdir.summary
+    assert result(machine, "storage.workdir").status in ("pass", "warn")
+    kept = result(machine, "storage.persistence")  # a VM's disk may be instance storage: a skip that says so
+    assert kept.status in ("pass", "warn") or "cannot tell whether" in kept.summary
 
 
 @pytest.mark.parametrize("cores, status", [(64, "pass"), (48, "warn"), (16, "fail")])
@@ -76,22 +77,34 @@ def test_small_somaxconn_warns_like_the_seed(this_host):
     assert f.status == "warn" and "sysctl -w net.core.somaxconn=4096" in f.remedy
 
 
+OVERLAY = Storage(path="/workspace", fs_type="overlay", kind="overlay", free_bytes=500 * GIB)
+NFS = Storage(path="/mnt/nfs", fs_type="nfs4", kind="network", free_bytes=500 * GIB)
+EBS = Storage(path="/data", fs_type="ext4", kind="nvme", model="Amazon Elastic Block Store", free_bytes=800 * GIB)
+INSTANCE_STORE = Storage(path="/data", fs_type="ext4", kind="nvme", ephemeral=True,
+                         ephemeral_reason="Amazon EC2 NVMe Instance Storage", free_bytes=800 * GIB)
+
+
+# storage.workdir: what it is on and whether checkpoints fit; storage.persistence: whether it outlives the instance.
 @pytest.mark.parametrize(
-    "storage, status, words",
+    "check, storage, status, words",
     [
-        (Storage(path="/workspace", fs_type="overlay", kind="overlay", free_bytes=500 * GIB), "warn", "writable layer"),
-        (Storage(path="/mnt/nfs", fs_type="nfs4", kind="network", free_bytes=500 * GIB), "warn", "network file system"),
-        (Storage(path="/data", fs_type="ext4", kind="nvme", ephemeral=True, ephemeral_reason="Amazon EC2 NVMe Instance Storage",
-                 free_bytes=800 * GIB), "warn", "ephemeral"),
-        (Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=5 * GIB), "warn", "only 5 GiB free"),
-        (Storage(path="/data", fs_type="ext4", kind="nvme", model="Amazon Elastic Block Store", free_bytes=800 * GIB), "pass",
-         "network block volume"),
+        ("storage.workdir", OVERLAY, "warn", "writable layer"),
+        ("storage.workdir", NFS, "warn", "network file system"),
+        ("storage.workdir", Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=5 * GIB), "warn", "only 5 GiB free"),
+        ("storage.workdir", EBS, "pass", "/data on ext4 (nvme, Amazon Elastic Block Store), 800 GiB free"),
+        ("storage.persistence", OVERLAY, "warn", "overlay: not kept"),
+        ("storage.persistence", INSTANCE_STORE, "warn", "/data on ext4: Amazon EC2 NVMe Instance Storage; checkpoints there are lost"),
+        ("storage.persistence", NFS, "pass", "outlives the instance"),
+        ("storage.persistence", EBS, "pass", "network block volume"),
     ],
 )
-def test_workdir_storage(this_host, storage, status, words):
+def test_workdir_storage(this_host, check, storage, status, words):
     this_host.workdir = storage  # edited: a storage the tests describe
-    f = result(Machine(host=this_host), "storage.workdir")
+    f = result(Machine(host=this_host), check)
     assert f.status == status and words in f.summary
+    assert f.evidence.measured.startswith(f"{storage.path} on {storage.fs_type} ({storage.kind}")
+    if check == "storage.persistence":
+        assert f.evidence.expected.startswith("storage that outlives the instance") and "findmnt" in f.evidence.source
 
 
 def bare_metal(host: Host) -> Host:
@@ -101,25 +114,39 @@ def bare_metal(host: Host) -> Host:
 
 def test_a_local_disk_of_a_physical_machine_is_persistent(this_host):
     bare_metal(this_host).workdir = Storage(path="/data", fs_type="xfs", kind="nvme", free_bytes=800 * GIB)  # edited
-    f = result(Machine(host=this_host), "storage.workdir")
-    assert f.status == "pass" and f.summary == "/data on xfs (nvme), 800 GiB free; a local disk of a physical machine"
+    f = result(Machine(host=this_host), "storage.persistence")
+    assert f.status == "pass" and f.summary == "/data on xfs: a local disk of a physical machine"
+    assert result(Machine(host=this_host), "storage.workdir").summary == "/data on xfs (nvme), 800 GiB free"
 
 
 def test_a_vm_disk_of_unknown_persistence_is_a_skip_that_says_how_to_find_out(this_host):
     this_host.hypervisor, this_host.container = "kvm", None  # edited: a KVM guest with a virtio disk
     this_host.workdir = Storage(path="/tmp", fs_type="ext4", kind="unknown", free_bytes=77 * GIB)
-    f = result(Machine(host=this_host), "storage.workdir")
+    f = result(Machine(host=this_host), "storage.persistence")
     assert f.status == "skip"
-    assert f.summary.startswith("/tmp on ext4, 77 GiB free: cannot tell whether a virtual or unknown disk (kvm guest) is kept")
+    assert f.summary.startswith("/tmp on ext4: cannot tell whether a virtual or unknown disk (kvm guest) is kept")
     assert "`findmnt -T /tmp`" in f.summary and "`lsblk -o NAME,TYPE,ROTA,MODEL`" in f.summary and "instance" in f.summary
 
 
 def test_unknown_persistence_warns_on_a_preemptible_instance(this_host):
     this_host.hypervisor = "kvm"  # edited, as above; the user said the instance is preemptible
     this_host.workdir = Storage(path="/tmp", fs_type="ext4", kind="nvme", free_bytes=77 * GIB)
-    (f,) = [f for f in judge(Machine(host=this_host), options={"preemptible": True}) if f.check == "storage.workdir"]
-    assert f.status == "warn" and "cannot tell whether a local NVMe disk" in f.summary and "preemptible" in f.summary
-    assert f.remedy.startswith("check `findmnt -T /tmp`")
+    (f,) = [f for f in judge(Machine(host=this_host), options={"preemptible": True}) if f.check == "storage.persistence"]
+    assert f.status == "warn" and "cannot tell whether a local NVMe disk" in f.summary
+    assert f.summary.endswith("; the instance is preemptible (as you stated)")
+    assert f.remedy.startswith("keep checkpoints on a persistent volume or object storage; check `findmnt -T /tmp`")
+
+
+@pytest.mark.parametrize(("stated", "status", "measured"), [(True, "warn", "preemptible"), (False, "pass", "on-demand"),
+                                                          (None, "skip", None)])
+def test_preemptible_is_judged_from_what_the_user_stated(this_host, stated, status, measured):
+    this_host.preemptible = None  # edited: no instance metadata answered, so only the user can tell
+    (f,) = [f for f in judge(Machine(host=this_host), options={"preemptible": stated}) if f.check == "host.preemptible"]
+    assert f.status == status and f.evidence.measured == measured
+    if status != "skip":
+        assert f.evidence.source == "what you stated (--preemptible / --on-demand)" and f.evidence.expected
+    else:
+        assert "`gpuvet run --preemptible` or `--on-demand`" in f.summary
 
 
 # -- stack ------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_a_pass_built_on_skips_says_how_little_was_judged():
     from gpuvet.report import terminal
 
     record = runner.inspect([str(FIXTURES / "smi_text/default-table-h100-vm-590.48.01.txt")])  # the plain table
-    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 6 of 26 findings could be judged")
+    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 6 of 28 findings could be judged")
     topo_only = runner.inspect([str(FIXTURES / "topo/dgx1-8gpu-topo-mp-pcie-only.txt")])  # "8 x unknown GPU"
     assert terminal.verdict_text(topo_only).startswith("SKIP: nothing could be checked")
 

@@ -13,6 +13,8 @@ from gpuvet.facts import PcieLink
 from gpuvet.record import FAIL, PASS, Finding, Measurement, RunRecord
 from gpuvet.report.checklist import CROSSED, ITEMS, TICKED, UNKNOWN, WARNED, checklist, grouped, subject_range
 
+from cli_runner import gpuvet
+
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDS = FIXTURES / "records"
 
@@ -23,6 +25,12 @@ def record(name: str) -> RunRecord:
 
 def lines(r: RunRecord) -> dict:
     return {line.item.key: line for line in checklist(r)}
+
+
+def rejudged(r: RunRecord) -> RunRecord:
+    """What `gpuvet report` shows of a record: its facts judged by today's rules."""
+    r.findings = judge.judge(r.machine, r.measurements, r.options)
+    return r
 
 
 def test_every_item_of_both_seed_tables_is_there_in_order():
@@ -68,22 +76,32 @@ def test_a_capture_leaves_host_items_unknown_and_says_why():
 
 
 def test_a_cpu_run_cannot_tick_checkpoints_on_a_vm_disk_and_explains_the_missing_gpu():
-    found = lines(record("cpu-quick"))  # made when a pass of storage.workdir meant any local disk
+    r = rejudged(record("cpu-quick"))  # made when a pass of storage.workdir meant any local disk
+    found = lines(r)
     checkpoints = found["checkpoints"]
-    assert checkpoints.state == UNKNOWN and checkpoints.figure.startswith(
+    # storage.persistence could not tell, so the checkpoint that was written and read ticks nothing
+    (persistence,) = [f for f in r.findings if f.check == "storage.persistence"]
+    assert persistence.status == "skip" and checkpoints.state == UNKNOWN and checkpoints.figure == persistence.summary
+    assert checkpoints.figure.startswith(
         "/tmp on ext4: cannot tell whether a virtual or unknown disk (kvm guest, in docker) is kept when the instance stops")
     assert "`findmnt -T /tmp`" in checkpoints.figure and "instance storage" in checkpoints.figure
     assert found["whole_card"].state == UNKNOWN and "NVML" in found["whole_card"].figure
     assert found["preemptible"].state == UNKNOWN and "--preemptible" in found["preemptible"].figure
 
 
+def test_a_stored_record_without_the_persistence_finding_ticks_no_checkpoints():
+    # Read as stored (no rejudging): the line needs storage.persistence's own finding, which the
+    # record predates; it never falls back to deciding from the facts itself.
+    line = lines(record("cpu-quick"))["checkpoints"]
+    assert line.state == UNKNOWN and line.figure == "storage.persistence not checked (run `gpuvet run`)"
+
+
 def test_checkpoints_on_storage_of_unknown_persistence_warn_on_a_preemptible_instance():
     r = record("cpu-quick")
     r.options["preemptible"] = True
-    assert lines(r)["checkpoints"].state == WARNED  # the stored pass
-    r.findings = judge.judge(r.machine, r.measurements, r.options)  # today's rule says the same
-    line = lines(r)["checkpoints"]
-    assert line.state == WARNED and "cannot tell whether" in line.figure and "preemptible" in line.figure
+    line = lines(rejudged(r))["checkpoints"]
+    assert line.state == WARNED and "cannot tell whether" in line.figure
+    assert line.figure.endswith("; the instance is preemptible (as you stated)")
 
 
 def test_a_spot_instance_named_by_the_clouds_metadata_is_flagged_with_its_source():
@@ -91,24 +109,28 @@ def test_a_spot_instance_named_by_the_clouds_metadata_is_flagged_with_its_source
     host = r.machine.host
     host.cloud, host.preemptible, host.lifecycle = "aws", True, "spot"
     host.lifecycle_source = "EC2 instance metadata /latest/meta-data/instance-life-cycle"
-    r.findings = judge.judge(r.machine, r.measurements, r.options)
-    found = lines(r)
+    found = lines(rejudged(r))
     assert found["preemptible"].state == WARNED
     assert "spot per the EC2 instance metadata /latest/meta-data/instance-life-cycle" in found["preemptible"].figure
     assert found["checkpoints"].state == WARNED  # unknown persistence on an instance that can be reclaimed
+    (spot,) = [f for f in r.findings if f.check == "host.preemptible"]
+    assert (spot.evidence.measured, spot.evidence.source) == (
+        "spot", "the cloud's instance metadata (EC2 instance metadata /latest/meta-data/instance-life-cycle)")
     r.options["preemptible"] = False  # what the user says wins
-    assert lines(r)["preemptible"].state == TICKED and "as you stated" in lines(r)["preemptible"].figure
+    assert lines(rejudged(r))["preemptible"].state == TICKED and "as you stated" in lines(r)["preemptible"].figure
     host.preemptible, host.unavailable["lifecycle"] = None, "EC2 instance metadata: no answer within 0.5 s"
     r.options.pop("preemptible")
-    assert "no answer within 0.5 s" in lines(r)["preemptible"].figure
+    assert "no answer within 0.5 s" in lines(rejudged(r))["preemptible"].figure
 
 
 def test_checkpoints_ticked_where_the_facts_show_persistent_storage():
     r = record("cpu-quick")  # synthetic change: the working directory on a network block volume
     r.machine.host.workdir.kind, r.machine.host.workdir.model = "nvme", "Amazon Elastic Block Store"
-    r.findings = judge.judge(r.machine, r.measurements, r.options)
-    line = lines(r)["checkpoints"]
-    assert line.state == TICKED and "a network block volume, kept when the instance stops" in line.figure
+    line = lines(rejudged(r))["checkpoints"]
+    assert line.state == TICKED
+    # storage.persistence's words first (the item's order), then the working directory's own
+    assert line.figure.startswith("/tmp on ext4: Amazon Elastic Block Store: a network block volume, kept when the "
+                                  "instance stops; storage: ")
 
 
 @pytest.mark.parametrize(("stated", "state"), [(True, WARNED), (False, TICKED), ("spot", WARNED), ("on-demand", TICKED),
@@ -116,7 +138,9 @@ def test_checkpoints_ticked_where_the_facts_show_persistent_storage():
 def test_preemptible_is_what_the_user_stated(stated, state):
     r = record("cpu-quick")
     r.options["preemptible"] = stated
-    assert lines(r)["preemptible"].state == state
+    line = lines(rejudged(r))["preemptible"]
+    (f,) = [f for f in r.findings if f.check == "host.preemptible"]
+    assert line.state == state and line.figure == f.summary  # the finding's words, nothing decided here
 
 
 def test_sustained_load_shows_what_the_gpus_drew_against_their_limit():
@@ -262,7 +286,7 @@ def test_two_pcie_views_that_disagree_warn_even_when_the_judge_passes():
 
 
 def test_checks_from_other_areas_fill_their_items_and_worst_decides():
-    r = copy.deepcopy(record("cpu-quick"))
+    r = rejudged(copy.deepcopy(record("cpu-quick")))
     r.findings += [
         Finding("storage.write", "/data", "pass", "1.9 GB/s sequential write"),
         Finding("storage.small_files", "/mnt/shared", FAIL, "210 files/s on nfs4: 40x slower than local"),
@@ -325,3 +349,27 @@ def test_a_busy_reading_on_a_gpu_without_a_context_is_not_a_reading_under_load()
     found = lines(r)
     assert found["pcie_link"].state == UNKNOWN
     assert found["pcie_link"].figure.startswith("gpu0-7: width x16 as expected; generation not checked under load (Gen1")
+
+
+def test_gpuvet_report_shows_the_preemptible_and_persistence_findings_the_checklist_reads(capsys, tmp_path, monkeypatch):
+    # The real cpu-quick record, edited: its options say the user ran it with --preemptible.
+    monkeypatch.setenv("COLUMNS", "400")  # whole lines: a finding's words are not folded
+    data = json.loads((RECORDS / "cpu-quick.json").read_text())
+    data["options"]["preemptible"] = True
+    edited = tmp_path / "cpu-quick-preemptible.json"
+    edited.write_text(json.dumps(data))
+    code, out, _ = gpuvet(capsys, "report", str(edited))
+    assert code == 0
+    rows = [" ".join(row.split()) for row in out.splitlines()]
+    # the findings, made in judge/ with their evidence ...
+    assert "WARN host.preemptible host preemptible (as you stated): it can be reclaimed at any time; make the job " \
+           "resumable and keep checkpoints on persistent storage" in rows
+    assert any(row.startswith("WARN storage.persistence storage /tmp on ext4: cannot tell whether a virtual or unknown "
+                              "disk (kvm guest, in docker) is kept") and row.endswith("the instance is preemptible (as you stated)")
+               for row in rows)
+    assert any(row.startswith("measured preemptible · expected an instance that is not reclaimed mid-job") for row in rows)
+    # ... and the checklist lines read from them, word for word
+    assert "! Not preemptible preemptible (as you stated): it can be reclaimed at any time; make the job resumable and " \
+           "keep checkpoints on persistent storage" in rows
+    (checkpoints,) = [row for row in rows if row.startswith("! Checkpoints on persistent storage ")]
+    assert checkpoints.endswith("on instance storage; the instance is preemptible (as you stated)")

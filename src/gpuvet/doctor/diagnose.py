@@ -95,8 +95,10 @@ def _open_figures(cause: Cause, found: list[Finding], fact: FactVerdict | None) 
     skipped = list(dict.fromkeys(f.summary for f in found if f.status == SKIP))
     if bearing or (fact and cause.untested):
         figures = [f"not tested by this run: {cause.untested}" if cause.untested else "not tested by this run"]
+        # why the check that tests it could not: its skip's words
+        why = list(dict.fromkeys(f.summary for f in found if f.status == SKIP and f.check in cause.rules_out))
         seen = [line if line.startswith("...") else f"seen: {line}" for line in _figures(bearing, limit=2)]
-        return figures + ([fact[1]] if fact else []) + seen
+        return figures + ([fact[1]] if fact else []) + why[:1] + seen
     return ([fact[1]] if fact else []) + skipped[:2] or ["not measured in this run"]
 
 

@@ -9,9 +9,7 @@ from ..judge.doctor_facts import (
                old_driver,
                pcie_full_link,
                persistence,
-               preemptible,
                vgpu,
-               workdir_kept,
 )
 from .shapes import Cause, Symptom
 
@@ -111,11 +109,11 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "实例重启后环境或数据丢失",
             ("data lost", "lost after reboot", "environment gone", "checkpoint lost", "重启", "丢失"),
             (Cause("Work kept on ephemeral storage (container layer, tmpfs, instance-store disk)",
-                   checks=("storage.workdir", "workload.checkpoint"), measure="",  # no run can tell: by hand
-                   commands=("findmnt -T .", "lsblk -o NAME,TYPE,ROTA,MODEL", "the provider's docs on instance storage"),
-                   facts=workdir_kept),
-             Cause("The preemptible (spot) instance was reclaimed", measure="gpuvet run --preemptible / --on-demand",
-                   commands=("check the billing page or instance type",), facts=preemptible),
+                   rules_out=("storage.persistence",), checks=("storage.workdir", "workload.checkpoint"),
+                   measure="",  # where the facts cannot tell, no run can: by hand
+                   commands=("findmnt -T .", "lsblk -o NAME,TYPE,ROTA,MODEL", "the provider's docs on instance storage")),
+             Cause("The preemptible (spot) instance was reclaimed", rules_out=("host.preemptible",),
+                   measure="gpuvet run --preemptible / --on-demand", commands=("check the billing page or instance type",)),
              Cause("The environment was installed into the container, not into an image", measure="gpuvet run",
                    commands=("docker commit, or build the environment into your own image",), facts=in_container)),
             "keep data and checkpoints on shared or object storage, and bake the environment into an image"),

@@ -80,7 +80,9 @@ RULES: dict[str, Rule] = {
     "host.shm": host.check_shm,
     "host.steal": host.check_steal,
     "host.somaxconn": host.check_somaxconn,
+    "host.preemptible": host.check_preemptible,
     "storage.workdir": host.check_workdir,
+    "storage.persistence": host.check_persistence,
     "storage.io": host_io.check_storage,  # storage.write / read / random_read / small_files per path
     "net": host_io.check_network,  # net.loopback, net.nics, net.rdma, net.node_to_node
     "host.cpu_feed": feed.check_cpu_feed,

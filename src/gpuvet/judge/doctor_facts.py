@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..record import RunRecord
 from .common import subject_range
 from .gpu_links import link_state
-from .host import preemptible_of, workdir_persistence
 from .stack import coarse_memory_accounting
 
 CONFIRMED, RULED_OUT, UNKNOWN = "confirmed", "ruled out", "unknown"
@@ -22,14 +21,6 @@ def driver_here(record: RunRecord) -> FactVerdict | None:
         return None  # a capture says nothing about the container it was not taken in
     where = f" (inside {m.host.container})" if m.host and m.host.container else ""
     return CONFIRMED, f"no GPU visible{where}: {m.gpu_error or 'no NVIDIA GPU found'}"
-
-
-def preemptible(record: RunRecord) -> FactVerdict | None:
-    preemptible, said_by = preemptible_of(record.options, record.machine.host)
-    if preemptible is None:
-        return None
-    return (CONFIRMED, f"this instance is preemptible ({said_by})") if preemptible else \
-        (RULED_OUT, f"this instance is not preemptible ({said_by})")
 
 
 def in_container(record: RunRecord) -> FactVerdict | None:
@@ -73,18 +64,6 @@ def module_loading(record: RunRecord) -> FactVerdict | None:
     if value:
         return CONFIRMED, f"CUDA_MODULE_LOADING={value}: every kernel of every library loads at start-up"
     return UNKNOWN, "CUDA_MODULE_LOADING not set (PyTorch 2.x sets LAZY itself; older code loads eagerly)"
-
-
-def workdir_kept(record: RunRecord) -> FactVerdict | None:
-    """Whether the working directory outlives the instance, as far as the facts tell."""
-    host = record.machine.host
-    if host is None or host.workdir is None or host.workdir.fs_type is None:
-        return None
-    persistent, why = workdir_persistence(host)
-    where = f"{host.workdir.path} on {host.workdir.fs_type}"
-    if persistent is None:
-        return UNKNOWN, f"{where}: {why}"
-    return (RULED_OUT if persistent else CONFIRMED), f"{where}: {why}"
 
 
 def pcie_full_link(record: RunRecord) -> FactVerdict | None:

@@ -133,6 +133,35 @@ def preemptible_of(options: Mapping[str, Any], host: Host | None) -> tuple[bool 
     return None, ""
 
 
+PREEMPTIBLE_TELL = "`gpuvet run --preemptible` or `--on-demand`"
+
+
+def check_preemptible(ctx: Context) -> list[Finding]:
+    """host.preemptible: can the instance be reclaimed? What the user stated wins, then the cloud's
+    instance metadata; nothing inside a machine says it otherwise, and unknown is no pass."""
+    host: Host | None = ctx.machine.host
+    preemptible, said_by = preemptible_of(ctx.options, host)
+    if preemptible is None:
+        asked = host.unavailable.get("lifecycle") if host else None
+        where = f"the instance metadata did not say ({asked}): " if asked else "not visible from inside the machine: "
+        return [finding("host.preemptible", "host", SKIP,
+                        f"{where}see the billing page or instance type, then tell gpuvet ({PREEMPTIBLE_TELL})",
+                        remedy=f"see the billing page or instance type, then run {PREEMPTIBLE_TELL}")]
+    lifecycle = (host.lifecycle if host is not None and said_by != "as you stated" else None) or \
+        ("preemptible" if preemptible else "on-demand")
+    source = ("what you stated (--preemptible / --on-demand)" if said_by == "as you stated"
+              else f"the cloud's instance metadata ({host.lifecycle_source if host else 'lifecycle'})")
+    expected = "an instance that is not reclaimed mid-job (on-demand or reserved)"
+    if preemptible:
+        return [finding("host.preemptible", "host", WARN,
+                        f"preemptible ({said_by}): it can be reclaimed at any time; make the job resumable and keep "
+                        "checkpoints on persistent storage", measured=lifecycle, expected=expected, source=source,
+                        remedy="make the job resumable and keep checkpoints on persistent storage (a network volume "
+                               "or object storage), or rent an on-demand instance")]
+    return [finding("host.preemptible", "host", PASS, f"not preemptible ({said_by})", measured=lifecycle,
+                    expected=expected, source=source)]
+
+
 def stated_yes_no(value: object) -> bool | None:
     """A yes/no the user gave (a flag, or words a record or an import may hold: "spot", "on-demand")."""
     if isinstance(value, bool) or value is None:
@@ -173,6 +202,8 @@ def _confirm_persistence(path: str) -> str:
 
 
 def check_workdir(ctx: Context) -> list[Finding]:
+    """storage.workdir: what the working directory is on, and whether checkpoints fit there.
+    Whether it outlives the instance is storage.persistence's finding."""
     host: Host | None = ctx.machine.host
     if host is None:
         return _no_host("storage.workdir", "storage")
@@ -182,7 +213,7 @@ def check_workdir(ctx: Context) -> list[Finding]:
     free = f"{w.free_bytes / GIB:.0f} GiB free" if w.free_bytes is not None else "free space unknown"
     where = f"{w.path} on {w.fs_type} ({w.kind or 'unknown'}{', ' + w.model if w.model else ''}), {free}"
     remedy = "keep datasets and checkpoints on persistent storage; check with `df -hT .` and the provider's volume docs"
-    expected = "persistent local or shared storage with room for checkpoints"
+    expected = f"a disk fit for heavy IO with room for checkpoints ({WORKDIR_FREE_WARN_BYTES // GIB} GiB free or more)"
     issues: list[str] = []
     if w.kind == "overlay":
         issues.append("the container's writable layer: deleted with the container, and slow for heavy IO")
@@ -190,24 +221,47 @@ def check_workdir(ctx: Context) -> list[Finding]:
         issues.append("RAM-backed tmpfs: lost at reboot and it eats memory")
     elif w.kind == "network":
         issues.append("a network file system: small-file reads are slow (pack datasets into tar/WebDataset shards)")
-    if w.ephemeral and w.kind not in ("overlay", "tmpfs"):
-        issues.append(f"ephemeral instance storage ({w.ephemeral_reason or 'wiped when the instance stops'})")
     if w.free_bytes is not None and w.free_bytes < WORKDIR_FREE_WARN_BYTES:
         issues.append(f"only {free}: checkpoints may not fit")
-    persistent, why = workdir_persistence(host)
-    if persistent is None:
-        # Unknown persistence is not a pass: say so, and how to find out. On a machine the user
-        # says is preemptible, losing the working directory with the instance is the likely case.
-        unknown = f"{w.path} on {w.fs_type}, {free}: {why}"
-        confirm = _confirm_persistence(w.path or ".")
-        preemptible, said_by = preemptible_of(ctx.options, host)
-        if issues or preemptible is True:
-            if preemptible is True:
-                unknown += f"; on a preemptible instance ({said_by}) keep checkpoints on a persistent volume or object storage"
-            return [finding("storage.workdir", "storage", WARN, "; ".join(issues + [unknown]), measured=where,
-                            expected=expected, remedy=f"{remedy}; {confirm}" if issues else confirm)]
-        return [finding("storage.workdir", "storage", SKIP, f"{unknown}: {confirm}", measured=where, remedy=confirm)]
     if issues:
         return [finding("storage.workdir", "storage", WARN, "; ".join(issues), measured=where, expected=expected, remedy=remedy)]
-    return [finding("storage.workdir", "storage", PASS, f"{where}; {why}", measured=where, expected=expected,
-                    source="the file system, device and platform behind the working directory (findmnt, /sys/block)")]
+    if w.free_bytes is None:
+        return [finding("storage.workdir", "storage", SKIP, f"{where}: whether checkpoints fit is not known",
+                        measured=where, remedy="check with `df -hT .`")]
+    return [finding("storage.workdir", "storage", PASS, where, measured=where, expected=expected,
+                    source="the file system and device behind the working directory (findmnt, statvfs, /sys/block)")]
+
+
+def check_persistence(ctx: Context) -> list[Finding]:
+    """storage.persistence: does the working directory (where checkpoints land by default) outlive
+    the instance? Known from the facts where they tell; a VM's local disk may be instance storage,
+    which only the provider's docs tell apart, and unknown is no pass (a warning on an instance
+    that can be reclaimed, where losing it is the likely case)."""
+    host: Host | None = ctx.machine.host
+    if host is None:
+        return _no_host("storage.persistence", "storage")
+    w = host.workdir
+    if w is None or w.fs_type is None:
+        return [finding("storage.persistence", "storage", SKIP,
+                        f"working directory not examined: {why_missing(host, 'workdir')}")]
+    path = w.path or "."
+    where = f"{path} on {w.fs_type}"
+    measured = f"{where} ({w.kind or 'kind unknown'}{', ' + w.model if w.model else ''})"
+    expected = "storage that outlives the instance (checkpoints survive a stop or a reclaim)"
+    source = "the file system, device and platform behind the working directory (findmnt, /sys/block)"
+    remedy = "keep checkpoints on a persistent volume or object storage"
+    persistent, why = workdir_persistence(host)
+    if persistent is True:
+        return [finding("storage.persistence", "storage", PASS, f"{where}: {why}", measured=measured,
+                        expected=expected, source=source)]
+    if persistent is False:
+        return [finding("storage.persistence", "storage", WARN, f"{where}: {why}; checkpoints there are lost with it",
+                        measured=measured, expected=expected, source=source, remedy=remedy)]
+    unknown = (f"{where}: {why}: check `findmnt -T {path}`, `lsblk -o NAME,TYPE,ROTA,MODEL` and the provider's docs "
+               "on instance storage")
+    preemptible, said_by = preemptible_of(ctx.options, host)
+    if preemptible is True:
+        return [finding("storage.persistence", "storage", WARN, f"{unknown}; the instance is preemptible ({said_by})",
+                        measured=measured, expected=expected, source=source, remedy=f"{remedy}; {_confirm_persistence(path)}")]
+    return [finding("storage.persistence", "storage", SKIP, unknown, measured=measured,
+                    remedy=_confirm_persistence(path))]

@@ -24,7 +24,6 @@ from ..judge.gpu_sustained import (
     power_faults_under_load,
     short_load_words,
 )
-from ..judge.host import preemptible_of, workdir_persistence
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 
 TICKED, CROSSED, WARNED, UNKNOWN = "ticked", "crossed", "warned", "unknown"
@@ -59,7 +58,10 @@ class Item:
     passing_figure: str = "summary"
     keep: Callable[[RunRecord, Finding], bool] | None = None  # drop findings that do not bear on the item
     extra: Callable[[RunRecord], str] | None = None  # more figures from facts and measurements
-    decide: Callable[[RunRecord, Item], Line] | None = None  # items not decided by findings
+    decide: Callable[[RunRecord, Item], Line] | None = None  # items whose figure needs more than the findings' words
+    # Checks that must pass for a tick: where one was not judged (skipped: "cannot tell"), the line
+    # is open with its words, however well the others did.
+    required: tuple[str, ...] = ()
 
 
 @dataclass
@@ -89,7 +91,12 @@ def grouped(lines: list[Line]) -> list[tuple[str, list[Line]]]:
 def _bears_on(item: Item, f: Finding) -> bool:
     if f.check in item.exclude:
         return False
-    return any(f.check == c or (c.endswith(".*") and f.check.startswith(c[:-1])) for c in item.checks)
+    return any(_names(c, f.check) for c in item.checks)
+
+
+def _names(listed: str, check: str) -> bool:
+    """Whether an item's entry ("gpu.pcie_link", or a family "storage.*") names the check."""
+    return check == listed or (listed.endswith(".*") and check.startswith(listed[:-1]))
 
 
 def _from_findings(record: RunRecord, item: Item) -> Line:
@@ -100,10 +107,27 @@ def _from_findings(record: RunRecord, item: Item) -> Line:
         why = _skip_reasons(found) or f"not checked (run `{item.to_check}`)"
         return Line(item, UNKNOWN, _join(why, extra), found)
     worst = max(judged, key=lambda f: _SEVERITY[f.status]).status
-    deciding = [f for f in judged if f.status == worst]
+    if worst == PASS and (open_ := _not_passed(item, found)):
+        return Line(item, UNKNOWN, _join(open_, extra), found)
+    deciding = sorted((f for f in judged if f.status == worst), key=lambda f: _rank_in(item, f))
     if worst == PASS and item.passing_figure == "extra" and extra:
         return Line(item, TICKED, extra, found)
     return Line(item, _STATE_OF[worst], _join(_figure(item, deciding), extra), found)
+
+
+def _rank_in(item: Item, f: Finding) -> int:
+    """Where the finding's check stands in the item's list: its words are shown in that order."""
+    return next(i for i, c in enumerate(item.checks) if _names(c, f.check))
+
+
+def _not_passed(item: Item, found: list[Finding]) -> str:
+    """Why a required check did not pass: its skip's words, or that it was not checked."""
+    reasons = []
+    for check in item.required:
+        mine = [f for f in found if f.check == check]
+        if not any(f.status == PASS for f in mine):
+            reasons.append(_skip_reasons(mine) or f"{check} not checked (run `{item.to_check}`)")
+    return "; ".join(reasons)
 
 
 def _skip_reasons(found: list[Finding]) -> str:
@@ -397,23 +421,6 @@ _KIND_WORDS = {"nvme": "NVMe", "ssd": "SSD", "hdd": "HDD", "unknown": "virtual o
                "overlay": "container layer"}
 
 
-def _checkpoints(record: RunRecord, item: Item) -> Line:
-    """A pass needs storage known to survive the instance: older records passed any local disk."""
-    line = _from_findings(record, item)
-    host = record.machine.host
-    if line.state != TICKED or host is None or host.workdir is None or host.workdir.fs_type is None:
-        return line
-    persistent, why = workdir_persistence(host)
-    if persistent is not None:
-        return line
-    path = host.workdir.path or "."
-    figure = (f"{path} on {host.workdir.fs_type}: {why}: check `findmnt -T {path}`, `lsblk -o NAME,TYPE,ROTA,MODEL` "
-              "and the provider's docs on instance storage")
-    if preemptible_of(record.options, host)[0] is True:
-        return Line(item, WARNED, figure + "; the instance is preemptible", line.findings)
-    return Line(item, UNKNOWN, figure, line.findings)
-
-
 # -- NVLink ----------------------------------------------------------------------------------------
 
 def _nvlink(record: RunRecord, item: Item) -> Line:
@@ -432,19 +439,6 @@ def _nvlink(record: RunRecord, item: Item) -> Line:
                               f"(measure it: `{item.to_check}`)", line.findings)
 
 
-def _preemptible(record: RunRecord, item: Item) -> Line:
-    preemptible, said_by = preemptible_of(record.options, record.machine.host)
-    if preemptible is True:
-        return Line(item, WARNED, f"preemptible ({said_by}): it can be reclaimed at any time; make the job resumable "
-                                  "and keep checkpoints on persistent storage")
-    if preemptible is False:
-        return Line(item, TICKED, f"not preemptible ({said_by})")
-    host = record.machine.host
-    asked = host.unavailable.get("lifecycle") if host else None
-    where = f"the instance metadata did not say ({asked}): " if asked else "not visible from inside the machine: "
-    return Line(item, UNKNOWN, f"{where}see the billing page or instance type, then tell gpuvet ({item.to_check})")
-
-
 ITEMS: tuple[Item, ...] = (
     Item("whole_card", ACCEPTANCE, "Whole GPU, not shared", "GPU是否独占整卡",
          ("gpu.isolation",), "gpuvet run"),
@@ -453,15 +447,16 @@ ITEMS: tuple[Item, ...] = (
     Item("pcie_link", ACCEPTANCE, "PCIe width and generation under load", "PCIe链路宽度",
          ("gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie", passing_figure="measured", decide=_pcie_link),
     Item("storage_io", ACCEPTANCE, "Local disk and shared storage IO", "本地盘与共享存储IO",
-         ("storage.*",), "gpuvet run", exclude=("storage.workdir",), decide=_storage_io),
+         ("storage.*",), "gpuvet run", exclude=("storage.workdir", "storage.persistence"), decide=_storage_io),
     Item("rdma", ACCEPTANCE, "RDMA for multi-node training", "网络是否支持RDMA",
          ("net.rdma",), "gpuvet run"),
     Item("software_stack", ACCEPTANCE, "Software stack versions match", "镜像软件栈版本",
          ("stack.*",), "gpuvet run"),
     Item("preemptible", ACCEPTANCE, "Not preemptible", "实例是否可被抢占",
-         (), "`gpuvet run --preemptible` or `--on-demand`", decide=_preemptible),
+         ("host.preemptible",), "gpuvet run --preemptible"),
     Item("checkpoints", ACCEPTANCE, "Checkpoints on persistent storage", "数据备份方式",
-         ("storage.workdir", "workload.checkpoint", "workload.resume"), "gpuvet run", decide=_checkpoints),
+         ("storage.persistence", "storage.workdir", "workload.checkpoint", "workload.resume"), "gpuvet run",
+         required=("storage.persistence",)),
     Item("pcie_driver_view", HIDDEN, "PCIe width as the driver sees it", "PCIe带宽可见性",
          ("gpu.pcie_link",), "gpuvet run", passing_figure="measured", extra=_pcie_views, decide=_pcie_driver_view),
     Item("power_wall", HIDDEN, "Power wall", "GPU功耗墙",
