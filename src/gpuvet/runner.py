@@ -48,15 +48,8 @@ def run_live(
     takes the workload's checkpoint)."""
     started, t0 = timestamp(), time.monotonic()
     names = [] if quick and benchmarks is None else list(benchmarks or ALL_BENCHMARKS)
-    asked: dict[str, Any] = {"profile": _profile(quick, benchmarks, soak_minutes), "benchmarks": names}
-    if names:
-        asked["device"] = device
-    asked.update(needs or {})  # dataset_gb, checkpoint_gb, multi_node: what the judge weighs storage against
-    for key, value in (("expect", expect), ("soak_minutes", soak_minutes), ("paths", paths),
-                       ("workload_steps", workload_steps), ("preemptible", preemptible)):
-        if value is not None:
-            asked[key] = value
-    options = typing.cast(RunOptions, asked)  # the keys above are RunOptions'; the loader checks their types
+    options = _run_options(names, _profile(quick, benchmarks, soak_minutes), device, needs, expect=expect,
+                           soak_minutes=soak_minutes, paths=paths, workload_steps=workload_steps, preemptible=preemptible)
     progress("reading the machine's facts")
     machine = live.collect(workdir=workdir)
     judge.annotate_references(machine)
@@ -90,22 +83,9 @@ def run_live(
             workload_steps = schedule.RUN_WORKLOAD_STEPS  # the default run's short version of the workload
         # The checkpoint goes where the user pointed (their first --path), else the working directory.
         workload = {k: v for k, v in (("steps", workload_steps), ("path", (paths or [None])[0])) if v is not None}
-        xids = _watch_xids(machine) if device == "cuda" else None
-
-        def step(message: str) -> None:
-            if xids is not None and message.startswith("benchmark "):
-                xids.during = message  # an Xid from now on names this benchmark
-            progress(message)
-
-        try:
-            outcome = bench_plan.run(machine, gpu_names, device=device, force=force, soak_minutes=soak_minutes,
-                                     progress=step, workload=workload, profile=options["profile"],
-                                     alongside_sustained=host_alongside if alongside else None)
-        finally:
-            if xids is not None:
-                xids.stop()
-                machine.nvml_xid_events = xids.as_kernel_events({g.index: g.pcie.bus_id for g in machine.gpus})
-                nvml.shutdown()
+        outcome = _gpu_benchmarks(machine, gpu_names, device, progress, force=force, soak_minutes=soak_minutes,
+                                  workload=workload, profile=options["profile"],
+                                  alongside_sustained=host_alongside if alongside else None)
         measurements += outcome.measurements
         record.series = outcome.series
         wall_s.update(outcome.wall_s)
@@ -172,6 +152,39 @@ def plan_captures(paths: list[str], soak_minutes: float | None = None) -> schedu
     result.notes.append("assumes PyTorch with CUDA on that machine (a capture does not show the Python stack) "
                         "and storage tested in the working directory only")
     return result
+
+
+def _run_options(names: list[str], profile: str, device: str, needs: dict[str, Any] | None, **given: Any) -> RunOptions:
+    """What the run was asked, as its record keeps it: the profile and benchmarks, the device when
+    any benchmark runs, the storage needs, and each of `given` that is not None."""
+    asked: dict[str, Any] = {"profile": profile, "benchmarks": names}
+    if names:
+        asked["device"] = device
+    asked.update(needs or {})  # dataset_gb, checkpoint_gb, multi_node: what the judge weighs storage against
+    asked.update({key: value for key, value in given.items() if value is not None})
+    return typing.cast(RunOptions, asked)  # the keys above are RunOptions'; the loader checks their types
+
+
+def _gpu_benchmarks(machine: Machine, names: list[str], device: str, progress: Callable[[str], None], *,
+                    force: bool, soak_minutes: float | None, workload: dict[str, Any], profile: str,
+                    alongside_sustained: Callable[[], None] | None) -> bench_plan.Outcome:
+    """bench/plan.py's run of the GPU benchmarks, NVML's Xid events watched meanwhile: each is kept
+    on the machine, named by the benchmark it hit."""
+    xids = _watch_xids(machine) if device == "cuda" else None
+
+    def step(message: str) -> None:
+        if xids is not None and message.startswith("benchmark "):
+            xids.during = message  # an Xid from now on names this benchmark
+        progress(message)
+
+    try:
+        return bench_plan.run(machine, names, device=device, force=force, soak_minutes=soak_minutes, progress=step,
+                              workload=workload, profile=profile, alongside_sustained=alongside_sustained)
+    finally:
+        if xids is not None:
+            xids.stop()
+            machine.nvml_xid_events = xids.as_kernel_events({g.index: g.pcie.bus_id for g in machine.gpus})
+            nvml.shutdown()
 
 
 def _watch_xids(machine: Machine) -> nvml_events.XidWatch | None:
