@@ -13,15 +13,7 @@ doctor says what to run.
 from __future__ import annotations
 
 from .diagnose import diagnose, find_symptom
-from .shapes import (
-           CONFIRMED,
-           RULED_OUT,
-           UNKNOWN,
-           Cause,
-           CauseResult,
-           Diagnosis,
-           Symptom,
-)
+from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Cause, CauseResult, Diagnosis, Symptom
 from .symptoms import SYMPTOMS
 from .view import render_doctor
 

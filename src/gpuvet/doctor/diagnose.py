@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import re
 
+from ..judge.common import subject_range
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
-from ..report.checklist import subject_range
-from .shapes import (
-    CONFIRMED,
-    RULED_OUT,
-    UNKNOWN,
-    Cause,
-    CauseResult,
-    Diagnosis,
-    FactVerdict,
-    Symptom,
-)
+from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Cause, CauseResult, Diagnosis, FactVerdict, Symptom
 from .symptoms import SYMPTOMS
 
 # -- answering from a record -----------------------------------------------------------------------

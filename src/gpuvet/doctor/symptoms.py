@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-from ..judge.doctor_facts import (
-               driver_here,
-               in_container,
-               module_loading,
-               old_driver,
-               pcie_full_link,
-               persistence,
-               vgpu,
-)
+from ..judge.doctor_facts import driver_here, in_container, module_loading, old_driver, pcie_full_link, persistence, vgpu
 from .shapes import Cause, Symptom
 
 # -- the symptoms ----------------------------------------------------------------------------------
