@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..facts import Host, Nic, RdmaPort
 from ..record import MEASURED, Finding, Measurement, Valued
-from .bench_common import measured, one, planned
+from .bench_common import measured, one, planned, worst
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 
 # -- storage yardsticks -----------------------------------------------------------------------
@@ -91,7 +91,7 @@ def _storage_finding(ctx: Context, check: str, m: Valued) -> Finding:
                        measured=measured_text)
     device_status, device_words, device_expected = _against_device(m, kind, details.get("model"))
     need_status, need_words, need_expected = _against_need(ctx, m)
-    status = _worse(device_status, need_status)
+    status = worst(device_status, need_status)
     words = "; ".join(w for w in (device_words, need_words) if w)
     expected = "; ".join(e for e in (device_expected, need_expected) if e) or None
     sources = [s for s, st in ((DEVICE_SOURCE, device_expected), (NEED_SOURCE, need_expected)) if st]
@@ -211,12 +211,6 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _worse(*statuses: str | None) -> str:
-    order = {FAIL: 3, WARN: 2, PASS: 1}
-    present = [s for s in statuses if s]
-    return max(present, key=order.__getitem__) if present else PASS
 
 
 # -- network ----------------------------------------------------------------------------------
