@@ -161,17 +161,7 @@ def check(value: Any, hint: Any, path: str, depth: int = 0) -> Any:
                 raise RecordError(f"{path}: {checked!r} is not one of {', '.join(meta.choices)}")
         return checked
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return check(value, options[0], path, depth)
-        for option in options:
-            try:
-                return check(value, option, path, depth)
-            except RecordError:
-                continue
-        raise _wrong(path, value, " or ".join(_name(o) for o in options))
+        return _union(value, args, path, depth)
     if origin is typing.Literal:
         if value not in args:
             raise RecordError(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
@@ -215,6 +205,21 @@ def check(value: Any, hint: Any, path: str, depth: int = 0) -> Any:
     if dataclasses.is_dataclass(hint):
         return _dataclass(value, hint, path, depth)
     raise TypeError(f"record.validate cannot check the type {hint!r} ({path})")  # a gpuvet bug, not bad input
+
+
+def _union(value: Any, args: tuple[Any, ...], path: str, depth: int) -> Any:
+    """`value` checked against the first of the union's types it fits (None where the union allows it)."""
+    if value is None and type(None) in args:
+        return None
+    options = [a for a in args if a is not type(None)]
+    if len(options) == 1:
+        return check(value, options[0], path, depth)
+    for option in options:
+        try:
+            return check(value, option, path, depth)
+        except RecordError:
+            continue
+    raise _wrong(path, value, " or ".join(_name(o) for o in options))
 
 
 def _name(hint: Any) -> str:
