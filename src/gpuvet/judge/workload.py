@@ -4,6 +4,7 @@ write and read, and whether training resumed from the same state in a fresh proc
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..facts import Gpu
 from ..record import MEASURED, Finding, Measurement
@@ -91,13 +92,7 @@ def _throughput(ctx: Context, subject: str) -> Finding:
     if d.get("stopped_early"):
         words += f" ({d['stopped_early']})"
     if d.get("nonfinite_losses"):
-        return finding(check, subject, FAIL, f"the training loss was NaN or inf at {d['nonfinite_losses']} of "
-                       f"{d.get('timed_steps', 0) + d.get('warmup_steps', 0)} steps ({words})", measured=measured_text,
-                       expected="a finite loss at every step: the model is small, its gradients clipped, its "
-                                "compute in bf16 (or fp16 with loss scaling)",
-                       source="gpuvet: the reference workload trains without NaN on a healthy GPU",
-                       remedy="look at gpu.correctness and gpu.ecc; rerun `gpuvet workload`; if it repeats with another "
-                              "torch build too, report the GPU to the provider")
+        return _nonfinite_loss(subject, d, words, measured_text)
     if subject == "cpu" or not subject.startswith("gpu"):
         return finding(check, subject, MEASURED, words + " (on the CPU: no reference to judge against)", measured=measured_text)
     statuses, expected, sources = [PASS], [], []
@@ -141,6 +136,17 @@ def _throughput(ctx: Context, subject: str) -> Finding:
                    remedy=None if status in (PASS, MEASURED) else
                    "look at gpu.gemm, gpu.throttle, host.cpu and host.steal; watch `nvidia-smi dmon -s pucv` while "
                    "`gpuvet workload --steps 500` runs: low SM use with a busy CPU means the GPU is not fed")
+
+
+def _nonfinite_loss(subject: str, d: dict[str, Any], words: str, measured_text: str) -> Finding:
+    steps = d.get("timed_steps", 0) + d.get("warmup_steps", 0)
+    return finding("workload.throughput", subject, FAIL, f"the training loss was NaN or inf at {d['nonfinite_losses']} of "
+                   f"{steps} steps ({words})", measured=measured_text,
+                   expected="a finite loss at every step: the model is small, its gradients clipped, its "
+                            "compute in bf16 (or fp16 with loss scaling)",
+                   source="gpuvet: the reference workload trains without NaN on a healthy GPU",
+                   remedy="look at gpu.correctness and gpu.ecc; rerun `gpuvet workload`; if it repeats with another "
+                          "torch build too, report the GPU to the provider")
 
 
 def _peak(ctx: Context, subject: str, dtype: str | None) -> tuple[float | None, str | None]:
