@@ -29,9 +29,12 @@ def cost_rows(runs: list[RunRecord], prices: list[float | None], notes: list[str
             rate = machine_rates(record, metric, unit)
             if rate and rate.note:
                 notes.append(rate.note)
-            priced = price is not None and rate is not None
-            totals.append(price / (rate.total * per_second_to_unit) if priced else None)
-            paced.append(price / (rate.slowest_paced * per_second_to_unit) if priced and rate.slowest_paced > 0 else None)
+            if price is None or rate is None:
+                totals.append(None)
+                paced.append(None)
+                continue
+            totals.append(price / (rate.total * per_second_to_unit))
+            paced.append(price / (rate.slowest_paced * per_second_to_unit) if rate.slowest_paced > 0 else None)
         if not any(v is not None for v in totals):
             continue
         not_comparable = shapes_differ if key in SHAPE_DEPENDENT else None
@@ -82,7 +85,7 @@ def _job_metric(runs: list[RunRecord], ref: int, comparable_tokens: bool = True)
     metrics = JOB_METRICS if comparable_tokens else tuple(m for m in JOB_METRICS if m != TOKENS)
     candidates = [m for m in metrics if m in has[ref]]
     shared = [m for m in candidates if all(m in h for h in has)]
-    return (shared or candidates or [None])[0]
+    return (shared or candidates)[0] if shared or candidates else None
 
 
 # -- ranking ----------------------------------------------------------------------------------
@@ -103,7 +106,8 @@ def rank_runs(names: list[str], runs: list[RunRecord], prices: list[float | None
                "different workload shapes: tokens/s not comparable" if costs else "none of the throughput figures a cost needs")
         return None, None, [], {n: why for n in names}
     key, label, values = max(bases, key=lambda b: sum(b[2][i] is not None for i in priced))
-    ranked = sorted((Ranked(names[i], values[i], prices[i]) for i in priced if values[i] is not None),
+    ranked = sorted((Ranked(names[i], cost, price) for i in priced
+                     if (cost := values[i]) is not None and (price := prices[i]) is not None),
                     key=lambda r: r.cost)
     unranked = {names[i]: "no price per hour" if prices[i] is None else f"not measured for {label}"
                 for i in range(len(names)) if prices[i] is None or values[i] is None}
