@@ -68,12 +68,14 @@ def _benchmark_names() -> tuple[str, ...]:
 @click.option("--vet-timeout", type=click.FloatRange(min=1), metavar="S",
               help="Longest local vet (default 120 s with --quick, else 1200 s + soak).")
 @click.option("--cross-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True, metavar="S",
-              help="Longest cross-node phase.")
+              help="Longest cross-node measurements, from when every rank has started.")
+@click.option("--start-timeout", type=click.FloatRange(min=1), default=180.0, show_default=True, metavar="S",
+              help="How long the cross-node ranks may take to start (Python, PyTorch) on a loaded node.")
 @click.option("--dead-after", type=click.FloatRange(min=0.5), default=60.0, show_default=True, metavar="S",
               help="A node silent this long (no heartbeat) has failed.")
 @click.option("--port", type=click.IntRange(1, 65535),
               help="The rendezvous port (default: MASTER_PORT, or one from the Slurm job id).")
-@click.option("--test-pause-at", type=click.Choice(["vet", "meet", "cross"]), hidden=True)
+@click.option("--test-pause-at", type=click.Choice(["vet", "meet", "cross", "cross-start"]), hidden=True)
 @click.option("--test-hold-until", metavar="FILE", hidden=True)
 @click.option("--rank-processes", is_flag=True, hidden=True)
 def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], no_cross: bool, run_id: str | None,

@@ -129,7 +129,7 @@ class Coordinator:
         if self.plan is None:
             return
         self.node.say("gathering the cross-node results")
-        deadline = time.monotonic() + self.plan.timeout_s + GATHER_GRACE_S
+        deadline = time.monotonic() + self.plan.start_timeout_s + self.plan.timeout_s + GATHER_GRACE_S
         while time.monotonic() < deadline:
             self.roster.poll()
             members = [self.roster.nodes[r] for r in self.plan.members]

@@ -27,6 +27,7 @@ from .plan import Plan
 from .rendezvous import POLL_S, Rendezvous
 
 ABORT_CHECK_S = 1.0
+TEST_PAUSES = {"cross": "device", "cross-start": "start-up"}  # --test-pause-at: where a rank stands still
 
 
 def _package_root() -> str:
@@ -60,20 +61,21 @@ class RankThread:
 
 def run_cross_node(plan: Plan, member: int, rendezvous: Rendezvous, options: Options,
                    should_abort: Callable[[], str | None]) -> dict[str, Any]:
-    """Start this node's ranks, wait for them (or the deadline, or an abort), and combine what
-    they measured into this node's cross-node result."""
-    deadline = time.monotonic() + plan.timeout_s
+    """Start this node's ranks, wait for them (or the start-up limit, the deadline, an abort),
+    and combine what they measured into this node's cross-node result."""
+    start_by = time.monotonic() + plan.start_timeout_s
     env = _rank_env(rendezvous.launch, plan)
     in_processes = plan.backend == "nccl" or options.rank_processes
     with scratch_dir("gpuvet-cluster-") as workdir:
         configs = [CrossRankConfig(asdict(plan), member, local, rendezvous.launch.master_addr, rendezvous.launch.master_port,
-                               rendezvous.prefix, workdir, os.getpid(), deadline, pause=options.test_pause_at == "cross",
+                               rendezvous.prefix, workdir, os.getpid(), start_by, plan.timeout_s,
+                               pause_at=TEST_PAUSES.get(options.test_pause_at or ""),
                                backend_env={} if in_processes else _gloo_env(env))
                    for local in range(plan.ranks_per_node)]
         ranks = [_start_rank_process(c, env) if in_processes else RankThread(c) for c in configs]
         stopped: set[int] = set()
         try:
-            aborted = _watch_ranks(ranks, Path(workdir), deadline, should_abort)
+            aborted = _watch_ranks(ranks, Path(workdir), plan, start_by, should_abort)
         finally:  # also on Ctrl-C: no rank may outlive the node
             stopped = _stop_ranks(ranks)
         reports = [_with_exit(_read_rank_report(Path(workdir), local), rank.poll(), local in stopped)
@@ -120,12 +122,14 @@ def _start_rank_process(config: CrossRankConfig, env: dict[str, str]) -> subproc
                                 start_new_session=True)
 
 
-def _watch_ranks(procs: list[Any], workdir: Path, deadline: float,
-                    should_abort: Callable[[], str | None]) -> str | None:
-    """Until every child exits, the deadline passes or rank 0 aborts (the reason). A child that
-    reported everything and only hangs in teardown is not waited for."""
+def _watch_ranks(procs: list[Any], workdir: Path, plan: Plan, start_by: float,
+                 should_abort: Callable[[], str | None]) -> str | None:
+    """Until every child exits, the start-up limit or the deadline passes or rank 0 aborts (the
+    reason). The deadline runs from when the ranks have all started (each rank says when). A
+    child that reported everything and only hangs in teardown is not waited for."""
     finished_at: float | None = None
     next_abort_check = 0.0
+    deadline: float | None = None
     while True:
         codes = [p.poll() for p in procs]
         if all(code is not None for code in codes):
@@ -133,9 +137,15 @@ def _watch_ranks(procs: list[Any], workdir: Path, deadline: float,
         if any(code not in (None, 0) for code in codes):
             return None  # one rank failed: the others' collectives fail or time out; stop them now
         now = time.monotonic()
-        if now >= deadline:
+        reports = [_read_rank_report(workdir, i) for i in range(len(procs))]
+        if deadline is None:
+            started = [r["deadline"] for r in reports if r.get("deadline")]
+            deadline = max(started) if started else None  # one has seen all start: the others have too
+        if deadline is None and now >= start_by:
+            return did_not_start(plan.start_timeout_s)
+        if deadline is not None and now >= deadline:
             return "the cross-node measurements did not finish in time (deadline reached on this node)"
-        if all(_read_rank_report(workdir, i).get("finished") for i in range(len(procs))):
+        if all(r.get("finished") for r in reports):
             finished_at = finished_at or now
             if now - finished_at > CHILD_GRACE_S:
                 return None
@@ -145,6 +155,11 @@ def _watch_ranks(procs: list[Any], workdir: Path, deadline: float,
             if reason:
                 return reason
         time.sleep(POLL_S / 2)
+
+
+def did_not_start(seconds: float) -> str:
+    """Why this node stopped its ranks when some rank (here or on another node) had not started."""
+    return f"the cross-node ranks did not all start within {seconds:.0f} s (start-up limit reached on this node)"
 
 
 def _stop_ranks(ranks: list[Any]) -> set[int]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.allreduce import LATENCY_BYTES, sweep_sizes
+from ..judge.cluster import IMPORTING_TORCH, WAITING_FOR_RANKS
 from .options import pause
 from .plan import Plan
 
@@ -32,8 +33,13 @@ class CrossRankConfig:
     prefix: str
     workdir: str
     parent_pid: int
-    deadline: float  # time.monotonic(), shared with the parent (same machine)
-    pause: bool = False  # tests only
+    # time.monotonic(), shared with the parent (same machine): every rank of every node must have
+    # started by start_by; the measurements then get timeout_s from when the rank saw all started.
+    start_by: float
+    timeout_s: float
+    # tests only: where this rank stands still, as a stuck one would: "start-up" (importing torch,
+    # a loaded machine) or "device" (opening its device, after every rank has started: a hang)
+    pause_at: str | None = None
     backend_env: dict[str, str] = field(default_factory=dict)  # set before an in-process rank starts
 
 
@@ -42,7 +48,9 @@ class _RankReport:
 
     def __init__(self, path: Path):
         self.path = path
-        self.data: dict[str, Any] = {"allreduce": None, "ring": [], "error": None, "step": "starting", "finished": False}
+        # "deadline": the rank's, once every rank has started (before: still starting up)
+        self.data: dict[str, Any] = {"allreduce": None, "ring": [], "error": None, "step": "starting", "finished": False,
+                                     "deadline": None}
 
     def step(self, name: str) -> None:
         self.data["step"] = name
@@ -61,9 +69,9 @@ def run_rank(config: CrossRankConfig) -> int:
     """One cross-node rank, start to end; what it measured is in its report file either way."""
     report = _RankReport(Path(config.workdir) / f"local{config.local_rank}.json")
     try:
-        report.step("importing torch")
-        if config.pause:
-            pause("cross-node")
+        report.step(IMPORTING_TORCH)
+        if config.pause_at == "start-up":
+            pause("cross-node start-up")
         _cross_node_rank(config, report)
         report.data["finished"] = True
         report.write()
@@ -80,7 +88,7 @@ def child_main(config_path: str) -> None:
 
     config = CrossRankConfig(**json.loads(Path(config_path).read_text()))
     rank_dies_with_parent(config.parent_pid)
-    exit_after(config.deadline + CHILD_GRACE_S)
+    exit_after(config.start_by + config.timeout_s + CHILD_GRACE_S)  # the latest it can end
     code = run_rank(config)
     sys.stdout.flush()
     os._exit(code)  # after a failure the process group may be broken: never wait in its destructor
@@ -99,17 +107,26 @@ def _cross_node_rank(config: CrossRankConfig, report: _RankReport) -> None:
     plan = Plan(**config.plan)
     rank = config.member * plan.ranks_per_node + config.local_rank
     world_size = len(plan.members) * plan.ranks_per_node
+    report.step(WAITING_FOR_RANKS)
+    # Past the node's start-up limit: the node, not the store's timeout, decides who was slow.
+    starting = timedelta(seconds=max(1.0, config.start_by - time.monotonic()) + CHILD_GRACE_S)
+    base = TCPStore(config.master_addr, config.master_port, None, False, timeout=starting)
+    deadline = _all_started(PrefixStore(config.prefix + "start/", base), world_size, starting) + config.timeout_s
+    report.data["deadline"] = deadline
+    report.step(OPENING_DEVICE)
+    if config.pause_at == "device":
+        pause("cross-node")
     device = torch.device(f"cuda:{config.local_rank}" if plan.device == "cuda" else "cpu")
     if plan.device == "cuda":
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)
-    left = max(1.0, config.deadline - time.monotonic())
+    left = max(1.0, deadline - time.monotonic())
     report.step("init_process_group")
-    base = TCPStore(config.master_addr, config.master_port, None, False, timeout=timedelta(seconds=left))
+    base.set_timeout(timedelta(seconds=left))
     store = PrefixStore(config.prefix + "pg/", base)
     dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=left))
-    allreduce_until = time.monotonic() + (config.deadline - time.monotonic()) * 0.5
+    allreduce_until = time.monotonic() + (deadline - time.monotonic()) * 0.5
     report.data["allreduce"] = _allreduce_sweep(plan, rank, world_size, device, report, allreduce_until)
     report.write()
     for index, ring in enumerate(plan.rounds):
@@ -118,6 +135,15 @@ def _cross_node_rank(config: CrossRankConfig, report: _RankReport) -> None:
     report.step("teardown")
     _barrier(dist, torch, device)
     dist.destroy_process_group()
+
+
+def _all_started(store: Any, world_size: int, timeout: timedelta) -> float:
+    """Wait until every rank of every node has started (imported torch, reached the store);
+    when this rank saw it (time.monotonic()): its measurements' time runs from then."""
+    if store.add("ranks", 1) >= world_size:
+        store.set("all", "1")
+    store.wait(["all"], timeout)
+    return time.monotonic()
 
 
 def _allreduce_sweep(plan: Plan, rank: int, world_size: int, device: Any, report: _RankReport,
@@ -181,6 +207,9 @@ def _ring_round(plan: Plan, config: CrossRankConfig, index: int, ring: list[int]
     return {"round": index, "src_member": src_member, "bytes": plan.ring_bytes, "seconds": seconds, "wrong": wrong}
 
 
+OPENING_DEVICE = "opening its device"
+
+
 def transfer_step(index: int) -> str:
     return f"ring round {index + 1}: transfer"
 
@@ -193,16 +222,17 @@ def step_progress(step: str | None) -> tuple[int, ...]:
     """How far a rank got, comparable across ranks: in a collective every rank waits for the last
     one, so the ranks furthest behind are those that held the others up."""
     if step == FINISHED:
-        return (9,)
+        return (10,)
     if step == "teardown":
-        return (8,)
+        return (9,)
     ring = _RING_STEP.fullmatch(step or "")
     if ring:
-        return (7, int(ring.group(1)), ring.group(2) == "transfer")
+        return (8, int(ring.group(1)), ring.group(2) == "transfer")
     if (step or "").startswith("all-reduce of "):
         size = (step or "").split()[2]
-        return (6, int(size) if size.isdigit() else 0)
+        return (7, int(size) if size.isdigit() else 0)
     return (_EARLY_STEPS.get(step or "", 0),)
 
 
-_EARLY_STEPS = {"starting Python": 1, "starting": 2, "importing torch": 3, "init_process_group": 4}
+_EARLY_STEPS = {"starting Python": 1, "starting": 2, IMPORTING_TORCH: 3, WAITING_FOR_RANKS: 4, OPENING_DEVICE: 5,
+                "init_process_group": 6}

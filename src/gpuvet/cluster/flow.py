@@ -75,7 +75,7 @@ def _run_member(node: Node) -> int:
         plan = Plan(**posted["plan"]) if posted.get("plan") else None
         if plan and node.launch.rank in plan.members:
             node.meet(plan, lambda: (node.rv.get("abort") or {}).get("reason"))
-    final = node.rv.wait_for("final", o.cross_timeout + o.dead_after + GATHER_GRACE_S + 60)
+    final = node.rv.wait_for("final", o.start_timeout + o.cross_timeout + o.dead_after + GATHER_GRACE_S + 60)
     if final is None:
         return _lost(node, "no cluster verdict from rank 0")
     with contextlib.suppress(Exception):

@@ -45,11 +45,12 @@ class Options:
     tolerance: float | None = None
     join_timeout: float = 300.0
     vet_timeout: float | None = None  # None: from the profile
-    cross_timeout: float = 300.0
+    cross_timeout: float = 300.0  # the cross-node measurements, from when every rank has started
+    start_timeout: float = 180.0  # the cross-node ranks' start-up (Python, import torch): a loaded machine is slow there
     dead_after: float = 60.0
     port: int | None = None
     rank_processes: bool = False  # gloo ranks in processes of their own, as NCCL's (tests of that path)
-    test_pause_at: str | None = None  # tests only: "vet", "meet" or "cross": this node stops there
+    test_pause_at: str | None = None  # tests only: "vet", "meet", "cross" or "cross-start": this node stops there
     test_hold_until: str | None = None  # tests only: the node waits for this file before its local vet
 
     def vet_deadline_s(self) -> float:

@@ -24,9 +24,10 @@ class Plan:
     ring_bytes: int
     ring_repeats: int
     rounds: list[list[int]]  # per round: member indices in ring order (each sends to the next)
-    timeout_s: float
+    timeout_s: float  # the measurements, from when every rank has started
     notes: list[str] = field(default_factory=list)
     without_gpu: list[str] = field(default_factory=list)  # GPUs were asked for; these nodes had none usable
+    start_timeout_s: float = 180.0  # every rank's start-up (Python, import torch), before timeout_s runs
 
 
 def shuffled_rings(members: int, rounds: int, rng: random.Random) -> list[list[int]]:
@@ -59,7 +60,7 @@ def make_plan(ready: dict[int, dict[str, Any]], options: Options, rng: random.Ra
             notes.append(f"gloo on the CPUs: no usable GPU on {', '.join(without_gpu[:8])}")
     return Plan(members, names, ranks_per_node, backend, device, _whole_floats(max_mib), _whole_floats(ring_mib),
                 RING_REPEATS, shuffled_rings(len(members), options.ring_rounds, rng), options.cross_timeout, notes,
-                without_gpu if options.device == "cuda" and backend == "gloo" else [])
+                without_gpu if options.device == "cuda" and backend == "gloo" else [], options.start_timeout)
 
 
 def _whole_floats(mib: float) -> int:

@@ -117,10 +117,13 @@ def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list
     # Who held the others up: the nodes behind, or (all at one step) every stopped rank.
     held_at = list(behind.values()) if behind else [e.get("step") for _, e in errors]
     if aborted and held_at and not silent and not broken and all(starting_up(step) for step in held_at):
-        # Held up only by ranks still starting their Python processes: a loaded node, not a
-        # broken one. Not measured (skipped), never failed.
-        return ("skipped", f"not measured in time: {aborted}{behind_words} (slow to start a process: a busy node; "
-                           "rerun with a longer --cross-timeout or on idle nodes)", named, extra)
+        # Held up only by ranks still starting (Python, import torch): a loaded node, not a broken
+        # one. Not measured (skipped), never failed; the slow nodes named (all, if none was behind).
+        slow = behind or {name: e.get("step") or "starting" for name, e in errors}
+        who = ", ".join(list(slow)[:8]) + (f" and {len(slow) - 8} more" if len(slow) > 8 else "")
+        return ("skipped", f"not measured: the cross-node ranks of {who} did not start within {plan.start_timeout_s:.0f} s"
+                           f"{behind_words} (a loaded machine? see `uptime` there); rerun on idle nodes or with a longer "
+                           "--start-timeout", list(slow), {**extra, "behind": slow, "start_timeout_s": plan.start_timeout_s})
     if aborted:  # rank 0 stopped everyone, or the deadline passed: who was behind says who held it up
         return "aborted", f"aborted: {aborted}{behind_words}", named, extra
     parts = []
@@ -224,7 +227,7 @@ def _entry_dict(entry: NodeEntry) -> dict[str, Any]:
 def _recorded_options(options: Options) -> dict[str, Any]:
     keep = ("quick", "device", "benchmarks", "soak_minutes", "preemptible", "expect", "expect_nodes", "tolerance",
             "join_timeout", "vet_timeout",
-            "cross_timeout", "dead_after", "allreduce_max_mib", "ring_mib", "ring_rounds", "cross", "full_records")
+            "cross_timeout", "start_timeout", "dead_after", "allreduce_max_mib", "ring_mib", "ring_rounds", "cross", "full_records")
     return {k: getattr(options, k) for k in keep if getattr(options, k) not in (None, [], False)}
 
 

@@ -478,7 +478,8 @@ def _last_step_words(entry: NodeEntry) -> str:
     return f" (last step: {entry.step})"
 
 
-def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others_reached: str | None) -> list[Finding]:
+def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others_reached: str | None,
+                         start_timeout_s: float | None = None) -> list[Finding]:
     missing = [e for e in entries if e.status == MISSING and not e.unnamed]
     unnamed = [e for e in entries if e.status == MISSING and e.unnamed]
     failed = [e for e in entries if e.status == FAILED]
@@ -509,12 +510,15 @@ def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], other
             continue  # already named above
         others = _others_words(others_reached)
         if starting_up(step):  # a busy node starts processes slowly: said, never failed for it
+            within = f"within {start_timeout_s:.0f} s" if start_timeout_s else "in time"
+            while_others = f" {others}" if others_reached else ""
             findings.append(_finding(
-                "cluster.nodes", f"node:{name}", WARN, f"{name} was still at '{step}' when the cross-node phase "
-                f"ran out of time {others}: slow to start a process (a busy node?), not a fault",
+                "cluster.nodes", f"node:{name}", WARN, f"{name}: its cross-node ranks did not start {within} (still at "
+                f"'{step}'{while_others}): a loaded machine? see `uptime` there; slow, not a fault of its hardware",
                 measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
-                expected="every node's ranks start within the cross-node deadline",
-                remedy=f"{show_command(by_name[name])}; `uptime` there (load), then rerun with a longer --cross-timeout"))
+                expected="every node's ranks start (Python, PyTorch) within the start-up limit (--start-timeout)",
+                remedy=f"`uptime` and `top` on {name} (what holds its CPUs); rerun on idle nodes or with a longer "
+                       f"--start-timeout; {show_command(by_name[name])}"))
             continue
         findings.append(_finding(
             "cluster.nodes", f"node:{name}", FAIL, f"{name} held up the cross-node phase: stuck at {step} {others}",
@@ -836,7 +840,9 @@ def judge_cluster(entries: list[NodeEntry], measurements: list[Measurement] | No
     fallback = next((m for m in measurements if m.name == FALLBACK), None)
     ring_verdict = attribute_ring(ring_pairs(ring)) if ring else None
     behind, others_reached = _behind(notes)
-    findings = (_stopped_findings(options.get("stopped")) + _node_state_findings(entries, behind, others_reached)
+    start_timeout_s = next((n.details["start_timeout_s"] for n in notes if n.details.get("start_timeout_s")), None)
+    findings = (_stopped_findings(options.get("stopped"))
+                + _node_state_findings(entries, behind, others_reached, start_timeout_s)
                 + _straggler_findings(views, baselines, stragglers)
                 + _uniformity_findings(uniformity) + _node_check_findings(views) + _fallback_findings(fallback)
                 + [_allreduce_finding(views, busbw, latency, notes)] + _ring_findings(views, ring, notes))
@@ -853,9 +859,13 @@ def _stopped_findings(stopped: str | None) -> list[Finding]:
                             "late: start every node at once with the line from `gpuvet cluster --print-launch`, and rerun")]
 
 
-# A rank's steps before its Python runs gpuvet's code (cluster/cross_rank.py names them). A rank
-# stuck later (importing torch, a collective) for the whole deadline is held up, not slow.
-START_UP_STEPS = ("starting Python", "starting")
+# A cross-node rank's steps before its measurements (cluster/cross_rank.py takes them): starting
+# its Python, importing torch, waiting in the store for the other ranks to do the same. They have
+# their own limit (--start-timeout); the measurements' deadline runs from the end of them, so a
+# rank stuck later (a collective) is held up, not slow.
+IMPORTING_TORCH = "importing torch"
+WAITING_FOR_RANKS = "waiting for every rank to start"
+START_UP_STEPS = ("starting Python", "starting", IMPORTING_TORCH, WAITING_FOR_RANKS)
 
 
 def starting_up(step: str | None) -> bool:
@@ -933,7 +943,10 @@ def _row(view: NodeView, evidence: ClusterEvidence, others_reached: str | None =
     if entry.status == FAILED:
         during = f" (during {entry.step})" if _last_step_words(entry) else ""
         headlines.append(f"failed: {entry.reason or 'no reason given'}{during}")
-    if evidence.behind:
+    if evidence.behind and starting_up(evidence.behind):  # a loaded node: slow to start, not broken
+        statuses.append(WARN)
+        headlines.append(f"its cross-node ranks did not start in time (still at {evidence.behind}): a loaded machine?")
+    elif evidence.behind:
         statuses.append(FAIL)
         headlines.append(f"held up the cross-node phase: stuck at {evidence.behind} {_others_words(others_reached)}")
     straggler = evidence.straggler
