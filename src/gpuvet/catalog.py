@@ -251,7 +251,8 @@ CHECKS: tuple[Check, ...] = (
           "net test"),
     # -- a multi-node run (gpuvet cluster) -------------------------------------------------------
     Check("cluster.nodes", "cluster", "cluster.judge_cluster", None, "every node joined and reported",
-          "a node missing, or stuck in a phase the others passed", "did every node take part", "cluster"),
+          "a node missing, or stuck in a phase the others passed (warns when its cross-node ranks did not start "
+          "within --start-timeout: a loaded node, not a broken one)", "did every node take part", "cluster"),
     Check("cluster.node_checks", "cluster", "cluster.judge_cluster", None, "the nodes' own findings, grouped by check",
           "a node's check failed", "which nodes fail which checks", "cluster"),
     Check("cluster.uniform", "cluster", "cluster.judge_cluster", None, "GPU model, driver, CUDA, link across nodes",
