@@ -945,7 +945,7 @@ def _row(view: NodeView, evidence: ClusterEvidence, others_reached: str | None =
         headlines.append(f"failed: {entry.reason or 'no reason given'}{during}")
     if evidence.behind and starting_up(evidence.behind):  # a loaded node: slow to start, not broken
         statuses.append(WARN)
-        headlines.append(f"its cross-node ranks did not start in time (still at {evidence.behind}): a loaded machine?")
+        headlines.append(f"its cross-node ranks did not start in time (still at {evidence.behind}; a loaded machine?)")
     elif evidence.behind:
         statuses.append(FAIL)
         headlines.append(f"held up the cross-node phase: stuck at {evidence.behind} {_others_words(others_reached)}")
