@@ -27,7 +27,7 @@ from ..facts import CLOCK_EVENT_REASONS, REMAP_LEVELS
 from . import nvml_names
 from . import values as v
 from .errors import CaptureError
-from .smi_xml import looks_like_smi_xml
+from .smi_xml import PATHS, looks_like_smi_xml
 
 ENVIRONMENT = "GPUVET_NVML_REPLAY"
 _MIB = 1024 * 1024
@@ -131,18 +131,20 @@ _THRESHOLDS = {
     real.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "gpu_temp_max_mem_threshold",
     real.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_temp_max_gpu_threshold",
 }
-# nvidia-smi's tag for each clock-event reason bit (the old reports say "throttle").
-_REASON_TAGS = {bit: "display_clocks_setting" if name == "display_clock_setting" else name
-                for bit, name in CLOCK_EVENT_REASONS.items()}
-# nvmlDeviceGetViolationStatus policy -> the v13 report's clocks_event_reasons_counters entry (us).
-_VIOLATION_COUNTERS = {real.NVML_PERF_POLICY_POWER: "sw_power_cap", real.NVML_PERF_POLICY_THERMAL: "sw_therm_slowdown",
+# Where the report keeps what the parser reads too (smi_xml.PATHS): each clock-event reason bit's
+# flag, and the v13 report's time under each reason (us) behind nvmlDeviceGetViolationStatus's policies.
+_REASON_PATHS = {bit: PATHS["reason_" + name] for bit, name in CLOCK_EVENT_REASONS.items()}
+_VIOLATION_COUNTERS = {real.NVML_PERF_POLICY_POWER: "sw_power_cap", real.NVML_PERF_POLICY_THERMAL: "sw_thermal_slowdown",
                        real.NVML_PERF_POLICY_SYNC_BOOST: "sync_boost"}
-_COUNTERS = "clocks_event_reasons_counters"
 _LINK = "pci/pci_gpu_link_info"
 
 
-def _event_time_ns(tag: str) -> Callable[[ET.Element], tuple[str, int]]:
-    return lambda e: ("ullVal", _int(e, f"{_COUNTERS}/{_COUNTERS}_{tag}") * 1000)  # nvidia-smi prints us
+def _event_time_us(element: ET.Element | None, reason: str) -> int:
+    return _int(element, *PATHS["event_time_" + reason])
+
+
+def _event_time_ns(reason: str) -> Callable[[ET.Element], tuple[str, int]]:
+    return lambda e: ("ullVal", _event_time_us(e, reason) * 1000)  # nvidia-smi prints us
 
 
 # Field ids by name: an older nvidia-ml-py (the declared floor) lacks the newer ones, whose calls
@@ -154,9 +156,9 @@ _FIELD_READERS: dict[str, Callable[[ET.Element], tuple[str, int]]] = {
     "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": lambda e: ("uiVal", _enum(e, nvml_names.RECOVERY_ACTIONS, "gpu_recovery_action")),
     "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP": _event_time_ns("sw_power_cap"),
     "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST": _event_time_ns("sync_boost"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN": _event_time_ns("sw_therm_slowdown"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN": _event_time_ns("hw_therm_slowdown"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN": _event_time_ns("hw_power_brake"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN": _event_time_ns("sw_thermal_slowdown"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN": _event_time_ns("hw_thermal_slowdown"),
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN": _event_time_ns("hw_power_brake_slowdown"),
 }
 _FIELDS: dict[int, Callable[[ET.Element], tuple[str, int]]] = {
     getattr(real, name): read for name, read in _FIELD_READERS.items() if hasattr(real, name)
@@ -320,8 +322,7 @@ class Replay(ModuleType):
         name = _VIOLATION_COUNTERS.get(policy)
         if name is None:
             _refuse()
-        microseconds = _int(h.element, f"{_COUNTERS}/{_COUNTERS}_{name}")
-        return SimpleNamespace(referenceTime=0, violationTime=microseconds * 1000)
+        return SimpleNamespace(referenceTime=0, violationTime=_event_time_us(h.element, name) * 1000)
 
     # -- PCIe ---------------------------------------------------------------------------------
     def nvmlDeviceGetPciInfo(self, h: Device) -> SimpleNamespace:
@@ -366,10 +367,9 @@ class Replay(ModuleType):
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: Device) -> int:
         mask, known = 0, False
-        for bit, tag in _REASON_TAGS.items():
+        for bit, paths in _REASON_PATHS.items():
             try:
-                state = _raw(h.element, f"clocks_event_reasons/clocks_event_reason_{tag}",
-                             f"clocks_throttle_reasons/clocks_throttle_reason_{tag}")
+                state = _raw(h.element, *paths)
             except real.NVMLError:
                 continue
             known = True
@@ -419,16 +419,13 @@ class Replay(ModuleType):
 
     def nvmlDeviceGetTotalEccErrors(self, h: Device, error_type: int, counter_type: int) -> int:
         scope = "volatile" if counter_type == real.NVML_VOLATILE_ECC else "aggregate"
-        base = f"ecc_errors/{scope}"
-        parts: tuple[str, ...]
         if error_type == real.NVML_MEMORY_ERROR_TYPE_CORRECTED:
-            parts, total = ("sram_correctable", "dram_correctable"), "single_bit/total"
+            parts, total = PATHS[f"{scope}_corrected_parts"], PATHS[f"{scope}_single_bit_total"]
         else:
-            parts = ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
-            total = "double_bit/total"
-        numbers = [v.integer(h.element.findtext(f"{base}/{part}")) for part in parts]
+            parts, total = PATHS[f"{scope}_uncorrected_parts"], PATHS[f"{scope}_double_bit_total"]
+        numbers = [v.integer(h.element.findtext(path)) for path in parts]
         numbers = [n for n in numbers if n is not None]
-        return sum(numbers) if numbers else _int(h.element, f"{base}/{total}")
+        return sum(numbers) if numbers else _int(h.element, *total)
 
     def nvmlDeviceGetRetiredPages(self, h: Device, cause: int) -> list[int]:
         section = ("retired_pages/multiple_single_bit_retirement"
@@ -443,8 +440,7 @@ class Replay(ModuleType):
                                                      "retired_pages/pending_blacklist")
 
     def nvmlDeviceGetRowRemapperHistogram(self, h: Device) -> SimpleNamespace:
-        base = "remapped_rows/row_remapper_histogram/row_remapper_histogram"
-        return SimpleNamespace(**{level: _int(h.element, f"{base}_{level}") for level in REMAP_LEVELS})
+        return SimpleNamespace(**{level: _int(h.element, *PATHS["remap_bank_" + level]) for level in REMAP_LEVELS})
 
     def nvmlDeviceGetGpuFabricInfo(self, h: Device, info: Any) -> int:
         """Fills nvidia-ml-py's c_nvmlGpuFabricInfo_t (passed by reference) from <fabric>."""
