@@ -150,7 +150,7 @@ def check_preemptible(ctx: Context) -> list[Finding]:
     lifecycle = (host.lifecycle if host is not None and said_by != "as you stated" else None) or \
         ("preemptible" if preemptible else "on-demand")
     source = ("what you stated (--preemptible / --on-demand)" if said_by == "as you stated"
-              else f"the cloud's instance metadata ({host.lifecycle_source if host else 'lifecycle'})")
+              else f"the cloud's instance metadata ({(host.lifecycle_source if host else None) or 'its lifecycle'})")
     expected = "an instance that is not reclaimed mid-job (on-demand or reserved)"
     if preemptible:
         return [finding("host.preemptible", "host", WARN,
