@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from gpuvet import watch as w
 from gpuvet.facts import Host
 from gpuvet.probe.errors import CaptureError
 from gpuvet.report.markdown import render_markdown
+from cli_runner import gpuvet
 from test_telemetry import _healthy_gpu_answers, _NvmlStandIn
 from test_watch import _machine, _many_gpus, _screen, write_log
 
@@ -115,6 +117,28 @@ def test_html_of_a_watch_log_plots_the_followed_jobs_cpu_and_io(monkeypatch, tmp
     assert 'id="plot-job_cpu"' in page and "The followed job&#x27;s process tree" in page
     without_job = runner.load_watch_log(str(write_log(monkeypatch, tmp_path / "other.jsonl")))
     assert not {"job_cpu", "job_io"} & {p.key for p in html_report.render_plots(without_job)}
+
+
+# -- `gpuvet report` of a watch log ---------------------------------------------------------------------
+
+def test_report_reads_a_watch_log_from_stdin(monkeypatch, tmp_path, capsys):
+    # It read the file a second time by its name: "-" was no file, and a traceback followed.
+    data = write_log(monkeypatch, tmp_path / "watch.jsonl").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, err = gpuvet(capsys, "report", "-", "--format", "md")
+    assert "Traceback" not in err
+    assert code == 0 and "# gpuvet: FAIL: the platform failed the watched job" in out
+    assert "- ❌ FAIL **gpu0**: thermal 100% of the watched time (" in out
+
+
+def test_report_of_a_watch_log_with_a_blank_first_line(monkeypatch, tmp_path, capsys):
+    # EDITED: a blank line before the header (a log copied with an editor, or concatenated). Told
+    # a watch log by its first line that is not blank, then read from its very first line: a traceback.
+    path = write_log(monkeypatch, tmp_path / "watch.jsonl")
+    path.write_bytes(b"\n" + path.read_bytes())
+    code, out, err = gpuvet(capsys, "report", str(path), "--format", "md")
+    assert "Traceback" not in err
+    assert code == 0 and "- ❌ FAIL **gpu0**: thermal 100% of the watched time (" in out
 
 
 # -- the view with little room, and in a pipe ------------------------------------------------------------

@@ -9,7 +9,7 @@ the share of its cores' time its workers got).
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, TypeGuard
 
 from .judge.feed import LOW_CPU_SHARE
 from .record import Measurement, RunRecord
@@ -63,5 +63,5 @@ def contended(record: RunRecord) -> str | None:
     return None
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

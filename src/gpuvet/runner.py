@@ -82,7 +82,7 @@ def run_live(
         if workload_steps is None and benchmarks is None:
             workload_steps = schedule.RUN_WORKLOAD_STEPS  # the default run's short version of the workload
         # The checkpoint goes where the user pointed (their first --path), else the working directory.
-        workload = {k: v for k, v in (("steps", workload_steps), ("path", (paths or [None])[0])) if v is not None}
+        workload = {k: v for k, v in (("steps", workload_steps), ("path", paths[0] if paths else None)) if v is not None}
         outcome = _gpu_benchmarks(machine, gpu_names, device, progress, force=force, soak_minutes=soak_minutes,
                                   workload=workload, profile=options["profile"],
                                   alongside_sustained=host_alongside if alongside else None)
@@ -271,21 +271,32 @@ def load_watch_log(path: str) -> RunRecord | None:
     the followed job's CPU and IO, a SKIP saying why when no GPU was watched, and one saying so
     when the log's last line was cut off (a watch stopped mid-write, or still writing: skipped).
     The record says it is a watch log by options["profile"] == "watch" (options["log"]: the file)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return watch_log_record(data, path)
+
+
+def watch_log_record(data: bytes, path: str) -> RunRecord | None:
+    """load_watch_log of a log already read (`path`: where it came from, "stdin" for `-`)."""
     from . import watch
     from .judge.watch_log import judge_watch_log
 
+    # The header is the first line that is not blank, as record.load and watch.read_log take it.
+    number, first = next(((n, line) for n, line in enumerate(data.split(b"\n"), 1) if line.strip()), (1, b"{}"))
     try:
-        with open(path, encoding="utf-8") as f:
-            header = json.loads(f.readline() or "{}")
-    except (OSError, ValueError):
+        header = json.loads(first.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
         return None
     if not is_watch_header(header):
         return None
-    header = check_watch_line(header, f"{path}: line 1")  # RecordError: a header field of the wrong type
+    header = check_watch_line(header, f"{path}: line {number}")  # RecordError: a header field of the wrong type
     started = timestamp(datetime.fromtimestamp(header.get("t0") or 0, timezone.utc))
     notes: list[str] = []
     try:
-        series = watch.read_log(path, notes)
+        series = watch.parse_log(data, notes)
         machine = _watched_machine(header, series)
         sessions = _watch_sessions(series)
     except RecordError as err:

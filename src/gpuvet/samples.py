@@ -52,17 +52,16 @@ def _json_safe(value: Any, digits: int = 3) -> Any:
 
 def to_series(samples: list[Sample], name: str, subject: str, interval_s: float) -> dict:
     """Columnar samples for the run record; t is seconds since the first sample (t0, epoch seconds)."""
-    t0 = samples[0].t if samples else None
     rows = []
     for sample in samples:
         row = [_json_safe(getattr(sample, column)) for column in COLUMNS]
-        row[0] = round(sample.t - t0, 3)
+        row[0] = round(sample.t - samples[0].t, 3)
         rows.append(row)
     return {
         "name": name,
         "subject": subject,
         "interval_s": interval_s,
-        "t0": t0,
+        "t0": samples[0].t if samples else None,
         "columns": list(COLUMNS),
         "rows": rows,
     }

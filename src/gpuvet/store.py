@@ -424,7 +424,8 @@ class Store:
             (run_id, row.run_hash, row.started_at, timestamp(), row.label, row.price_per_hour, row.machine_key,
              row.machine_basis, row.gpus, row.hostname, row.verdict, row.tool_version, row.figures, row.record),
         )
-        return int(cursor.lastrowid)
+        assert cursor.lastrowid is not None  # set by every INSERT that succeeds
+        return cursor.lastrowid
 
     def _fill_blanks(self, run_id: int, stored: dict[str, Any], incoming: dict[str, Any]) -> list[str]:
         """The same run arriving again may carry a label or price the stored copy lacks: those are

@@ -81,8 +81,8 @@ def history(machine: str | None, limit: int | None, kind: str | None, utc_offset
                     compare_view.render_history(summaries, _console())
                 return
             if utc_offset is None:
-                offset, zone = _local_clock()
-                zone = None if (offset, zone) in ((0.0, "UTC"), (0.0, "GMT")) else f"local time {zone}"
+                offset, local_zone = _local_clock()
+                zone = None if (offset, local_zone) in ((0.0, "UTC"), (0.0, "GMT")) else f"local time {local_zone}"
             else:
                 offset, zone = utc_offset, None
             trend = history_trend(store.records(key), utc_offset_hours=offset, zone=zone)
@@ -317,7 +317,7 @@ def _labelled_entry(store: Store, label: str) -> tuple:
     try:
         i = find_run(label, [f"#{s.id} {s.label}" for s in summaries], [s.label for s in summaries], what=label)
     except ValueError:
-        same = [f"#{s.id}" for s in summaries if s.label.casefold() == label.strip().casefold()]
+        same = [f"#{s.id}" for s in summaries if s.label and s.label.casefold() == label.strip().casefold()]
         if len(same) > 1:
             raise ValueError(f"{label}: {len(same)} stored runs have this label ({', '.join(same)}); "
                              f"give one's id, or `gpuvet label ID --label TEXT` to tell them apart") from None

@@ -34,9 +34,14 @@ def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) ->
     if fmt == "terminal" and out:
         raise UsageProblem("--out needs --format md, html or json")
     try:
-        record = runner.load_watch_log(path) if loaded.kind == WATCH else runner.rejudge(first_run(loaded))
+        if loaded.kind == WATCH:  # its text, already read (stdin cannot be read twice)
+            record = runner.watch_log_record(loaded.data.encode("utf-8"), loaded.where)
+        else:
+            record = runner.rejudge(first_run(loaded))
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
+    if record is None:  # load() told it a watch log: its header is one
+        raise UsageProblem(f"{loaded.where}: not a gpuvet watch log")
     show_record(record, fmt, out, redact, verbose)
 
 

@@ -77,7 +77,7 @@ def _table() -> dict[str, Reference]:
 
 
 def is_truncated(name: str | None) -> bool:
-    return bool(name) and name.strip().endswith(TRUNCATION_MARK)
+    return bool(name and name.strip().endswith(TRUNCATION_MARK))
 
 
 def match(name: str | None, memory_mib: float | None = None) -> Reference | None:

@@ -22,7 +22,7 @@ table, the job tree), host (host samples), gpu_extras (PCIe/NVLink, GPU process 
 
 from .gpu_extras import GpuExtrasReader
 from .host import WORKER_MIN_CPU_PCT, HostReader, cpu_shares
-from .log import HOST_COLUMNS, JOB_COLUMNS, LOG_SCHEMA, WatchLog, gpu_facts, gpu_to_dict, read_log, snapshot_to_dict
+from .log import HOST_COLUMNS, JOB_COLUMNS, LOG_SCHEMA, WatchLog, gpu_facts, gpu_to_dict, parse_log, read_log, snapshot_to_dict
 from .loop import EXIT_OK, EXIT_USAGE, ONCE_GAP_S, run_loop, watch
 from .monitor import HOST_KEEP_S, SLOW_EVERY_S, Monitor
 from .processes import ProcessTable, ProcStat, descendants, parse_proc_stat, same_process
@@ -33,6 +33,6 @@ __all__ = [
     "EXIT_OK", "EXIT_USAGE", "HOST_COLUMNS", "HOST_KEEP_S", "JOB_COLUMNS", "LOG_SCHEMA", "ONCE_GAP_S", "SLOW_EVERY_S",
     "WORKER_MIN_CPU_PCT", "GpuExtras", "GpuExtrasReader", "GpuView", "HostReader", "HostReading", "JobReading",
     "Monitor", "ProcStat", "ProcessTable", "ProcessView", "Snapshot", "WatchLog", "WorkerView", "cpu_shares",
-    "descendants", "gpu_facts", "gpu_to_dict", "parse_proc_stat", "read_log", "render", "run_loop", "same_process",
+    "descendants", "gpu_facts", "gpu_to_dict", "parse_log", "parse_proc_stat", "read_log", "render", "run_loop", "same_process",
     "snapshot_to_dict", "watch",
 ]

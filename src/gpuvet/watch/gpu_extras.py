@@ -108,9 +108,9 @@ class GpuExtrasReader:
         values = self._call(index, "nvlink", lambda: p.nvmlDeviceGetFieldValues(handle, fields))
         if values is None:
             return None, None
-        ok = [v.value.ullVal if v.nvmlReturn == p.NVML_SUCCESS else None for v in values]
-        if any(v is None for v in ok):
+        if any(v.nvmlReturn != p.NVML_SUCCESS for v in values):
             return None, None
+        ok = [v.value.ullVal for v in values]
         tx, rx = sum(ok[: len(links)]) * 1024, sum(ok[len(links):]) * 1024
         now = self.clock()
         last = self._nvlink_last.get(index)

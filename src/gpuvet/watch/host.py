@@ -43,15 +43,14 @@ def _looks_like_python(name: str) -> bool:
 class HostReader:
     """Host counters and the process table, read at most once a second; rates from the last read."""
 
-    def __init__(self, job_pid: int | None = None, processes: ProcessTable | None = None):
-        self.job_pid = job_pid
+    def __init__(self, processes: ProcessTable | None = None):
         self.processes = processes or ProcessTable()
         # No baseline yet: the first read() only takes one (its CPU shares and rates are None), so no
         # reading covers the milliseconds of gpuvet's own start-up (it read "CPU 100%").
         self._cpu: Any = None
         self._disk: tuple[int, int] | None = None
         self._net: tuple[int, int] | None = None
-        self._job_io: dict[int, tuple[int, int, int]] = {}  # pid -> (start, read, write)
+        self._job_io: dict[int, tuple[int | None, int, int]] = {}  # pid -> (start, read, write)
         self._psutil: dict[int, tuple[int, psutil.Process]] = {}  # for the few processes asked about
         self._users: dict[tuple[int, int], str | None] = {}
         self._last_t = time.monotonic()  # rates are over the time since the last read
@@ -169,9 +168,8 @@ class HostReader:
         self._cpu, self._disk, self._net, self._last_t = cpu, disk, net, now
         return reading
 
-    def job(self, seconds: float) -> tuple[JobReading, set[int]]:
-        """The followed job now, and the pids of its tree. Call after scan()."""
-        pid = self.job_pid
+    def job(self, pid: int, seconds: float) -> tuple[JobReading, set[int]]:
+        """The followed job (`pid`) now, and the pids of its tree. Call after scan()."""
         if pid not in self.table:
             return JobReading(pid=pid, alive=False), set()
         tree = [pid] + descendants(self.processes.children, pid)

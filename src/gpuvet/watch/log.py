@@ -3,6 +3,7 @@ JSON-lines log of `--log` (WatchLog writes it; read_log turns it back into run-r
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -197,12 +198,12 @@ def _ends_mid_line(path: str) -> bool:
         return False
 
 
-def _lines(path: str, notes: list[str] | None) -> list[dict[str, Any]]:
+def _lines(data: bytes, notes: list[str] | None) -> list[dict[str, Any]]:
     """The log's JSON lines. A line cut off where a session ends (the last line of the file, or the
     one before a new session's header: a watch killed mid-write, or one still writing) is skipped,
     with a note; a broken line anywhere else raises ValueError."""
-    with open(path, "rb") as f:  # bytes: a line cut inside a character is still counted right
-        lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+    # bytes: a line cut inside a character is still counted right
+    lines = [(number, line) for number, line in enumerate(io.BytesIO(data), 1) if line.strip()]
     objects: list[dict[str, Any]] = []
     for i, (number, line) in enumerate(lines):
         try:
@@ -234,14 +235,20 @@ def _is_header(line: bytes) -> bool:
 
 
 def read_log(path: str, notes: list[str] | None = None) -> list[dict[str, Any]]:
-    """A watch log -> series like telemetry.to_series makes ({"name", "subject", "interval_s", "t0",
+    """The watch log at `path` as series (parse_log)."""
+    with open(path, "rb") as f:
+        return parse_log(f.read(), notes)
+
+
+def parse_log(data: bytes, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """A watch log's bytes -> series like telemetry.to_series makes ({"name", "subject", "interval_s", "t0",
     "columns", "rows"}), one per subject and session, plus a "watch.diagnosis" series (t, state, text).
     A GPU's series also holds the facts its header gave ("facts": gpu_facts(), or its name and uuid
     in logs written before the facts were). A line cut off at the end of a session is skipped and
     `notes` (when given) says so; a broken line elsewhere raises ValueError."""
     series: list[dict[str, Any]] = []
     session: dict[str, dict[str, Any]] = {}
-    for obj in _lines(path, notes):
+    for obj in _lines(data, notes):
         if obj.get("kind") == "header":
             session = {}
             for subject, spec in obj["series"].items():

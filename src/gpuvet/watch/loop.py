@@ -50,17 +50,17 @@ class _Outputs:
         if self.exporter is not None:
             self.exporter.update(snap)
         if self.print_changes is not None:
-            self._changes(snap)
+            self._changes(snap, self.print_changes)
 
-    def _changes(self, snap: Snapshot) -> None:
+    def _changes(self, snap: Snapshot, print_changes: Callable[[str], None]) -> None:
         clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.t))
         subjects = [(f"gpu{g.index}", g.diagnosis) for g in snap.gpus]
-        if snap.job_diagnosis is not None:
+        if snap.job is not None and snap.job_diagnosis is not None:
             subjects.append((f"job {snap.job.pid}", snap.job_diagnosis))
         for subject, d in subjects:
             if d.state != "no_data" and self._states.get(subject) != d.state:
                 self._states[subject] = d.state
-                self.print_changes(f"{clock} {subject} {d.text}")
+                print_changes(f"{clock} {subject} {d.text}")
 
     def close(self) -> None:
         if self.log is not None:

@@ -46,7 +46,7 @@ class Monitor:
         self.hostname = (machine.host.hostname if machine.host else None) or socket.gethostname()
         self.in_container = _in_container(machine)
         self.sampler = Sampler(None, interval_s, max_samples=2)  # the watch keeps its own windows
-        self.host_reader = HostReader(pid)
+        self.host_reader = HostReader()
         self.tick_count = 0
         self._facts: dict[int, Gpu] = {}
         self._recent: dict[int, deque[Sample]] = {}
@@ -133,7 +133,7 @@ class Monitor:
                 self._extras = fresh
         self.host_reader.scan(self._focus())
         if self.pid is not None:
-            self._job, self._job_tree = self.host_reader.job(seconds)
+            self._job, self._job_tree = self.host_reader.job(self.pid, seconds)
         self._views_extras = {i: self._with_process_views(extras, procs) for i, (extras, procs) in self._extras.items()}
         # Workers are looked for under the job, or else under the GPUs' processes this machine has.
         gpu_roots = [p.pid for e in self._views_extras.values() for p in e.processes or [] if p.visible]
@@ -155,6 +155,8 @@ class Monitor:
         views = []
         mapped: dict[int, int] | None = None
         for p in procs:
+            if p.pid is None:  # NVML names every process's pid; without one there is nothing to look up
+                continue
             local = p.pid
             names = self.host_reader.local_names(p.pid)
             visible = names is not None and same_process(p.name, names)

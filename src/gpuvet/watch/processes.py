@@ -86,8 +86,8 @@ class ProcessTable:
     def scan(self, focus: set[int] | None = None) -> None:
         """Read the table again: all of it when due (or `focus` is None), else `focus` and its children."""
         now = self.clock()
-        full = focus is None or not self._has_proc or self._full_at is None or now - self._full_at >= self.FULL_SCAN_S
-        if full:
+        due = not self._has_proc or self._full_at is None or now - self._full_at >= self.FULL_SCAN_S
+        if focus is None or due:
             fresh = self._read_all() if self._has_proc else self._read_all_psutil()
             asked = set(self.stats) | set(fresh)
             self._full_at = now

@@ -31,6 +31,7 @@ from rich.text import Text
 
 from ..judge import diagnose
 from ..judge.diagnose import Diagnosis
+from ..samples import Sample
 from .snapshot import GpuExtras, GpuView, HostReading, JobReading, Snapshot
 
 _FAULT_REASONS = {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
@@ -250,14 +251,13 @@ def _gpu_lines(view: GpuView, out: list[_Line]) -> None:
             temp += f", {margin:.0f} C to slowdown"
         out.append(_row("power", (f"{power}   temp {temp}", "")))
         memory = f"{_gib(s.mem_used_mib)} of {_gib(f.memory_total_mib)}" if f.memory_total_mib else _gib(s.mem_used_mib)
-        out.append(_row("memory", (f"{memory}   {_pcie_words(view)}{_nvlink_words(view)}", "")))
+        out.append(_row("memory", (f"{memory}   {_pcie_words(s, e)}{_nvlink_words(view)}", "")))
         out.append(_row("reasons", *_reasons_pieces(s.reasons, view.reasons)))
     out.append(_row("procs", *_processes_pieces(e)))
     out.append(_diagnosis_line(view.diagnosis))
 
 
-def _pcie_words(view: GpuView) -> str:
-    s, e = view.sample, view.extras
+def _pcie_words(s: Sample, e: GpuExtras) -> str:
     link = f"Gen{s.pcie_gen} x{s.pcie_width}" if s.pcie_gen and s.pcie_width else "link -"
     why = e.unavailable.get("pcie_tx") or e.unavailable.get("pcie_rx")
     if why:
@@ -308,7 +308,7 @@ def _host_lines(h: HostReading | None, hostname: str, out: list[_Line]) -> None:
         return
     out.append(_row("cpu", (f"{_num(h.cpu_pct, unit='%'):>4} {_bar(h.cpu_pct)} of {h.cpu_count} CPUs   "
                             f"steal {_num(h.steal_pct, '{:.1f}', '%')}   iowait {_num(h.iowait_pct, '{:.1f}', '%')}", "")))
-    mem = f"{h.mem_used_bytes / 2**30:.1f} of {h.mem_total_bytes / 2**30:.1f} GiB" if h.mem_total_bytes else "-"
+    mem = f"{h.mem_used_bytes / 2**30:.1f} of {h.mem_total_bytes / 2**30:.1f} GiB" if h.mem_total_bytes and h.mem_used_bytes is not None else "-"
     out.append(_row("memory", (f"{mem}   disk read {_bps(h.disk_read_bps)} write {_bps(h.disk_write_bps)}   "
                                f"net rx {_bps(h.net_rx_bps)} tx {_bps(h.net_tx_bps)}", "")))
     if h.worker_list:
