@@ -153,6 +153,48 @@ def test_dcgm_default_counters_replays_energy_memory_temp_rows_and_the_last_xid(
     assert by_gpu("DCGM_FI_DEV_ROW_REMAP_FAILURE") == {"0": 0, "1": 1}
 
 
+def _licence(state: int | None, supported: int = 1):
+    """nvidia-ml-py's own structure, as nvmlDeviceGetGridLicensableFeatures returns it (None: no feature)."""
+    import pynvml
+
+    licence = pynvml.c_nvmlGridLicensableFeatures_v4_t()
+    licence.isGridLicenseSupported = supported
+    if state is not None:
+        licence.licensableFeaturesCount = 1
+        licence.gridLicensableFeatures[0].featureCode = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
+        licence.gridLicensableFeatures[0].featureState = state
+    return licence
+
+
+@pytest.mark.parametrize("state, supported, served", [(1, 1, 1.0), (0, 1, 0.0), (None, 0, 0.0)])
+def test_vgpu_license_status_on_a_vgpu_guest_only(monkeypatch, state, supported, served):
+    import pynvml
+
+    _two_gpus(monkeypatch)
+    asked = []
+
+    def features(handle):
+        asked.append(handle)
+        return _licence(state, supported)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGridLicensableFeatures", features, raising=False)
+    machine = _machine()
+    machine.gpus[0].virtualization_mode, machine.gpus[1].virtualization_mode = "vgpu", "passthrough"
+    clock = _Clock()
+    monitor = w.Monitor(interval_s=1.0, machine=machine, threaded=False, clock=clock)
+    monitor.start()
+    try:
+        snap = _ticks(monitor, clock, 3)
+    finally:
+        monitor.close()
+    exporter = ex.Exporter()
+    exporter.update(snap)
+    (status,) = _samples(exporter.text())["DCGM_FI_DEV_VGPU_LICENSE_STATUS"]  # gpu1 is no vGPU: no series, not 0
+    assert status.labels["gpu"] == "0" and status.value == served
+    assert set(asked) == {"h0"}
+    assert snap.gpus[1].extras.unavailable["vgpu_license"] == "not available: not a vGPU (virtualization mode passthrough)"
+
+
 def test_nvlink_bandwidth_total_is_dcgms_rate_and_the_device_falls_back_to_the_index(monkeypatch):
     snap = _snapshot(monkeypatch)  # this stand-in NVML refuses nvmlDeviceGetMinorNumber
     snap.gpus[0].extras.nvlink_tx_bps = snap.gpus[0].extras.nvlink_rx_bps = 100 * 1024 * 1000.0  # 100,000 KiB/s each

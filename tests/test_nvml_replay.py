@@ -222,6 +222,27 @@ def test_watch_and_exporter_show_each_machine_as_its_capture_does(replay, path):
             assert ("sw_power_cap" in gpu.clocks.event_reasons) == bool(int(reasons[key]) & 0x4)
 
 
+def _licence_status(path: Path) -> tuple[dict[str, float], dict[str, str]]:
+    snap = _snapshot(path)
+    exporter = ex.Exporter()
+    exporter.update(snap)
+    return _metric(exporter.text(), "DCGM_FI_DEV_VGPU_LICENSE_STATUS"), snap.gpus[0].extras.unavailable
+
+
+def test_a_licence_section_on_a_gpu_that_is_no_vgpu_serves_no_vgpu_license_status(replay):
+    """The real T4 report has a licence section ('NVIDIA Virtual Applications', 'Licensed') but the
+    GPU is no vGPU (virtualization None): no series (not a 0), and the reason."""
+    replay(FIXTURES / "tesla-t4-windows-wddm-512.78-v11.xml")
+    served, unavailable = _licence_status(FIXTURES)
+    assert served == {} and unavailable["vgpu_license"] == "not available: not a vGPU (virtualization mode none)"
+
+
+def test_a_licensed_vgpu_guest_serves_vgpu_license_status_1(replay):
+    replay(FIXTURES.parent / "edited/tesla-t4-windows-wddm-512.78-v11-edited-virtualization-vgpu.xml")
+    served, unavailable = _licence_status(FIXTURES)
+    assert served == {"0": 1.0} and "vgpu_license" not in unavailable
+
+
 def test_a_power_capped_gpu_shows_power_capped(replay):
     """The capture's GPU has SW Power Cap active (at idle, its limit the default one): watch shows
     the reason, and does not call it a lowered power limit, which it is not."""

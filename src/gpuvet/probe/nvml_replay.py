@@ -456,6 +456,23 @@ class Replay(ModuleType):
         return (_int(h.element, f"{base}/remapped_row_corr"), _int(h.element, f"{base}/remapped_row_unc"),
                 _enabled(h.element, f"{base}/remapped_row_pending"), _enabled(h.element, f"{base}/remapped_row_failure"))
 
+    def nvmlDeviceGetGridLicensableFeatures(self, h: Device) -> Any:
+        """nvidia-ml-py's c_nvmlGridLicensableFeatures_v4_t from <vgpu_software_licensed_product>:
+        one feature, licensed when its status says "Licensed". The capture names the product, not
+        NVML's feature code: the code is left UNKNOWN rather than guessed."""
+        status = _raw(h.element, "vgpu_software_licensed_product/license_status")
+        product = h.element.findtext("vgpu_software_licensed_product/licensed_product_name") or ""
+        licence = real.c_nvmlGridLicensableFeatures_v4_t()
+        licence.isGridLicenseSupported = 1
+        licence.licensableFeaturesCount = 1
+        feature = licence.gridLicensableFeatures[0]
+        feature.featureCode = real.NVML_GRID_LICENSE_FEATURE_CODE_UNKNOWN
+        feature.featureState = 1 if status.strip().lower().startswith("licensed") else 0
+        feature.productName = product.strip().encode()[:127]
+        return licence
+
+    nvmlDeviceGetGridLicensableFeatures_v4 = nvmlDeviceGetGridLicensableFeatures
+
 
 def load(path: str) -> Replay:
     """The replay of the `nvidia-smi -q -x` capture at `path`; CaptureError when it is not one."""

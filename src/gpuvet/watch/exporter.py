@@ -112,18 +112,21 @@ _DCGM_GAUGES: tuple[tuple[str, str, Callable[["GpuView"], Any]], ...] = (
      _sample("violation_power_ns")),
     ("DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in ns), since driver load.",
      _sample("violation_thermal_ns")),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", _extra("pcie_replays")),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", _extra("energy_mj")),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _extra("memory_temp_c")),
-    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", _extra("last_xid")),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
-     _extra("remapped_rows_correctable")),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
-     _extra("remapped_rows_uncorrectable")),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", _extra("row_remap_failure")),
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Clock-event reasons, NVML bitmask.", _sample("reasons")),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Clock-event reasons, NVML bitmask (the name before DCGM 3.3).", _sample("reasons")),
-)
+) + tuple((name, help_text, _extra(field)) for name, help_text, field in (
+    # dcgm-exporter's default counters that NVML answers: (DCGM field, its help text, the GpuExtras field)
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replays"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "energy_mj"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temp_c"),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "last_xid"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors", "remapped_rows_correctable"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
+     "remapped_rows_uncorrectable"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "row_remap_failure"),
+    # 1 licensed, 0 not (dcgm_fields.h); served on a vGPU guest's GPU only, as NVML has no licence elsewhere
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU License status", "vgpu_license_status"),
+))
 
 _GPUVET_GAUGES: tuple[tuple[str, str, Callable[["GpuView"], Any]], ...] = (
     ("gpuvet_sm_clock_ratio", "SM clock as a share of its maximum (0..1).", lambda v: v.sm_ratio),

@@ -92,6 +92,29 @@ class GpuExtrasReader:
         if rows is not None:  # (correctable, uncorrectable, pending, failure)
             extras.remapped_rows_correctable, extras.remapped_rows_uncorrectable = int(rows[0]), int(rows[1])
             extras.row_remap_failure = bool(rows[3])
+        extras.vgpu_license_status = self._vgpu_license(index, handle)
+
+    def _vgpu_license(self, index: int, handle: Any) -> int | None:
+        """DCGM_FI_DEV_VGPU_LICENSE_STATUS, read as DCGM reads it (DcgmCacheManager.cpp): NVML's
+        licensable features; 0 when the GPU supports no licence, else 1 when the vGPU feature (any
+        feature, when none is coded vGPU) is licensed. Only on a vGPU guest's GPU: elsewhere (bare
+        metal, passthrough) there is no vGPU licence to report, and the reason says so."""
+        mode = self.gpus[index].virtualization_mode
+        if mode != "vgpu":
+            self.unavailable[index].setdefault("vgpu_license", f"not available: not a vGPU (virtualization mode {mode or 'not read'})")
+            return None
+        p = nvml.pynvml
+        licence = self._call(index, "vgpu_license", lambda: p.nvmlDeviceGetGridLicensableFeatures(handle))
+        if licence is None:
+            return None
+        if not licence.isGridLicenseSupported:
+            return 0
+        features = list(licence.gridLicensableFeatures)[: int(licence.licensableFeaturesCount)]
+        vgpu = [f for f in features if f.featureCode == p.NVML_GRID_LICENSE_FEATURE_CODE_VGPU] or features
+        if not vgpu:
+            self.unavailable[index].setdefault("vgpu_license", "not available: NVML lists no licensable feature")
+            return None
+        return 1 if any(f.featureState for f in vgpu) else 0
 
     def _nvlink(self, index: int, handle: Any) -> tuple[float | None, float | None]:
         """Bytes/s over the GPU's active NVLinks, from NVML's cumulative KiB counters."""

@@ -44,6 +44,7 @@ class GpuExtras:
     remapped_rows_uncorrectable: int | None = None
     row_remap_failure: bool | None = None
     last_xid: int | None = None  # the last Xid NVML reported while gpuvet watched (None: none seen)
+    vgpu_license_status: int | None = None  # a vGPU guest's licence: 1 licensed, 0 not (None: not a vGPU)
 
 
 @dataclass
