@@ -494,6 +494,7 @@ def rank_main(config_path: str) -> None:
     rank.step("init_process_group")
     # Past the parent's deadline: the parent, not a collective's timeout, decides what hung.
     timeout = datetime.timedelta(seconds=max(1.0, config.deadline - time.monotonic()) + RANK_GRACE_S)
+    store.set_timeout(timeout)  # the process group's rendezvous in the store, as its collectives
     dist.init_process_group(config.backend, store=store, rank=config.rank, world_size=config.world_size, timeout=timeout)
     _sweep(rank)
     rank.step("teardown")
