@@ -85,8 +85,8 @@ def _split(line: str) -> tuple[str | None, str | None, float | None, str]:
             continue
         groups = m.groupdict()
         if form == "kmsg":
-            up = int(groups["usec"]) / 1e6
-            return form, f"[{up:.6f}]", up, groups["msg"]
+            since_boot = int(groups["usec"]) / 1e6
+            return form, f"[{since_boot:.6f}]", since_boot, groups["msg"]
         up = float(groups["up"]) if groups.get("up") else None
         when = groups.get("when") or (f"[{groups['up']}]" if groups.get("up") else None)
         return form, when, up, groups["msg"]
@@ -137,13 +137,13 @@ def parse_kernel_log(text: str, source: str) -> KernelLog:
                 pending_fallen = None
         start = _FALLEN_START.search(msg)
         if start:
-            bus = normal_bus(start.group("bus"))
-            if bus:
-                pending_fallen = (bus, when, uptime, number)
+            fallen_bus = normal_bus(start.group("bus"))
+            if fallen_bus:
+                pending_fallen = (fallen_bus, when, uptime, number)
         for pattern in (_GPU_AT, _NVIDIA_DEVICE):
             m = pattern.search(msg)
-            if m and (bus := normal_bus(m.group("bus"))):
-                buses[bus] = None
+            if m and (named := normal_bus(m.group("bus"))):
+                buses[named] = None
     if log.since_boot is None and first_uptime is not None:
         log.since_boot = first_uptime < 10.0  # dmesg's first line a few seconds after boot: not wrapped
     log.gpu_buses = list(buses)

@@ -219,6 +219,6 @@ def _ecc(r: Reader) -> Ecc:
 
 def _sum(r: Reader, key: str) -> int | None:
     """Sum of the counters listed under `key` (SRAM + DRAM ...), None when none is present."""
-    numbers = [v.integer(r.report.value(path)) for path in r.paths.get(key, ())]
-    numbers = [n for n in numbers if n is not None]
+    read = [v.integer(r.report.value(path)) for path in r.paths.get(key, ())]
+    numbers = [n for n in read if n is not None]
     return sum(numbers) if numbers else None

@@ -56,14 +56,14 @@ def looks_like_smi_table(text: str) -> bool:
 
 def parse_smi_table(text: str) -> tuple[Driver, list[Gpu]]:
     lines = text.splitlines()
-    header_at = next((i for i, line in enumerate(lines) if _HEADER.search(line)), None)
-    if header_at is None:
+    found = next(((i, m) for i, line in enumerate(lines) if (m := _HEADER.search(line))), None)
+    if found is None:
         first = next((line.strip() for line in lines if line.strip()), "")
         raise CaptureError(
             "expected the default nvidia-smi table with its '| NVIDIA-SMI ... Driver Version: ...' "
             f"header line, found {first[:80]!r}"
         )
-    header = _HEADER.search(lines[header_at])
+    header_at, header = found
     driver = Driver(version=header.group("driver"), cuda_version=v.text(header.group("cuda")))
 
     labels, blocks, end = _gpu_table(lines, header_at + 1)
@@ -229,14 +229,14 @@ def _add_processes(lines: list[str], gpus: list[Gpu]) -> None:
     rows = _section_rows(lines, "Processes:")
     if rows is None:  # the capture stops before the process table
         return
-    gpus_by_index = _by_index(gpus)
+    listed: dict[int, list[GpuProcess]] = {}
     for gpu in gpus:
-        gpu.processes = []
+        gpu.processes = listed[gpu.index] = []
     for line in rows:
         m = _PROCESS_ROW.fullmatch(line.strip())
-        if not m or int(m.group("gpu")) not in gpus_by_index:
+        if not m or int(m.group("gpu")) not in listed:
             continue  # "No running processes found"
-        gpus_by_index[int(m.group("gpu"))].processes.append(
+        listed[int(m.group("gpu"))].append(
             GpuProcess(
                 pid=int(m.group("pid")),
                 name=m.group("name"),  # may be cut at the front: "...\NVIDIA Share.exe"
@@ -275,7 +275,8 @@ def _add_warnings(lines: list[str], gpus: list[Gpu]) -> None:
         if not line.startswith("WARNING:"):
             continue
         bus = _BUS_ID.search(line)
-        gpu = gpus_by_bus.get(v.bus_id(bus.group())) if bus else None
+        named = v.bus_id(bus.group()) if bus else None
+        gpu = gpus_by_bus.get(named) if named else None
         if gpu is not None:
             key = "inforom" if "inforom" in line.lower() else "warning"
             gpu.unavailable[key] = line.strip()
