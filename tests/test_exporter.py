@@ -48,14 +48,18 @@ def test_bad_listen_spec(spec):
         ex.parse_listen(spec)
 
 
-def _snapshot(monkeypatch, minor_numbers: dict[str, int] | None = None) -> w.Snapshot:
+def _snapshot(monkeypatch, minor_numbers: dict[str, int] | None = None, machine: Machine | None = None,
+              **answers) -> w.Snapshot:
+    """Three ticks of the watch on the two stand-in GPUs; `answers`: more NVML calls of the stand-in."""
+    import pynvml
+
     _two_gpus(monkeypatch)
     if minor_numbers is not None:
-        import pynvml
-
-        monkeypatch.setattr(pynvml, "nvmlDeviceGetMinorNumber", lambda handle: minor_numbers[handle])
+        answers["nvmlDeviceGetMinorNumber"] = lambda handle: minor_numbers[handle]
+    for name, answer in answers.items():
+        monkeypatch.setattr(pynvml, name, answer, raising=False)
     clock = _Clock()
-    monitor = w.Monitor(interval_s=1.0, machine=_machine(), threaded=False, clock=clock)
+    monitor = w.Monitor(interval_s=1.0, machine=machine or _machine(), threaded=False, clock=clock)
     monitor.start()
     try:
         return _ticks(monitor, clock, 3)
@@ -168,25 +172,15 @@ def _licence(state: int | None, supported: int = 1):
 
 @pytest.mark.parametrize("state, supported, served", [(1, 1, 1.0), (0, 1, 0.0), (None, 0, 0.0)])
 def test_vgpu_license_status_on_a_vgpu_guest_only(monkeypatch, state, supported, served):
-    import pynvml
-
-    _two_gpus(monkeypatch)
     asked = []
 
     def features(handle):
         asked.append(handle)
         return _licence(state, supported)
 
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetGridLicensableFeatures", features, raising=False)
     machine = _machine()
     machine.gpus[0].virtualization_mode, machine.gpus[1].virtualization_mode = "vgpu", "passthrough"
-    clock = _Clock()
-    monitor = w.Monitor(interval_s=1.0, machine=machine, threaded=False, clock=clock)
-    monitor.start()
-    try:
-        snap = _ticks(monitor, clock, 3)
-    finally:
-        monitor.close()
+    snap = _snapshot(monkeypatch, machine=machine, nvmlDeviceGetGridLicensableFeatures=features)
     exporter = ex.Exporter()
     exporter.update(snap)
     (status,) = _samples(exporter.text())["DCGM_FI_DEV_VGPU_LICENSE_STATUS"]  # gpu1 is no vGPU: no series, not 0
