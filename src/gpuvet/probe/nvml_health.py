@@ -23,20 +23,10 @@ def fill(gpu: Gpu, h: Any, query: Callable[..., Any]) -> None:
     gpu.remap_histogram = _remap_histogram(h, query)
 
 
-# nvidia-smi's "Clocks Event Reasons Counters", one NVML field each (drivers since R535), in ns.
-_EVENT_TIME_FIELDS = (
-    ("sw_power_cap", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP"),
-    ("sync_boost", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST"),
-    ("sw_thermal_slowdown", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
-    ("hw_thermal_slowdown", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
-    ("hw_power_brake_slowdown", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
-)
-
-
 def _event_times(h: Any, query: Callable[..., Any]) -> dict[str, float] | None:
     """Time under each clock-event reason, named as the capture parsers name them."""
     p = nvml.pynvml
-    known = [(name, getattr(p, field)) for name, field in _EVENT_TIME_FIELDS if hasattr(p, field)]
+    known = [(name, getattr(p, field)) for name, field in nvml_names.EVENT_TIME_FIELDS.items() if hasattr(p, field)]
     if not known:
         return None
     values = query("clock_event_time_us", p.nvmlDeviceGetFieldValues, h, [field for _, field in known])

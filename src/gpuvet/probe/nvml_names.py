@@ -55,6 +55,16 @@ FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
 RECOVERY_ACTIONS = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset",
                     5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot"}
 
+# nvidia-smi's "Clocks Event Reasons Counters": the reason (as the parsers name it) -> its NVML
+# field id's name (drivers since R535; values in ns). By name: older nvidia-ml-py lacks them.
+EVENT_TIME_FIELDS = {
+    "sw_power_cap": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    "sync_boost": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST",
+    "sw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "hw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "hw_power_brake_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+}
+
 
 def code_of(names: dict[int, str], word: str | None) -> int | None:
     """The enum value whose word is `word` (case and spacing ignored), None when none is."""

@@ -154,11 +154,7 @@ _FIELD_READERS: dict[str, Callable[[ET.Element], tuple[str, int]]] = {
     "NVML_FI_DEV_POWER_AVERAGE": lambda e: ("uiVal", _milliwatts(e, "average_power_draw")),
     "NVML_FI_DEV_POWER_INSTANT": lambda e: ("uiVal", _milliwatts(e, "instant_power_draw")),
     "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": lambda e: ("uiVal", _enum(e, nvml_names.RECOVERY_ACTIONS, "gpu_recovery_action")),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP": _event_time_ns("sw_power_cap"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST": _event_time_ns("sync_boost"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN": _event_time_ns("sw_thermal_slowdown"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN": _event_time_ns("hw_thermal_slowdown"),
-    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN": _event_time_ns("hw_power_brake_slowdown"),
+    **{field: _event_time_ns(reason) for reason, field in nvml_names.EVENT_TIME_FIELDS.items()},
 }
 _FIELDS: dict[int, Callable[[ET.Element], tuple[str, int]]] = {
     getattr(real, name): read for name, read in _FIELD_READERS.items() if hasattr(real, name)
