@@ -93,7 +93,7 @@ def bench(names: tuple[str, ...], device: str, force: bool, steps: int | None, p
 @output_options
 def inspect(files: tuple[str, ...], show_plan: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool,
             report_format: str, redact: bool) -> None:
-    """Judge captures taken elsewhere: nvidia-smi -q -x / -q, topo -m, nvlink -s, lspci -vv,
+    """Judge captures taken elsewhere: nvidia-smi -q -x / -q, topo -m, nvlink -s / -e, lspci -vv,
     capture bundles (several files of one machine merge), or a stored gpuvet run record.
     FILE "-" reads one capture from stdin: `ssh HOST nvidia-smi -q -x | gpuvet inspect -`."""
     check_out_path(out)

@@ -28,47 +28,49 @@ def check_link_errors(ctx: Context) -> list[Finding]:
 
 def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     s = subject(gpu)
-    parts: list[tuple[str, str]] = []  # (status, text)
-    judged = False
+    parts: list[tuple[str, str, str]] = []  # (status, text, which counters: replays, replay_count, aer, nvlink)
     replays = gpu.pcie.replay_count
     if replays is not None:
         if uptime_s and uptime_s > 0:
-            judged = True
             rate = replays / (uptime_s / 60.0)
             status = WARN if rate > REPLAYS_PER_MINUTE_LIMIT else PASS
-            parts.append((status, f"{replays} PCIe replays since reset ({rate:.2f}/min at most, over {uptime_s / 3600:.1f} h up)"))
+            parts.append((status, f"{replays} PCIe replays since reset ({rate:.2f}/min at most, over {uptime_s / 3600:.1f} h up)",
+                          "replays"))
         else:
-            parts.append((PASS, f"{replays} PCIe replays since reset"))
+            parts.append((PASS, f"{replays} PCIe replays since reset", "replay_count"))
     aer = gpu.pcie.aer_counts
     if aer is not None:
-        judged = True
         bad = aer.get("fatal", 0) + aer.get("nonfatal", 0)
         corrected = aer.get("correctable", 0)
         status = FAIL if bad else WARN if corrected else PASS
-        parts.append((status, f"AER since boot: {corrected} corrected, {aer.get('nonfatal', 0)} non-fatal, {aer.get('fatal', 0)} fatal"))
+        parts.append((status, f"AER since boot: {corrected} corrected, {aer.get('nonfatal', 0)} non-fatal, "
+                              f"{aer.get('fatal', 0)} fatal", "aer"))
     nvlink = gpu.nvlink_errors
     if nvlink is not None:
-        judged = True
-        parts.append(_nvlink_part(gpu, nvlink))
+        parts.append(_nvlink_part(gpu, nvlink) + ("nvlink",))
     if not parts:
         return finding("gpu.link_errors", s, SKIP, "no link error counter read (PCIe replays, AER, NVLink)",
                        remedy=f"`nvidia-smi -q -i {gpu.index} -d PCIE` and `nvidia-smi nvlink -e -i {gpu.index}`")
-    status = worst(*(st for st, _ in parts))
+    judged = [which for _, _, which in parts if which != "replay_count"]
+    status = worst(*(st for st, _, _ in parts))
     if status == PASS and not judged:
         status = MEASURED  # a count with no time to make a rate of it: shown, not judged
-    measured = "; ".join(text for _, text in parts)
-    expected = (f"at most {REPLAYS_PER_MINUTE_LIMIT} PCIe replays per minute, no uncorrected AER error, "
-                "NVLink error counters 0 (DCGM's NVLink watch fails a GPU on 1 replay or recovery error, or 100 CRC errors "
-                "a second, within a minute; a count since the counters were reset has no time, so it warns)"
-                if judged else None)
+    measured = "; ".join(text for _, text, _ in parts)
     summary = {PASS: "link error counters clean", WARN: "link errors counted", FAIL: "uncorrected PCIe errors counted"}.get(status)
     # Not judged: one line for all the GPUs (the counts are in `measured`), not one per count.
     text = "PCIe replays counted; a capture has no uptime to make a rate of them" if status == MEASURED else f"{summary}: {measured}"
-    return finding("gpu.link_errors", s, status, text, measured=measured, expected=expected,
-                   source=f"{_REPLAY_SOURCE}; the kernel's AER counters (sysfs aer_dev_*); {_NVLINK_SOURCE}",
-                   remedy=None if status in (PASS, MEASURED) else
-                   f"`nvidia-smi -q -i {gpu.index} -d PCIE`, `sudo lspci -vvv -s {gpu.pcie.bus_id or 'BUS'}`, "
-                   f"`nvidia-smi nvlink -e -i {gpu.index}`; reseat the GPU or its riser, or ask the provider")
+    faulty = {which for st, _, which in parts if st in (WARN, FAIL)}
+    remedies = []
+    if faulty & {"replays", "aer"}:
+        remedies.append(f"`nvidia-smi -q -i {gpu.index} -d PCIE`, `sudo lspci -vvv -s {gpu.pcie.bus_id or 'BUS'}`; "
+                        "reseat the GPU or its riser, or ask the provider")
+    if "nvlink" in faulty:
+        remedies.append(f"`nvidia-smi nvlink -e -i {gpu.index}` again after a load: counts that grow mean a failing link "
+                        "(DCGM fails it); reset the GPU or reboot, and ask the provider if they keep growing")
+    return finding("gpu.link_errors", s, status, text, measured=measured,
+                   expected="; ".join(_LINK_EXPECTED[w] for w in dict.fromkeys(judged)) or None,
+                   source="; ".join(_LINK_SOURCES[w] for w in dict.fromkeys(which for _, _, which in parts)),
+                   remedy="; ".join(remedies) or None)
 
 
 # DCGM's NVLink health watch (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp, MonitorNVLink and the
@@ -78,6 +80,16 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
 _NVLINK_SOURCE = ("NVLink error counters (NVML, `nvidia-smi nvlink -e`) against DCGM's NVLink health watch "
                   "(DCGM_LIMIT_MAX_NVLINK_ERROR 1, DCGM_LIMIT_MAX_NVLINK_CRC_ERROR 100 per second; "
                   "github.com/NVIDIA/DCGM common/DcgmGPUHardwareLimits.h, modules/health/DcgmHealthWatch.cpp)")
+
+
+_LINK_EXPECTED = {
+    "replays": f"at most {REPLAYS_PER_MINUTE_LIMIT} PCIe replays per minute",
+    "aer": "no uncorrected AER error",
+    "nvlink": "NVLink error counters 0 (DCGM's NVLink watch fails a GPU on 1 replay or recovery error, or 100 CRC errors "
+              "a second, within a minute; a count since the counters were reset has no time, so it warns)",
+}
+_LINK_SOURCES = {"replays": _REPLAY_SOURCE, "replay_count": _REPLAY_SOURCE, "aer": "the kernel's AER counters (sysfs aer_dev_*)",
+                 "nvlink": _NVLINK_SOURCE}
 
 
 def _nvlink_part(gpu: Gpu, totals: dict[str, int]) -> tuple[str, str]:
