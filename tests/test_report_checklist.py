@@ -225,26 +225,32 @@ def disk_run(path: str = "/tmp", kind: str = "unknown", **options) -> RunRecord:
 
 
 def test_local_disk_only_does_not_tick_shared_storage():
-    line = lines(disk_run())["storage_io"]
-    assert line.state == UNKNOWN
-    assert line.figure == ("local disk only: /tmp (virtual or unknown disk) passed; no shared or network storage tested: "
+    r = disk_run()
+    line = lines(r)["storage_io"]
+    (shared,) = [f for f in r.findings if f.check == "storage.shared"]  # judged in judge/, read here
+    assert line.state == UNKNOWN and shared.status == "skip" and line.figure == shared.summary
+    assert line.figure == ("local disk only: /tmp (virtual or unknown disk) tested; no shared or network storage tested: "
                            "run `gpuvet run --path /your/dataset/mount`")
 
 
 def test_a_tested_network_path_or_a_separate_volume_ticks_storage_naming_the_paths():
-    shared = lines(disk_run("/mnt/datasets", kind="network"))["storage_io"]
+    network = disk_run("/mnt/datasets", kind="network")
+    shared = lines(network)["storage_io"]
     assert shared.state == TICKED and shared.figure.startswith("tested /mnt/datasets; ")
+    (found,) = [f for f in network.findings if f.check == "storage.shared"]
+    assert found.status == "pass" and found.summary == "shared storage tested: /mnt/datasets"
+    assert found.evidence.measured == "tested /mnt/datasets (network file system); /mnt/datasets: nfs4 at mount /"
     volume = disk_run("/data", paths=["/data"])  # synthetic: /data mounted on its own volume
     for m in volume.measurements:
         m.details["mount_point"] = "/data"
-    line = lines(volume)["storage_io"]
+    line = lines(rejudged(volume))["storage_io"]
     assert line.state == TICKED and line.figure.startswith("tested /data; ")
 
 
 def test_a_chosen_path_on_the_working_directorys_disk_is_not_shared_storage():
     line = lines(disk_run("/data", paths=["/data"]))["storage_io"]  # mount "/", as the workdir /tmp
     assert line.state == UNKNOWN
-    assert line.figure == ("local disk only: /data (virtual or unknown disk) passed (/data is on the working directory's "
+    assert line.figure == ("local disk only: /data (virtual or unknown disk) tested (/data is on the working directory's "
                            "own disk: mount / on ext4); no shared or network storage tested: "
                            "run `gpuvet run --path /your/dataset/mount`")
 

@@ -226,6 +226,10 @@ CHECKS: tuple[Check, ...] = (
           "well under the device type's figure", "how fast shuffled samples read"),
     Check("storage.small_files", "storage", "host_io.check_storage", "disk", "small-file reads per second",
           "well under the device type's figure", "how fast many small files read"),
+    Check("storage.shared", "storage", "host_io.check_shared_storage", "disk",
+          "whether a tested path was shared storage: a network file system or a volume other than the working "
+          "directory's", "never (a skip says when only the local disk was tested, and how to test more)",
+          "was the storage data is read from tested"),
     Check("net.loopback", "net", "host_io.check_network", "net", "TCP latency and throughput over loopback",
           "far slower than the seeds' table (0.02 ms vs 0.38 ms)", "how fast the host's network stack is"),
     Check("host.cpu_feed", "host", "feed.check_cpu_feed", "cpu", "images/s the CPU decodes and augments",

@@ -84,6 +84,7 @@ RULES: dict[str, Rule] = {
     "storage.workdir": host.check_workdir,
     "storage.persistence": host.check_persistence,
     "storage.io": host_io.check_storage,  # storage.write / read / random_read / small_files per path
+    "storage.shared": host_io.check_shared_storage,
     "net": host_io.check_network,  # net.loopback, net.nics, net.rdma, net.node_to_node
     "host.cpu_feed": feed.check_cpu_feed,
     "env.audit": env.check_environment,  # env.exposed_servers, env.ssh_login, ... (gpuvet run only)

@@ -65,6 +65,50 @@ def check_storage(ctx: Context) -> list[Finding]:
     return findings
 
 
+SHARED_HOW = "run `gpuvet run --path /your/dataset/mount`"
+_KIND_WORDS = {"nvme": "NVMe", "ssd": "SSD", "hdd": "HDD", "unknown": "virtual or unknown disk", "tmpfs": "tmpfs",
+               "overlay": "container layer", "network": "network file system"}
+
+
+def check_shared_storage(ctx: Context) -> list[Finding]:
+    """storage.shared: was shared storage among the tested paths? A network file system, or a volume
+    other than the working directory's; a path the user chose on the working directory's own disk
+    tests that disk again, not the storage a dataset is read from."""
+    if not planned(ctx, "disk"):
+        return []
+    measured_paths = [m for m in ctx.measurements if m.name in CHECKS and m.value is not None]
+    paths = list(dict.fromkeys(m.subject for m in measured_paths))
+    if not paths:
+        return []  # nothing measured: storage.read and the per-path skips say why
+    details = {p: next((m.details for m in measured_paths if m.subject == p and m.details), {}) for p in paths}
+    workdir = ctx.machine.host.workdir if ctx.machine.host else None
+    labels = ", ".join(f"{p} ({_KIND_WORDS.get(k, k) if (k := details[p].get('kind')) else 'kind unknown'})" for p in paths)
+    beyond = [p for p in paths if _beyond_workdir(details[p], workdir.mount_point if workdir else None)]
+    if not beyond:
+        chosen = [p for p in paths if p in (ctx.options.get("paths") or [])]
+        same = ""
+        if chosen and workdir and workdir.mount_point:
+            fs = f" on {workdir.fs_type}" if workdir.fs_type else ""
+            same = f" ({', '.join(chosen)} is on the working directory's own disk: mount {workdir.mount_point}{fs})"
+        return [finding("storage.shared", "storage", SKIP,
+                        f"local disk only: {labels} tested{same}; no shared or network storage tested: {SHARED_HOW}",
+                        measured=f"tested {labels}", remedy=SHARED_HOW)]
+    mounts = "; ".join(f"{p}: {details[p].get('fs_type') or '?'} at mount {details[p].get('mount_point') or '?'}" for p in beyond)
+    return [finding("storage.shared", "storage", PASS, f"shared storage tested: {', '.join(beyond)}",
+                    measured=f"tested {labels}; {mounts}",
+                    expected="a network file system, or a volume other than the working directory's, among the tested paths",
+                    source="each tested path's file system and mount point (findmnt), against the working directory's "
+                           f"mount ({workdir.mount_point if workdir and workdir.mount_point else 'not examined'})")]
+
+
+def _beyond_workdir(details: dict, workdir_mount: str | None) -> bool:
+    """A network file system, or a different mount than the working directory's."""
+    if details.get("kind") == "network":
+        return True
+    mount = details.get("mount_point")
+    return bool(workdir_mount and mount and mount != workdir_mount)
+
+
 def _tested_paths(ctx: Context) -> list[str]:
     names = set(CHECKS) | {"bench.disk"}
     return list(dict.fromkeys(m.subject for m in ctx.measurements if m.name in names))

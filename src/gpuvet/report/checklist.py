@@ -107,7 +107,7 @@ def _from_findings(record: RunRecord, item: Item) -> Line:
         why = _skip_reasons(found) or f"not checked (run `{item.to_check}`)"
         return Line(item, UNKNOWN, _join(why, extra), found)
     worst = max(judged, key=lambda f: _SEVERITY[f.status]).status
-    if worst == PASS and (open_ := _not_passed(item, found)):
+    if worst == PASS and (open_ := _not_passed(item, record.findings)):
         return Line(item, UNKNOWN, _join(open_, extra), found)
     deciding = sorted((f for f in judged if f.status == worst), key=lambda f: _rank_in(item, f))
     if worst == PASS and item.passing_figure == "extra" and extra:
@@ -120,11 +120,11 @@ def _rank_in(item: Item, f: Finding) -> int:
     return next(i for i, c in enumerate(item.checks) if _names(c, f.check))
 
 
-def _not_passed(item: Item, found: list[Finding]) -> str:
+def _not_passed(item: Item, findings: list[Finding]) -> str:
     """Why a required check did not pass: its skip's words, or that it was not checked."""
     reasons = []
     for check in item.required:
-        mine = [f for f in found if f.check == check]
+        mine = [f for f in findings if f.check == check]
         if not any(f.status == PASS for f in mine):
             reasons.append(_skip_reasons(mine) or f"{check} not checked (run `{item.to_check}`)")
     return "; ".join(reasons)
@@ -376,49 +376,15 @@ def _gpu_range(gpus: list[Gpu]) -> str:
 
 # -- storage ---------------------------------------------------------------------------------------
 
-_SHARED_KINDS = ("network",)
-
-
 def _storage_io(record: RunRecord, item: Item) -> Line:
-    """Local disk and shared storage: which paths were tested, and whether any was shared storage:
-    a network file system, or a volume other than the working directory's (a path the user chose
-    on the same local disk tests that disk again, not shared storage)."""
+    """Local disk and shared storage: the line as its findings have it (storage.shared says whether
+    shared storage was among the tested paths), naming the paths that were tested."""
     line = _from_findings(record, item)
     tested = list(dict.fromkeys(f.subject for f in line.findings if f.status in _SEVERITY))
-    if not tested:
+    if not tested or line.state == UNKNOWN:
         return line
-    storage = {m.subject: m.details for m in record.measurements if m.name.startswith("disk.") and m.details}
-    beyond = [p for p in tested if _beyond_workdir(record, storage.get(p) or {})]
-    if line.state != TICKED or beyond:
-        where = f"tested {', '.join(tested)}"
-        return Line(item, line.state, _join(where, line.figure) if line.state == TICKED else _join(line.figure, where), line.findings)
-    labels = ", ".join(f"{p} ({_KIND_WORDS.get(k, k) if (k := (storage.get(p) or {}).get('kind')) else 'kind unknown'})"
-                       for p in tested)
-    same = _same_disk_note(record, tested, storage)
-    return Line(item, UNKNOWN, f"local disk only: {labels} passed{same}; no shared or network storage tested: "
-                               "run `gpuvet run --path /your/dataset/mount`", line.findings)
-
-
-def _beyond_workdir(record: RunRecord, details: dict) -> bool:
-    """A network file system, or a different mount than the working directory's."""
-    if details.get("kind") in _SHARED_KINDS:
-        return True
-    workdir = record.machine.host.workdir if record.machine.host else None
-    mount = details.get("mount_point")
-    return bool(workdir and workdir.mount_point and mount and mount != workdir.mount_point)
-
-
-def _same_disk_note(record: RunRecord, tested: list[str], storage: dict[str, dict]) -> str:
-    workdir = record.machine.host.workdir if record.machine.host else None
-    chosen = [p for p in tested if p in (record.options.get("paths") or [])]
-    if not chosen or not workdir or not workdir.mount_point:
-        return ""
-    fs = f" on {workdir.fs_type}" if workdir.fs_type else ""
-    return f" ({', '.join(chosen)} is on the working directory's own disk: mount {workdir.mount_point}{fs})"
-
-
-_KIND_WORDS = {"nvme": "NVMe", "ssd": "SSD", "hdd": "HDD", "unknown": "virtual or unknown disk", "tmpfs": "tmpfs",
-               "overlay": "container layer"}
+    where = f"tested {', '.join(tested)}"
+    return Line(item, line.state, _join(where, line.figure) if line.state == TICKED else _join(line.figure, where), line.findings)
 
 
 # -- NVLink ----------------------------------------------------------------------------------------
@@ -447,7 +413,8 @@ ITEMS: tuple[Item, ...] = (
     Item("pcie_link", ACCEPTANCE, "PCIe width and generation under load", "PCIe链路宽度",
          ("gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie", passing_figure="measured", decide=_pcie_link),
     Item("storage_io", ACCEPTANCE, "Local disk and shared storage IO", "本地盘与共享存储IO",
-         ("storage.*",), "gpuvet run", exclude=("storage.workdir", "storage.persistence"), decide=_storage_io),
+         ("storage.*",), "gpuvet run", exclude=("storage.workdir", "storage.persistence", "storage.shared"),
+         required=("storage.shared",), decide=_storage_io),
     Item("rdma", ACCEPTANCE, "RDMA for multi-node training", "网络是否支持RDMA",
          ("net.rdma",), "gpuvet run"),
     Item("software_stack", ACCEPTANCE, "Software stack versions match", "镜像软件栈版本",
