@@ -66,9 +66,11 @@ def counter_key(name: str) -> str:
 
 
 def looks_like_nvlink_errors(text: str) -> bool:
-    """True when the text starts with a "GPU n: NAME" line followed by a "Link n: COUNTER: VALUE" line."""
-    lines = [line for line in text[:4096].splitlines() if line.strip()][:2]
-    return len(lines) == 2 and _GPU_LINE.match(lines[0]) is not None and _COUNTER_LINE.match(lines[1]) is not None
+    """True when the text starts with a "GPU n: NAME" line and a "Link n: COUNTER: VALUE" line comes
+    soon after: under the first GPU, or under a later one when the first GPU printed only a note
+    ("all links are inactive"). `nvlink -s` Link lines ("Link 0: 25.781 GB/s") have no counter name."""
+    lines = [line for line in text[:4096].splitlines() if line.strip()][:40]
+    return bool(lines) and _GPU_LINE.match(lines[0]) is not None and any(_COUNTER_LINE.match(line) for line in lines[1:])
 
 
 def parse_nvlink_errors(text: str) -> list[NvlinkErrors]:
