@@ -29,7 +29,7 @@ class Coordinator:
     """Rank 0: a node like the others that also decides the plan, gathers and reports."""
 
     def __init__(self, node: Node, agent: Agent | None = None):
-        self.node, self.options, self.rv = node, node.options, node.rv
+        self.node, self.options, self.rv = node, node.options, node.joined
         launch = node.launch
         expected = node.options.nodes or launch.expected_nodes
         self.list_source = "--nodes" if node.options.nodes else "the Slurm node list"
@@ -117,6 +117,8 @@ class Coordinator:
     def _abort_if_a_member_died(self) -> str | None:
         """Polled while this node's ranks run: a member gone silent will never answer the
         collectives, so every node is told to stop rather than wait for its deadline."""
+        if self.plan is None:  # polled only during the cross-node measurements, which have a plan
+            return None
         self.roster.poll()
         dead = [self.roster.nodes[r] for r in self.plan.members if self.roster.nodes[r].silent]
         if not dead:
@@ -157,7 +159,7 @@ class Coordinator:
                 for n, step in zip(busy, self.rv.store.multi_get([f"step/{n.rank}" for n in busy]) if busy else []):
                     n.step = step.decode()
         except Exception as err:  # the store went with the signal: report what rank 0 holds
-            if final:
+            if final or self.stopped is None:  # not final: stopped, and why is said
                 raise
             self.stopped += f"; the store could not be read ({type(err).__name__})"
         settled = self.roster.settle_names()

@@ -205,8 +205,9 @@ def combine_rank_reports(plan: Plan, member: int, reports: list[dict[str, Any]],
     ring = []
     for index, order in enumerate(plan.rounds):
         src_member = order[(order.index(member) - 1) % len(order)]
-        parts = [next((r for r in report.get("ring") or [] if r["round"] == index), None) for report in reports]
-        if all(parts):
+        found = [next((r for r in report.get("ring") or [] if r["round"] == index), None) for report in reports]
+        parts = [p for p in found if p]
+        if len(parts) == len(found):
             ring.append({"round": index, "src_member": src_member, "bytes": sum(p["bytes"] for p in parts),
                          "seconds": max(p["seconds"] for p in parts), "wrong": sum(p["wrong"] for p in parts)})
         else:  # a transfer that broke counts against its pair; one stopped by an abort or a kill is unknown

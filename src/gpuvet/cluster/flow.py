@@ -62,24 +62,24 @@ def _run_member(node: Node) -> int:
     if outcome.hung:  # the vet thread cannot be stopped: report and leave
         print(f"gpuvet cluster: {node.name}: {outcome.error}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
-            node.rv.log("bye", node.launch.rank)  # rank 0 need not wait for this node's goodbye
+            node.joined.log("bye", node.launch.rank)  # rank 0 need not wait for this node's goodbye
         os._exit(EXIT_FAIL)
     if outcome.error is None:
         node.post_ready()
         if o.test_pause_at == "meet":
             pause("meet")
         plan_wait = o.join_timeout + o.vet_deadline_s() + o.dead_after + 30
-        posted = node.rv.wait_for("plan", plan_wait - (time.monotonic() - node.started))
+        posted = node.joined.wait_for("plan", plan_wait - (time.monotonic() - node.started))
         if posted is None:
             return _lost(node, "no plan from rank 0")
         plan = Plan(**posted["plan"]) if posted.get("plan") else None
         if plan and node.launch.rank in plan.members:
-            node.meet(plan, lambda: (node.rv.get("abort") or {}).get("reason"))
-    final = node.rv.wait_for("final", o.start_timeout + o.cross_timeout + o.dead_after + GATHER_GRACE_S + 60)
+            node.meet(plan, lambda: (node.joined.get("abort") or {}).get("reason"))
+    final = node.joined.wait_for("final", o.start_timeout + o.cross_timeout + o.dead_after + GATHER_GRACE_S + 60)
     if final is None:
         return _lost(node, "no cluster verdict from rank 0")
     with contextlib.suppress(Exception):
-        node.rv.log("bye", node.launch.rank)
+        node.joined.log("bye", node.launch.rank)
     if not o.quiet:
         print(f"gpuvet cluster: {node.name} (rank {node.launch.rank}): local {verdict_words(node)}; "
               f"cluster verdict {final['verdict'].upper()} (report on rank 0)")

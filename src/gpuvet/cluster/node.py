@@ -41,6 +41,13 @@ class Node:
         self.record: RunRecord | None = None
         self.saved_run: int | None = None
 
+    @property
+    def joined(self) -> Rendezvous:
+        """The cluster's rendezvous: every step after join() talks through it."""
+        if self.rv is None:
+            raise RuntimeError(f"{self.name} has not joined the cluster")
+        return self.rv
+
     # -- joining ---------------------------------------------------------------------------
 
     def join(self) -> None:
@@ -62,7 +69,7 @@ class Node:
     def phase(self, name: str) -> None:
         """A new phase, posted at once: a node killed right after must not be named by the last one."""
         self.step(name)
-        self.rv.store.set(f"step/{self.launch.rank}", name)
+        self.joined.store.set(f"step/{self.launch.rank}", name)
 
     # -- the local vet ---------------------------------------------------------------------
 
@@ -107,18 +114,18 @@ class Node:
     def post_vet(self, outcome: VetOutcome) -> None:
         rank = self.launch.rank
         if self.record is not None:
-            self.rv.put_packed(f"record/{rank}", {"record": summarise_record(self.record.to_dict(), self.options.full_records),
+            self.joined.put_packed(f"record/{rank}", {"record": summarise_record(self.record.to_dict(), self.options.full_records),
                                                   "saved_run": self.saved_run})
-            self.rv.log("record", rank)
+            self.joined.log("record", rank)
         if outcome.error:
-            self.rv.put(f"failed/{rank}", {"reason": outcome.error, "step": self.heartbeat.step if self.heartbeat else None})
-            self.rv.log("failed", rank)
+            self.joined.put(f"failed/{rank}", {"reason": outcome.error, "step": self.heartbeat.step if self.heartbeat else None})
+            self.joined.log("failed", rank)
 
     def post_ready(self) -> None:
         torch = self.record.machine.stack.torch if self.record and self.record.machine.stack else None
         gpus = (torch.device_count or 0) if torch and torch.cuda_available else 0
-        self.rv.put(f"ready/{self.launch.rank}", {"name": self.name, "gpus": gpus})
-        self.rv.log("ready", self.launch.rank)
+        self.joined.put(f"ready/{self.launch.rank}", {"name": self.name, "gpus": gpus})
+        self.joined.log("ready", self.launch.rank)
         self.phase("waiting for the others to finish their local vet")
 
     # -- the meeting -------------------------------------------------------------------------
@@ -127,9 +134,9 @@ class Node:
         member = plan.members.index(self.launch.rank)
         self.phase("cross-node measurements")
         self.say(f"cross-node: {len(plan.members)} nodes x {plan.ranks_per_node} ranks ({plan.backend})")
-        result = run_cross_node(plan, member, self.rv, self.options, should_abort)
-        self.rv.put(f"cross/{self.launch.rank}", result)
-        self.rv.log("cross", self.launch.rank)
+        result = run_cross_node(plan, member, self.joined, self.options, should_abort)
+        self.joined.put(f"cross/{self.launch.rank}", result)
+        self.joined.log("cross", self.launch.rank)
         self.phase("waiting for the cluster verdict")
 
     def local_exit_code(self) -> int:

@@ -203,7 +203,7 @@ def _name_index(expected: list[str]) -> dict[str, list[int]]:
     """Each expected name, and its short form, to its places in the list."""
     index: dict[str, list[int]] = {}
     for i, name in enumerate(expected):
-        for key in dict.fromkeys((name, _short(name))):
+        for key in dict.fromkeys((name, _short(name) or name)):
             index.setdefault(key, []).append(i)
     return index
 
