@@ -168,6 +168,39 @@ def test_nvml_fabric_recovery_violations_and_nvlink_counters(monkeypatch):
     assert statuses["gpu.throttle_history"] == "fail" and statuses["gpu.link_errors"] == "warn"
 
 
+def test_nvlink5_counters_come_from_nvml_field_values_where_the_dl_counters_are_not_supported(monkeypatch):
+    """Blackwell: nvmlDeviceGetNvLinkErrorCounter is not supported; the per-link NVLink 5 field values
+    DCGM's health watch reads are (scope id = the link)."""
+    def refuse(*_args):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def field_values(h, ids):
+        values = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for slot, field in zip(values, ids):
+            field_id, link = field if isinstance(field, tuple) else (field, 0)
+            slot.fieldId, slot.scopeId = field_id, link
+            nvlink5 = isinstance(field, tuple)
+            slot.nvmlReturn = pynvml.NVML_SUCCESS if nvlink5 else pynvml.NVML_ERROR_NOT_SUPPORTED
+            slot.value.ullVal = 3 if (field_id, link) == (pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS, 2) else 0
+        return values
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkErrorCounter", refuse, raising=False)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", field_values, raising=False)
+    gpu = Gpu(index=0, name="NVIDIA GB200", nvlinks=[NvLink(link=n, active=True) for n in range(3)])
+
+    def query(field, fn, *args):
+        try:
+            return fn(*args)
+        except pynvml.NVMLError:
+            return None
+
+    nvml_health.fill(gpu, "handle", query)
+    assert gpu.nvlink_errors["total_link_recovery_events"] == 3 and gpu.nvlink_errors["symbol"] == 0
+    assert gpu.nvlink_error_links == {"2": {"total_link_recovery_events": 3}}
+    (f,) = [f for f in judge.judge(Machine(gpus=[gpu])) if f.check == "gpu.link_errors"]
+    assert f.status == "warn" and "link 2: 3 total link recovery events" in f.summary
+
+
 def test_nvml_without_the_calls_leaves_the_facts_unknown(monkeypatch):
     def refuse(*_args):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)

@@ -12,6 +12,21 @@ from . import nvml, nvml_names  # nvml: its `pynvml`: the driver's, or the repla
 
 _NS_PER_US = 1000.0
 _NVLINK_COUNTERS = (("replay", 0), ("recovery", 1), ("crc", 2))  # NVML_NVLINK_ERROR_DL_REPLAY, _RECOVERY, _CRC_FLIT
+# NVLink 5 (Blackwell), where the counters above are not supported: the per-link field values DCGM's
+# NVLink 5 health watch fails a GPU on, keyed as `nvidia-smi nvlink -e` names them (probe.nvlink_errors).
+_NVLINK5_FIELDS = (
+    ("malformed_packet", "NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS"),
+    ("buffer_overrun", "NVML_FI_DEV_NVLINK_COUNT_BUFFER_OVERRUN_ERRORS"),
+    ("rx", "NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS"),
+    ("rx_remote", "NVML_FI_DEV_NVLINK_COUNT_RCV_REMOTE_ERRORS"),
+    ("rx_general", "NVML_FI_DEV_NVLINK_COUNT_RCV_GENERAL_ERRORS"),
+    ("local_link_integrity", "NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS"),
+    ("tx_discards", "NVML_FI_DEV_NVLINK_COUNT_XMIT_DISCARDS"),
+    ("link_recovery_failed_events", "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS"),
+    ("total_link_recovery_events", "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS"),
+    ("effective", "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS"),
+    ("symbol", "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS"),
+)
 
 
 def fill(gpu: Gpu, h: Any, query: Callable[..., Any]) -> None:
@@ -78,16 +93,29 @@ def _recovery_action(h: Any, query: Callable[..., Any]) -> str | None:
 
 
 def _nvlink_errors(gpu: Gpu, h: Any, query: Callable[..., Any]) -> tuple[dict[str, int] | None, dict[str, dict[str, int]] | None]:
-    """(counter -> sum over the active links, link -> counter -> count where not 0); None, None unread."""
+    """(counter -> sum over the active links, link -> counter -> count where not 0); None, None unread.
+    The DL counters first; on a GPU that has none of them (NVLink 5), its per-link field values."""
     active = [link.link for link in gpu.nvlinks or [] if link.active]
     totals: dict[str, int] = {}
     by_link: dict[str, dict[str, int]] = {}
+
+    def add(name: str, link: int, count: int) -> None:
+        totals[name] = totals.get(name, 0) + count
+        if count:
+            by_link.setdefault(str(link), {})[name] = count
+
     for name, counter in _NVLINK_COUNTERS:
         for link in active:
             count = query(f"nvlink_errors.{name}", nvml.pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
-            if count is None:
-                continue
-            totals[name] = totals.get(name, 0) + int(count)
-            if int(count):
-                by_link.setdefault(str(link), {})[name] = int(count)
+            if count is not None:
+                add(name, link, int(count))
+    if not totals and active:
+        p = nvml.pynvml
+        known = [(name, getattr(p, field)) for name, field in _NVLINK5_FIELDS if hasattr(p, field)]
+        asked = [(name, field_id, link) for link in active for name, field_id in known]
+        values = query("nvlink_errors.nvlink5", p.nvmlDeviceGetFieldValues, h,
+                       [(field_id, link) for _, field_id, link in asked]) if asked else None
+        for (name, _, link), value in zip(asked, values or []):
+            if int(value.nvmlReturn) == p.NVML_SUCCESS:
+                add(name, link, int(value.value.ullVal))
     return (totals, by_link) if totals else (None, None)
