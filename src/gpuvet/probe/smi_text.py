@@ -203,7 +203,7 @@ def parse_smi_text(text: str) -> tuple[Driver, list[Gpu]]:
     root = parse_tree(text)
     driver = Driver(
         version=_strip_note(root.value_at("KMD Version") or root.value_at("Driver Version")),
-        cuda_version=_cuda(root.value_at("CUDA UMD Version") or root.value_at("CUDA Version")),
+        cuda_version=v.cuda_version(_strip_note(root.value_at("CUDA UMD Version") or root.value_at("CUDA Version"))),
     )
     sections = [n for n in root.children if re.match(r"GPU [0-9A-Fa-f]{4,8}:", n.label)]
     _refuse_if_cut(sections, attached_gpus(text))
@@ -278,11 +278,6 @@ def _strip_note(raw: str | None) -> str | None:
     """ "610.57.04 [Deprecated; will be removed ...]" -> "610.57.04"."""
     value = v.text(raw)
     return value.split("[", 1)[0].strip() if value else None
-
-
-def _cuda(raw: str | None) -> str | None:
-    value = _strip_note(raw)
-    return value if value and re.fullmatch(r"\d+\.\d+", value) else None
 
 
 def _mig_device(node: Node) -> MigDevice:

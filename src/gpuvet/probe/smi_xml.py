@@ -157,7 +157,7 @@ def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
         raise CaptureError(f"XML root is <{root.tag}>, expected <nvidia_smi_log> from `nvidia-smi -q -x`")
     driver = Driver(
         version=v.text(root.findtext("driver_version")),
-        cuda_version=_cuda_version(root.findtext("cuda_version")),
+        cuda_version=v.cuda_version(root.findtext("cuda_version")),
     )
     gpus = []
     for position, element in enumerate(root.findall("gpu")):
@@ -172,11 +172,6 @@ def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
             gpu.processes = sorted((_process(p) for p in processes.findall("process_info")), key=lambda p: p.pid or 0)
         gpus.append(gpu)
     return driver, gpus
-
-
-def _cuda_version(raw: str | None) -> str | None:
-    value = v.text(raw)
-    return value if value and re.fullmatch(r"\d+\.\d+", value) else None
 
 
 def _mig_device(element: ET.Element) -> MigDevice:

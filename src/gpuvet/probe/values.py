@@ -43,6 +43,12 @@ def text(raw: str | None) -> str | None:
     return None if missing_reason(raw) and raw.lower() != "none" else raw
 
 
+def cuda_version(raw: str | None) -> str | None:
+    """ "12.4" as a report prints the CUDA version; None for "N/A" or anything not MAJOR.MINOR."""
+    value = text(raw)
+    return value if value and re.fullmatch(r"\d+\.\d+", value) else None
+
+
 def number(raw: str | None) -> float | None:
     """The first number in "320.00 W", "16x", "27 C", "0x9" -> None (hex is not a measure)."""
     if raw is None or missing_reason(raw):
