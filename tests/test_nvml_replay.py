@@ -104,6 +104,23 @@ def test_what_the_capture_says_na_raises_the_drivers_error(replay):
     assert fake.nvmlDeviceGetMigMode(h) == [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
 
 
+def test_a_power_limit_printed_as_err_reads_as_nvmls_error_not_a_crash(replay, tmp_path):
+    # EDITED: a real capture's max power limit as nvidia-smi prints a reading NVML failed ("ERR!").
+    # The replay multiplied None by 1000: a TypeError out of the live backend instead of the facts.
+    text = (FIXTURES / "rtx-3090-swpowercap-590.44.01-v13.xml").read_text()
+    edited = text.replace("<max_power_limit>480.00 W</max_power_limit>", "<max_power_limit>ERR!</max_power_limit>")
+    assert edited != text
+    path = tmp_path / "rtx-3090-swpowercap-590.44.01-v13-edited-max-power-limit-err.xml"
+    path.write_text(edited)
+    fake = replay(path)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        fake.nvmlDeviceGetPowerManagementLimitConstraints(fake.nvmlDeviceGetHandleByIndex(0))
+    _, gpus, _, error = nvml.collect()
+    assert error is None and gpus[0].name == "NVIDIA GeForce RTX 3090"
+    assert gpus[0].power.max_limit_w is None and gpus[0].power.enforced_limit_w == 350.0
+    assert smi_xml.parse_smi_xml(edited)[1][0].power.max_limit_w is None  # as the capture parser reads it
+
+
 def test_the_record_says_replayed_and_the_machines_sysfs_is_left_out(replay):
     path = FIXTURES / "dual-rtx-a5000-590.44.01-v13.xml"
     replay(path)

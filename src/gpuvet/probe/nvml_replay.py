@@ -75,7 +75,10 @@ def _int(element: ET.Element | None, *paths: str) -> int:
 
 def _milliwatts(element: ET.Element, *names: str) -> int:
     paths = [f"{section}/{name}" for section in ("gpu_power_readings", "power_readings") for name in names]
-    return int(round(v.number(_raw(element, *paths)) * 1000))
+    watts = v.number(_raw(element, *paths))
+    if watts is None:  # a word nvidia-smi prints for a failed reading ("ERR!"), as _int refuses it
+        _refuse(real.NVML_ERROR_UNKNOWN)
+    return int(round(watts * 1000))
 
 
 def _bytes(element: ET.Element, path: str) -> int:
@@ -419,8 +422,8 @@ class Replay(ModuleType):
             parts, total = PATHS[f"{scope}_corrected_parts"], PATHS[f"{scope}_single_bit_total"]
         else:
             parts, total = PATHS[f"{scope}_uncorrected_parts"], PATHS[f"{scope}_double_bit_total"]
-        numbers = [v.integer(h.element.findtext(path)) for path in parts]
-        numbers = [n for n in numbers if n is not None]
+        read = [v.integer(h.element.findtext(path)) for path in parts]
+        numbers = [n for n in read if n is not None]
         return sum(numbers) if numbers else _int(h.element, *total)
 
     def nvmlDeviceGetRetiredPages(self, h: Device, cause: int) -> list[int]:
@@ -428,8 +431,8 @@ class Replay(ModuleType):
                    if cause == real.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
                    else "retired_pages/double_bit_retirement")
         count = _int(h.element, f"{section}/retired_count")
-        addresses = [v.hex_or_int(a.text) for a in h.element.iterfind(f"{section}/retired_pagelist/*")]
-        addresses = [a for a in addresses if a is not None]
+        listed = [v.hex_or_int(a.text) for a in h.element.iterfind(f"{section}/retired_pagelist/*")]
+        addresses = [a for a in listed if a is not None]
         return addresses if len(addresses) == count else list(range(count))  # the count is what a capture always has
 
     nvmlDeviceGetRetiredPagesPendingStatus = _getter(_enabled, "retired_pages/pending_retirement",
