@@ -167,6 +167,10 @@ def quiet_rows(findings: list[Finding]) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
+ID_MIN_WIDTH = 18
+NAME_MIN_WIDTH = 22  # the measurement-name column
+
+
 def problems(findings: list[Finding]) -> list[Finding]:
     """Failures, then warnings; each in rule order (a stable sort keeps it)."""
     return sorted((f for f in findings if f.status in (FAIL, WARN)), key=lambda f: _ORDER[f.status])
@@ -178,8 +182,9 @@ def _problems(findings: list[Finding], console: Console) -> None:
         return
     failed, warned = sum(f.status == FAIL for f in found), sum(f.status == WARN for f in found)
     console.print(f"\n[bold]Problems[/] [dim]({failed} failed, {warned} warning{'' if warned == 1 else 's'})[/]")
+    width = id_width([f.check for f in found])
     for group in same_problem_groups(found):
-        _problem(group, console)
+        _problem(group, console, width)
 
 
 _GPU_INDEX = re.compile(r"(?<=-i )\d+|\bgpu\d+\b|\bGPU\d+\b")
@@ -199,10 +204,16 @@ def same_problem_groups(found: list[Finding]) -> list[list[Finding]]:
     return list(groups.values())
 
 
-def _problem(group: list[Finding], console: Console) -> None:
+def id_width(checks: list[str]) -> int:
+    """The check-id column: wide enough for the longest id shown (stack.container_runtime), so the
+    columns after it stay aligned; 18 at least."""
+    return max([ID_MIN_WIDTH, *(len(check) for check in checks)])
+
+
+def _problem(group: list[Finding], console: Console, width: int) -> None:
     f = group[0]
     subjects = subject_range(list(dict.fromkeys(g.subject for g in group)))
-    emit(console, f"  {_badge(f.status)}  {f.check:<18} {subjects:<8} {escape(f.summary)}", indent=8)
+    emit(console, f"  {_badge(f.status)}  {f.check:<{width}} {subjects:<8} {escape(f.summary)}", indent=8)
     e = f.evidence
     parts = []
     if e.measured:
@@ -260,6 +271,7 @@ def _skips_and_pass_count(findings: list[Finding], console: Console) -> None:
 def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
     """Passes and skips in one line each: subjects with the same summary merged, and checks that
     skip for the same reason (no GPU at all) merged too."""
+    rows: list[tuple[str, str, str]] = []  # (check, where, the rest) of each line
     if findings and findings[0].status == SKIP:
         by_reason: dict[str, list[Finding]] = {}
         for f in findings:
@@ -268,20 +280,24 @@ def _quiet(findings: list[Finding], console: Console, verbose: bool) -> None:
             checks = list(dict.fromkeys(f.check for f in skipped))
             where = subject_range(list(dict.fromkeys(f.subject for f in skipped)))
             if len(checks) == 1:
-                emit(console, f"  {_badge(SKIP)}  {checks[0]:<18} {where:<8} {escape(summary)}", indent=8, style="dim")
-            else:  # several checks, one reason: one line, the reason said once
-                emit(console, f"  {_badge(SKIP)}  {', '.join(checks)} ({where}): {escape(summary)}", indent=8, style="dim")
-        return
-    for check, group in groupby(findings, key=lambda f: f.check):
-        by_summary: dict[str, list[str]] = {}
-        for f in group:
-            by_summary.setdefault(f.summary, []).append(f.subject)
-        lines = list(by_summary.items())
-        for summary, subjects in lines if verbose else lines[:1]:
-            more = 0 if verbose else len(lines) - 1
-            extra = f" [dim](+{more} more; -v lists them)[/]" if more else ""
-            emit(console, f"  {_badge(findings[0].status)}  {check:<18} {subject_range(subjects):<8} {escape(summary)}{extra}",
-                 indent=8)
+                rows.append((checks[0], where, escape(summary)))
+            else:  # several checks, one reason: one line, the reason said once, no columns
+                rows.append(("", "", f"{', '.join(checks)} ({where}): {escape(summary)}"))
+    else:
+        for check, group in groupby(findings, key=lambda f: f.check):
+            by_summary: dict[str, list[str]] = {}
+            for f in group:
+                by_summary.setdefault(f.summary, []).append(f.subject)
+            lines = list(by_summary.items())
+            for summary, subjects in lines if verbose else lines[:1]:
+                more = 0 if verbose else len(lines) - 1
+                extra = f" [dim](+{more} more; -v lists them)[/]" if more else ""
+                rows.append((check, subject_range(subjects), escape(summary) + extra))
+    width = id_width([check for check, _, _ in rows if check])
+    style = "dim" if findings and findings[0].status == SKIP else ""
+    for check, where, rest in rows:
+        columns = f"{check:<{width}} {where:<8} " if check else ""
+        emit(console, f"  {_badge(findings[0].status)}  {columns}{rest}", indent=8, style=style)
 
 
 # -- measurements, header, verdict -----------------------------------------------------------------
@@ -293,15 +309,17 @@ def measurement_lines(record: RunRecord) -> list[str]:
         if m.value is None or not m.unit:
             continue  # notes of skipped benchmarks and telemetry summaries: the findings tell those
         rows.setdefault((m.name, m.unit), []).append(f"{m.subject} {number(m.value)}")
-    return [f"{name:<22} {', '.join(values)} {unit}" for (name, unit), values in rows.items()]
+    width = max([NAME_MIN_WIDTH, *(len(name) for name, _ in rows)])
+    return [f"{name:<{width}} {', '.join(values)} {unit}" for (name, unit), values in rows.items()]
 
 
 def _measurements(record: RunRecord, console: Console) -> None:
     lines = measurement_lines(record)
     if lines:
         console.print("\n[bold]Measured[/]")
+        indent = 3 + max([NAME_MIN_WIDTH, *(len(line.split(" ", 1)[0]) for line in lines)])  # under the values
         for line in lines:
-            emit(console, f"  {escape(line)}", indent=25)
+            emit(console, f"  {escape(line)}", indent=indent)
 
 
 def header_line(record: RunRecord) -> str:
