@@ -6,7 +6,6 @@ import json
 import math
 import statistics
 import threading
-import time
 import types
 
 import pytest
@@ -23,16 +22,14 @@ SMALL_SHAPES = [[256, 256, 512], [384, 384, 512], [256, 256, 1024]]
 
 def run_cpu(seconds: float, **params):
     ctx = BenchContext(device="cpu", subject="cpu", budget=Budget(seconds), params=params)
-    start = time.monotonic()
-    measurements = gemm.run(ctx)
-    return {m["name"]: m for m in measurements}, time.monotonic() - start
+    return {m["name"]: m for m in gemm.run(ctx)}
 
 
 FAKE_FLOPS_PER_S = 2e10  # a small CPU's fp32 rate (a loaded 2-core CI machine: about 15 GFLOPS)
 
 
-def run_on_a_fake_clock(monkeypatch, seconds: float, **params):
-    """gemm.run on a clock that moves only by each product's flops at FAKE_FLOPS_PER_S (the products
+def run_on_a_fake_clock(monkeypatch, seconds: float, flops_per_s: float = FAKE_FLOPS_PER_S, **params):
+    """gemm.run on a clock that moves only by each product's flops at `flops_per_s` (the products
     are still computed and checked): where a run stops in its budget is then the same on any machine,
     whatever its load. The measurements, and the fake seconds the run took."""
     clock = FakeClock().install(monkeypatch, gemm, common)
@@ -41,7 +38,7 @@ def run_on_a_fake_clock(monkeypatch, seconds: float, **params):
     def multiply(ops):
         real_multiply(ops)
         (m, k), n = ops.a.shape, ops.b.shape[0]
-        clock.advance(2 * m * n * k / FAKE_FLOPS_PER_S)
+        clock.advance(2 * m * n * k / flops_per_s)
 
     monkeypatch.setattr(gemm, "multiply", multiply)
     start = clock.now
@@ -49,11 +46,23 @@ def run_on_a_fake_clock(monkeypatch, seconds: float, **params):
     return {m["name"]: m for m in measurements}, clock.now - start
 
 
-def fewest_calls_s(shape: list[int]) -> float:
-    """The fake seconds of the fewest calls any shape gets (first, warm-up, timed): a shape begun
-    just before the budget ends may overrun it by this much, no more."""
+def call_s(shape: list[int], flops_per_s: float = FAKE_FLOPS_PER_S) -> float:
     m, n, k = shape
-    return (2 + gemm.MIN_TIMED_CALLS) * 2 * m * n * k / FAKE_FLOPS_PER_S
+    return 2 * m * n * k / flops_per_s
+
+
+def fewest_calls_s(shape: list[int], flops_per_s: float = FAKE_FLOPS_PER_S) -> float:
+    """The fake seconds of the fewest calls any run of a shape makes (first, warm-up, timed)."""
+    return (2 + gemm.MIN_TIMED_CALLS) * call_s(shape, flops_per_s)
+
+
+def budget_bound_s(budget: float, details: dict, flops_per_s: float = FAKE_FLOPS_PER_S) -> float:
+    """How long a GEMM run may take: its budget, or the fewest calls of its first (smallest) shape
+    where those alone take longer (the one run there must be time for), plus a stated slack of one
+    call of the largest shape it ran (a run whose warm-up ends a little late makes its fewest calls)."""
+    first = min((row[:3] for row in details["shapes_tried"]), key=lambda s: s[0] * s[1] * s[2])
+    largest = max((row[:3] for row in details["shapes_tried"]), key=lambda s: s[0] * s[1] * s[2])
+    return max(budget, fewest_calls_s(first, flops_per_s)) + call_s(largest, flops_per_s)
 
 
 def flip_bit(ops, row: int, col: int, bit: int = 30) -> None:
@@ -86,19 +95,20 @@ def test_cpu_run_measures_fp32_with_the_default_shapes(monkeypatch):
     assert (failures["value"], failures["unit"], failures["subject"]) == (0, "count", "cpu")
     assert failures["details"]["failed"] == [] and failures["details"]["checked"] == ["fp32"]
     # The budget holds on the benchmark's own clock: it stops where its time ends, and says so.
-    largest_tried = max((row[:3] for row in d["shapes_tried"]), key=lambda s: s[0] * s[1] * s[2])
-    assert elapsed <= 2.0 + fewest_calls_s(largest_tried)
+    assert elapsed <= budget_bound_s(2.0, d)
     assert d["wall_s"] == pytest.approx(elapsed)
     json.dumps(list(by_name.values()), allow_nan=False)  # the record is strict JSON
 
 
 def test_the_value_is_the_best_finalist_median_and_finalists_are_the_best_scouts():
-    by_name, _ = run_cpu(3.0, shapes=SMALL_SHAPES)  # room for two shapes on a loaded 2-core machine
+    by_name = run_cpu(3.0, shapes=SMALL_SHAPES)  # room for two shapes on a loaded 2-core machine
     d = by_name["gemm.fp32"]["details"]
     # A sweep, not one shape (on a loaded CI machine the budget may not reach every candidate).
     assert len(d["shapes_tried"]) >= 2
     scouted = sorted(d["shapes_tried"], key=lambda row: row[3], reverse=True)
-    assert [row[:3] for row in d["finalists"]] == [row[:3] for row in scouted[: gemm.FINALISTS]]
+    # Each of the best scouts is timed again, unless the time left could not hold its fewest calls.
+    timed = [str(Shape(*row[:3])) for row in d["finalists"]]
+    assert timed and timed + sorted(d["finalists_not_timed"]) == [str(Shape(*row[:3])) for row in scouted[: gemm.FINALISTS]]
     best = max(d["finalists"], key=lambda row: row[3])
     assert d["shape"] == best[:3]
     assert by_name["gemm.fp32"]["value"] == pytest.approx(best[3]) == pytest.approx(d["summary"]["median"])
@@ -117,17 +127,17 @@ def test_the_value_comes_from_per_call_timings(monkeypatch):
 
     def spy_run_shape(device, workspace, shape, seconds, flush, **kwargs):
         run = real_run_shape(device, workspace, shape, seconds, flush, **kwargs)
-        blocks.append((kwargs["check"], run))
+        blocks.append((kwargs["max_calls"] == gemm.FINAL_MAX_CALLS, run))  # a finalist's block (the first scout is checked too)
         return run
 
     monkeypatch.setattr(gemm, "time_each", spy_time_each)
     monkeypatch.setattr(gemm, "run_shape", spy_run_shape)
-    by_name, _ = run_cpu(1.0, shapes=SMALL_SHAPES)
+    by_name = run_cpu(1.0, shapes=SMALL_SHAPES)
     m = by_name["gemm.fp32"]
     d = m["details"]
     assert timed and all(len(times) == repeats and before is None for repeats, before, times in timed)  # CPU: no flush
     assert all(any(run.seconds is times for _, _, times in timed) for _, run in blocks)
-    final = [run for check, run in blocks if check and run.shape.as_list() == d["shape"]]
+    final = [run for finalist, run in blocks if finalist and run.shape.as_list() == d["shape"]]
     kept = [run for run in final if not run.noisy] or final
     assert len(final) == d["blocks"] and len([run for run in final if not run.noisy]) == d["calm_blocks"]
     m_, n, k = d["shape"]
@@ -200,7 +210,8 @@ def test_the_gpu_method_trusts_its_scouts_and_times_each_finalist_once(monkeypat
     })
     monkeypatch.setattr(gemm, "method_for", lambda device: gemm.GPU_METHOD)
     result = gemm.measure_dtype("cpu", "fp32", Budget(10.0), [Shape(s, s, s) for s in (100, 200, 300)])
-    assert [(m, check) for m, check, _ in log] == [(100, False), (200, False), (300, False), (300, True), (100, True)]
+    # The first scout is checked (on a device too slow for its budget it would be the figure).
+    assert [(m, check) for m, check, _ in log] == [(100, True), (200, False), (300, False), (300, True), (100, True)]
     assert [run.blocks for run in result.confirmed] == [1, 1]
 
 
@@ -212,7 +223,7 @@ def test_cpu_finalists_are_timed_in_turns_of_checked_blocks(monkeypatch):
     })
     runs = gemm.confirm_in_turns("cpu", FAKE_WORKSPACE, [Shape(200, 200, 200), Shape(100, 100, 100)],
                                  Budget(blocks * gemm.CPU_METHOD.final_block_s), None,
-                                 lambda message: None, gemm.CPU_METHOD)
+                                 lambda message: None, gemm.CPU_METHOD, {}, {})
     assert [m for m, _, _ in log] == [200, 100] * (blocks // 2) and all(check for _, check, _ in log)
     assert [(run.shape.m, run.blocks, run.calm_blocks) for run in runs] == [(200, blocks // 2, blocks // 2 - 1),
                                                                            (100, blocks // 2, blocks // 2)]
@@ -253,7 +264,7 @@ def corrupting(monkeypatch, corrupt):
 
 
 def test_the_check_passes_a_healthy_product():
-    by_name, _ = run_cpu(0.5, shapes=SMALL_SHAPES)
+    by_name = run_cpu(0.5, shapes=SMALL_SHAPES)
     check = by_name["gemm.fp32"]["details"]["check"]
     assert check["ok"] and not check["nan_or_inf"] and not check["repeat_mismatch"]
     assert 0 <= check["max_error"] < check["tolerance"] and check["checksum_error"] < check["tolerance"]
@@ -261,7 +272,7 @@ def test_the_check_passes_a_healthy_product():
 
 def test_a_flipped_bit_in_the_reference_block_fails_the_check(monkeypatch):
     corrupting(monkeypatch, lambda ops, call: flip_bit(ops, 1, 2))
-    by_name, _ = run_cpu(0.5, shapes=SMALL_SHAPES)
+    by_name = run_cpu(0.5, shapes=SMALL_SHAPES)
     check = by_name["gemm.fp32"]["details"]["check"]
     assert not check["ok"] and check["max_error"] > check["tolerance"]
     failures = by_name["gemm.check_failures"]
@@ -270,7 +281,7 @@ def test_a_flipped_bit_in_the_reference_block_fails_the_check(monkeypatch):
 
 def test_a_flipped_bit_outside_the_blocks_is_caught_by_the_checksum(monkeypatch):
     corrupting(monkeypatch, lambda ops, call: flip_bit(ops, ops.out.shape[0] // 2, ops.out.shape[1] // 2))
-    by_name, _ = run_cpu(0.5, shapes=SMALL_SHAPES)
+    by_name = run_cpu(0.5, shapes=SMALL_SHAPES)
     check = by_name["gemm.fp32"]["details"]["check"]
     assert check["max_error"] < check["tolerance"]  # the corner blocks are right
     assert check["checksum_error"] > check["tolerance"] and not check["ok"]
@@ -296,7 +307,7 @@ def test_an_error_only_under_load_is_caught_by_the_repeat_comparison(monkeypatch
 
     monkeypatch.setattr(gemm, "time_each", flagged_time_each)
     corrupting(monkeypatch, wrong_under_load)
-    by_name, _ = run_cpu(0.5, shapes=SMALL_SHAPES)
+    by_name = run_cpu(0.5, shapes=SMALL_SHAPES)
     check = by_name["gemm.fp32"]["details"]["check"]
     assert check["max_error"] < check["tolerance"] and check["checksum_error"] < check["tolerance"]  # too small for those
     assert check["repeat_mismatch"] and not check["ok"]
@@ -304,7 +315,7 @@ def test_an_error_only_under_load_is_caught_by_the_repeat_comparison(monkeypatch
 
 def test_nan_anywhere_fails_the_check_and_the_record_stays_json(monkeypatch):
     corrupting(monkeypatch, lambda ops, call: ops.out.__setitem__((ops.out.shape[0] - 1, 0), float("nan")))
-    by_name, _ = run_cpu(0.5, shapes=SMALL_SHAPES)
+    by_name = run_cpu(0.5, shapes=SMALL_SHAPES)
     check = by_name["gemm.fp32"]["details"]["check"]
     assert check["nan_or_inf"] and not check["ok"] and check["checksum_error"] is None
     json.dumps(list(by_name.values()), allow_nan=False)
@@ -524,7 +535,7 @@ def test_a_shape_too_slow_for_the_time_left_is_not_tried(monkeypatch):
     assert not gemm.too_slow(Shape(1000, 1000, 1000), best_flops_per_s=0.0, seconds_left=1.0)  # nothing seen yet
     by_name, elapsed = run_on_a_fake_clock(monkeypatch, 0.1, shapes=[[256, 256, 256], [2048, 2048, 2048]])
     assert by_name["gemm.fp32"]["details"]["shapes_not_tried"] == [[2048, 2048, 2048]]
-    assert elapsed <= 0.1 + fewest_calls_s([256, 256, 256])  # the 2048 shape's 5 calls alone would take 17 s
+    assert elapsed <= budget_bound_s(0.1, by_name["gemm.fp32"]["details"])  # the 2048 shape's 5 calls alone would take 17 s
 
 
 def test_a_tiny_budget_measures_fewer_shapes_without_overrunning(monkeypatch):
@@ -536,7 +547,25 @@ def test_a_tiny_budget_measures_fewer_shapes_without_overrunning(monkeypatch):
     # Too little time for more than the fewest calls: each run of a shape (scout, finalist) gets
     # those and no more, so the overrun is bounded by them.
     assert d["iterations"] == gemm.MIN_TIMED_CALLS
-    assert elapsed <= 0.05 + sum(fewest_calls_s(row[:3]) for row in d["shapes_tried"] + d["finalists"])
+    assert elapsed <= budget_bound_s(0.05, d)
+
+
+@pytest.mark.parametrize(("flops_per_s", "budget"), [(5e9, 2.0), (5e9, 8.0), (2e10, 0.5), (1e11, 2.0)])
+def test_a_slow_device_keeps_its_budget_and_its_headline_figure(monkeypatch, flops_per_s, budget):
+    """A device too slow for its budget (5 GFLOPS: the first shape's fewest calls take 2.1 s)
+    still gets a checked figure of its best shape, in its budget (or the first shape's fewest
+    calls, where those alone are longer): a finalist that has no time left for its fewest calls is
+    not timed again, and the record says which and why."""
+    by_name, elapsed = run_on_a_fake_clock(monkeypatch, budget, flops_per_s)
+    d = by_name["gemm.fp32"]["details"]
+    assert elapsed <= budget_bound_s(budget, d, flops_per_s)
+    assert by_name["gemm.fp32"]["value"] > 0 and d["check"]["ok"] is True
+    best_scout = max(d["shapes_tried"], key=lambda row: row[3])
+    assert d["shape"] == best_scout[:3]  # the headline shape is the sweep's best
+    for shape, why in d["finalists_not_timed"].items():
+        assert "would overrun the time left" in why and shape in {str(Shape(*row[:3])) for row in d["shapes_tried"]}
+    if fewest_calls_s(gemm.default_candidates("cpu")[0].as_list(), flops_per_s) > budget:
+        assert d["finalists_not_timed"]  # no time to time the best shape again: its checked scout is the figure
 
 
 # ---------------------------------------------------------------- candidate shapes and memory
@@ -614,7 +643,7 @@ def fp8_on_the_cpu(monkeypatch):
 def test_fp8_leaves_out_shapes_torch_scaled_mm_refuses_and_says_why(monkeypatch):
     fp8_on_the_cpu(monkeypatch)
     shapes = [[256, 128, 512], [256, 120, 512], [256, 128, 500], [250, 128, 512]]  # m is free
-    by_name, _ = run_cpu(1.0, dtypes=["fp32", "fp8"], shapes=shapes)
+    by_name = run_cpu(1.0, dtypes=["fp32", "fp8"], shapes=shapes)
     fp8 = by_name["gemm.fp8"]["details"]
     assert {tuple(row[:3]) for row in fp8["shapes_tried"]} <= {(256, 128, 512), (250, 128, 512)}
     assert [256, 120, 512] in fp8["shapes_not_tried"] and [256, 128, 500] in fp8["shapes_not_tried"]
@@ -629,7 +658,7 @@ def test_fp8_leaves_out_shapes_torch_scaled_mm_refuses_and_says_why(monkeypatch)
 
 def test_fp8_with_no_shape_it_can_take_is_skipped_with_the_reason(monkeypatch):
     fp8_on_the_cpu(monkeypatch)
-    by_name, _ = run_cpu(0.5, dtypes=["fp32", "fp8"], shapes=[[256, 120, 500]])
+    by_name = run_cpu(0.5, dtypes=["fp32", "fp8"], shapes=[[256, 120, 500]])
     d = by_name["gemm.fp32"]["details"]
     assert "gemm.fp8" not in by_name and "multiples of 16" in d["skipped_dtypes"]["fp8"]
 
@@ -659,7 +688,7 @@ def test_an_error_in_one_dtype_keeps_the_other_dtypes_results(monkeypatch):
         real_multiply(ops)
 
     monkeypatch.setattr(gemm, "multiply", multiply)
-    by_name, _ = run_cpu(1.0, dtypes=["fp32", "fp8"], shapes=SMALL_SHAPES)
+    by_name = run_cpu(1.0, dtypes=["fp32", "fp8"], shapes=SMALL_SHAPES)
     assert list(by_name) == ["gemm.fp32", "gemm.check_failures"]
     assert by_name["gemm.fp32"]["value"] > 0 and by_name["gemm.fp32"]["details"]["check"]["ok"]
     error = "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (256x500)."

@@ -672,6 +672,7 @@ class DtypeResult:
     not_tried: list[Shape] = field(default_factory=list)  # the time ran out before them
     wall_s: float = 0.0
     left_out: dict[Shape, str] = field(default_factory=dict)  # candidates this dtype could not take, and why
+    not_timed: dict[Shape, str] = field(default_factory=dict)  # finalists the time left could not time again, and why
 
     @property
     def best(self) -> ShapeRun:
@@ -682,12 +683,16 @@ class DtypeResult:
         return merge_checks([run.check for run in self.confirmed if run.check is not None])
 
 
+FEWEST_CALLS = 2 + MIN_TIMED_CALLS  # of any run of a shape: the first, one warm-up, the timed ones
+
+
 def too_slow(shape: Shape, best_flops_per_s: float, seconds_left: float) -> bool:
     """Whether the fewest calls a shape needs (first, warm-up, timed) would overrun the time left,
-    at the best rate seen so far (larger shapes usually run faster, so this errs on trying)."""
+    at the best rate seen so far (larger shapes usually run faster, so this errs on trying), or at
+    the shape's own rate. False while no rate is known."""
     if best_flops_per_s <= 0:
         return False
-    return (2 + MIN_TIMED_CALLS) * shape.flops / best_flops_per_s > seconds_left
+    return FEWEST_CALLS * shape.flops / best_flops_per_s > seconds_left
 
 
 def scout(device: str, workspace: Workspace, candidates: list[Shape], budget: Budget, flush: Callable[[], Any] | None,
@@ -705,7 +710,9 @@ def scout(device: str, workspace: Workspace, candidates: list[Shape], budget: Bu
                 retime_noisy(device, workspace, runs, budget, flush, progress, method)
             return runs, candidates[index:]
         seconds = max(0.0, first_pass.remaining() / (len(candidates) - index))
-        run = run_shape(device, workspace, shape, seconds, flush, max_calls=method.scout_max_calls, check=False)
+        # The first scout is checked: on a device too slow for its budget it is the only run there
+        # is time for, and then its figure is the dtype's (see measure_dtype).
+        run = run_shape(device, workspace, shape, seconds, flush, max_calls=method.scout_max_calls, check=not runs)
         runs.append(run)
         best_rate = max(best_rate, run.median_tflops * 1e12)
         progress(f"gemm.{workspace.dtype} {shape}: {run.median_tflops:.4g} TFLOPS" + noise_words(run))
@@ -733,7 +740,9 @@ def retime_noisy(device: str, workspace: Workspace, runs: list[ShapeRun], budget
         if seconds <= 0 or too_slow(runs[index].shape, best_rate, seconds):
             continue
         again = run_shape(device, workspace, runs[index].shape, seconds, flush, max_calls=method.scout_max_calls, check=False)
+        check = runs[index].check
         runs[index] = steadier(runs[index], again)
+        runs[index].check = runs[index].check or check  # the shape's product was checked either way
         runs[index].retimed = True
         progress(f"gemm.{workspace.dtype} {again.shape} again: {again.median_tflops:.4g} TFLOPS" + noise_words(again))
 
@@ -749,14 +758,25 @@ def finalists(scouted: list[ShapeRun], count: int = FINALISTS) -> list[Shape]:
     return [run.shape for run in ranked[:count]]
 
 
+NO_TIME_TO_CONFIRM = "its fewest calls ({calls}) at its scouting rate would overrun the time left"
+
+
+def out_of_time(shape: Shape, rates: Mapping[Shape, float], budget: Budget) -> bool:
+    """Whether a finalist's next run would overrun the time left (at its scouting rate)."""
+    return budget.expired() or too_slow(shape, rates.get(shape, 0.0), budget.remaining())
+
+
 def confirm(device: str, workspace: Workspace, shapes: list[Shape], budget: Budget, flush: Callable[[], Any] | None,
-            progress: Callable[[str], None]) -> list[ShapeRun]:
-    """The finalists timed with the rest of the time, and checked. Always runs at least the first."""
+            progress: Callable[[str], None], rates: Mapping[Shape, float],
+            not_timed: dict[Shape, str]) -> list[ShapeRun]:
+    """The finalists timed with the rest of the time, and checked. Always runs at least the first;
+    a later one whose fewest calls would overrun the time left is put in `not_timed`."""
     runs: list[ShapeRun] = []
     for index, shape in enumerate(shapes):
         seconds = budget.remaining() / (len(shapes) - index)
-        if runs and seconds <= 0:
-            break
+        if runs and out_of_time(shape, rates, budget):
+            not_timed[shape] = NO_TIME_TO_CONFIRM.format(calls=FEWEST_CALLS)
+            continue
         run = run_shape(device, workspace, shape, max(0.0, seconds), flush, max_calls=FINAL_MAX_CALLS, check=True)
         runs.append(run)
         progress(f"gemm.{workspace.dtype} {shape}: {run.median_tflops:.4g} TFLOPS over {len(run.seconds)} calls")
@@ -764,23 +784,28 @@ def confirm(device: str, workspace: Workspace, shapes: list[Shape], budget: Budg
 
 
 def confirm_in_turns(device: str, workspace: Workspace, shapes: list[Shape], budget: Budget,
-                     flush: Callable[[], Any] | None, progress: Callable[[str], None], method: Method) -> list[ShapeRun]:
+                     flush: Callable[[], Any] | None, progress: Callable[[str], None], method: Method,
+                     rates: Mapping[Shape, float], not_timed: dict[Shape, str]) -> list[ShapeRun]:
     """The finalists timed with the rest of the time in turns (A, B, A, B, ...), in blocks of about
     method.final_block_s, every block checked. A shape's figure is the median over the calls of its
     calm blocks (all its blocks if none was calm): a block during which another process took the
     CPUs, or whose calls scatter, is timed again by the next turn rather than trusted, and the
-    finalists are compared under the same conditions. Always runs at least the first block."""
+    finalists are compared under the same conditions. Always runs at least the first block; a later
+    block whose fewest calls would overrun the time left is not run (a finalist left with no block
+    is put in `not_timed`)."""
     block_s = method.final_block_s or budget.remaining()
     turns = max(1, round(budget.remaining() / (block_s * max(1, len(shapes)))))
     order = [shape for _ in range(turns) for shape in shapes]
     blocks: dict[Shape, list[ShapeRun]] = {shape: [] for shape in shapes}
     for index, shape in enumerate(order):
         seconds = budget.remaining() / (len(order) - index)
-        if index and seconds <= 0:
-            break
+        if index and out_of_time(shape, rates, budget):
+            continue
         blocks[shape].append(run_shape(device, workspace, shape, max(0.0, seconds), flush, max_calls=FINAL_MAX_CALLS,
                                        check=True, warm_up_fraction=method.block_warm_up_fraction))
     runs = [pooled(shape, shape_blocks) for shape, shape_blocks in blocks.items() if shape_blocks]
+    not_timed.update({shape: NO_TIME_TO_CONFIRM.format(calls=FEWEST_CALLS) for shape, shape_blocks in blocks.items()
+                      if not shape_blocks})
     for run in runs:
         progress(f"gemm.{workspace.dtype} {run.shape}: {run.median_tflops:.4g} TFLOPS over {len(run.seconds)} calls "
                  f"in {run.calm_blocks} calm of {run.blocks} blocks")
@@ -809,13 +834,22 @@ def measure_dtype(device: str, dtype: str, budget: Budget, candidates: list[Shap
     try:
         scouted, not_tried = scout(device, workspace, candidates, budget.share(method.scout_fraction), flush, progress, method)
         shapes = finalists(scouted)
-        if method.final_block_s:
-            confirmed = confirm_in_turns(device, workspace, shapes, budget, flush, progress, method)
+        rates = {run.shape: run.median_tflops * 1e12 for run in scouted}
+        not_timed: dict[Shape, str] = {}
+        best_scout = max(scouted, key=lambda run: run.median_tflops)
+        if best_scout.check is not None and out_of_time(best_scout.shape, rates, budget):
+            # A device too slow for its budget: the first scout took the time, and timing the best
+            # shape again would overrun it. Its scouting run, checked, is the figure.
+            confirmed = [best_scout]
+            not_timed.update({shape: NO_TIME_TO_CONFIRM.format(calls=FEWEST_CALLS) for shape in shapes})
+            progress(f"gemm.{dtype} {best_scout.shape}: no time left to time it again; its scouting run is the figure")
+        elif method.final_block_s:
+            confirmed = confirm_in_turns(device, workspace, shapes, budget, flush, progress, method, rates, not_timed)
         else:
-            confirmed = confirm(device, workspace, shapes, budget, flush, progress)
+            confirmed = confirm(device, workspace, shapes, budget, flush, progress, rates, not_timed)
     finally:
         del workspace
-    return DtypeResult(dtype, device, scouted, confirmed, not_tried, time.monotonic() - start)
+    return DtypeResult(dtype, device, scouted, confirmed, not_tried, time.monotonic() - start, not_timed=not_timed)
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -918,6 +952,9 @@ def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]
         finalists=[[*run.shape.as_list(), run.median_tflops] for run in result.confirmed],
         shapes_not_tried=[shape.as_list() for shape in not_tried],
         shapes_not_tried_why={str(shape): why for shape, why in not_tried.items()},
+        # Finalists the time left could not time again (a device too slow for the budget); where the
+        # best is among them, its checked scouting run is the figure.
+        finalists_not_timed={str(shape): why for shape, why in result.not_timed.items()},
         check=result.check,
         skipped_dtypes=dict(skipped),
         timing=timing_words(result.device),
