@@ -391,6 +391,9 @@ class KernelEvent:
     when: str | None = None  # the time as the log printed it ("[74889.644138]", "Feb 09 15:47:06")
     uptime_s: float | None = None  # seconds since boot, when the log gives them
     line: str = ""  # the message, as logged (one line)
+    # The time as ISO 8601, when it is known: from the line's own date (with its zone when the line
+    # gives one), or, read live, seconds since boot plus the boot time. None: seconds since boot only.
+    at: str | None = None
 
 
 @dataclass
@@ -406,6 +409,10 @@ class KernelLog:
     since_boot: bool | None = None  # True: it starts at boot (the ring buffer was not wrapped)
     events: list[KernelEvent] = field(default_factory=list)
     gpu_buses: list[str] = field(default_factory=list)  # buses the driver named as NVIDIA GPUs
+    # The instant events' ages are counted from (ISO 8601): when it was read live, else the time of
+    # the log's last dated line (a capture's "now"); None: no line carries a date.
+    now: str | None = None
+    now_is: str | None = None  # "read" (live) or "last line" (a capture)
 
 
 @dataclass

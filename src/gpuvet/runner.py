@@ -42,6 +42,7 @@ def run_live(
     workload_steps: int | None = None,
     progress: Callable[[str], None] = lambda message: None,
     needs: dict[str, Any] | None = None,
+    xid_window_s: float | None = None,
 ) -> RunRecord:
     """Facts, then (unless quick) benchmarks, judged. `benchmarks` picks some; None: all of them.
     `paths`: directories to test storage on besides the working directory (the first one also
@@ -50,6 +51,7 @@ def run_live(
     names = [] if quick and benchmarks is None else list(benchmarks or ALL_BENCHMARKS)
     options = _run_options(names, _profile(quick, benchmarks, soak_minutes), device, needs, expect=expect,
                            soak_minutes=soak_minutes, paths=paths, workload_steps=workload_steps, preemptible=preemptible)
+    options["xid_window_s"] = xid_window_s  # gpu.xid's window; None (since boot) recorded too
     progress("reading the machine's facts")
     machine = live.collect(workdir=workdir)
     judge.annotate_references(machine)
@@ -211,16 +213,18 @@ def _profile(quick: bool, benchmarks: list[str] | None, soak_minutes: float | No
     return "quick" if quick else "default"
 
 
-def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
+def inspect(paths: list[str], expect: str | None = None, xid_window_s: float | None = None) -> RunRecord:
     """Judge captures taken elsewhere (several files of one machine merge into one record),
-    or judge a stored run record again with the current rules."""
+    or judge a stored run record again with the current rules. `xid_window_s`: gpu.xid's window
+    (None or 0: since boot), counted back from the kernel log's last dated line."""
     started, t0 = timestamp(), time.monotonic()
     options = RunOptions(expect=expect) if expect else RunOptions()
+    options["xid_window_s"] = xid_window_s or None
     records = [p for p in paths if saved_json_kind(p) == "record"]
     if records:
         if len(paths) > 1:
             raise CaptureError(f"{records[0]}: a gpuvet run record is judged on its own; give it without other captures")
-        return rejudge(load_record(records[0]), expect)
+        return rejudge(load_record(records[0]), expect, xid_window_s)
     captures = []
     for path in paths:
         captures += capture.read_captures(path)
@@ -235,11 +239,14 @@ def inspect(paths: list[str], expect: str | None = None) -> RunRecord:
     return record
 
 
-def rejudge(record: RunRecord, expect: str | None = None) -> RunRecord:
-    """The same facts and measurements, judged by this version's rules."""
+def rejudge(record: RunRecord, expect: str | None = None, xid_window_s: float | None = None) -> RunRecord:
+    """The same facts and measurements, judged by this version's rules (and `xid_window_s` when
+    given: 0 is since boot; None keeps the record's)."""
     options = RunOptions(**record.options)
     if expect:
         options["expect"] = expect
+    if xid_window_s is not None:
+        options["xid_window_s"] = xid_window_s or None
     judge.annotate_references(record.machine)
     record.options = options
     if options.get("profile") == "health":  # a `gpuvet health` record: its own passive rules

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import signal
 import sys
 from datetime import datetime, timezone
@@ -55,6 +56,34 @@ class PriceType(click.ParamType):
 
 
 PRICE = PriceType()
+
+
+class WindowType(click.ParamType):
+    """A time window: "2h", "90m", "30s", "1d" (a bare number is seconds); "boot" (or 0): since
+    boot. Converts to seconds, 0.0 for since boot."""
+
+    name = "WINDOW"
+    _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        text = str(value).strip().lower()
+        if text in ("boot", "0"):
+            return 0.0
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?", text)
+        if not m or float(m.group(1)) <= 0:
+            self.fail(f"{value!r} is not a window: give e.g. 2h, 90m, 1d or boot", param, ctx)
+        return float(m.group(1)) * self._UNITS[m.group(2) or "s"]
+
+
+WINDOW = WindowType()
+
+
+def xid_window_option(default: str | None, help_default: str):
+    return click.option("--xid-window", "xid_window", type=WINDOW, default=default, metavar="WINDOW",
+                        help="Judge kernel-log Xid/SXid/AER events this recent (2h, 90m, 1d, boot); older ones are "
+                             f"shown as history, not failing (the log keeps them until reboot). Default: {help_default}.")
 
 
 def output_options(fn):

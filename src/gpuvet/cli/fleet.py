@@ -18,7 +18,8 @@ from ..record import RunRecord
 from ..store import Store, StoreError
 from ..report.health import detail_lines, summary_line
 from ..report.node_labels import node_labels
-from .base import UsageProblem, cli, load_run_file, save
+from ..judge.gpu_xid import HEALTH_WINDOW_S, duration_text
+from .base import UsageProblem, cli, load_run_file, save, xid_window_option
 
 SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuvet may hold the store)
 
@@ -34,8 +35,9 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
               show_default=True, metavar="S",
               help="Seconds NVML may take before the GPU probe counts as hung (a finding, exit 1).")
 @click.option("--skip", "skipped", multiple=True, type=click.Choice(sorted(HEALTH_RULES)), metavar="CHECK",
-              help="Leave this check out (repeatable), e.g. gpu.xid after a GPU reset without a reboot "
-                   "(the kernel log keeps its Xid until then), or gpu.power_limit on a fleet capped on purpose.")
+              help="Leave this check out (repeatable), e.g. gpu.power_limit on a fleet capped on purpose.")
+@xid_window_option(duration_text(HEALTH_WINDOW_S).replace(" ", ""),
+                   f"{duration_text(HEALTH_WINDOW_S)}, as Azure's health checks judge Xids, so a reset GPU stops failing")
 @click.option("--from", "captures", multiple=True, metavar="FILE",
               help="Judge these captures (nvidia-smi -q -x, -q, ...) instead of this node's GPUs (repeatable).")
 @click.option("--brief", is_flag=True, help="Print the summary line only (node-problem-detector keeps 80 bytes).")
@@ -46,13 +48,13 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
 @click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
 @click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
 def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadline: float, skipped: tuple[str, ...],
-           captures: tuple[str, ...], brief: bool, as_json: bool, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
+           xid_window: float, captures: tuple[str, ...], brief: bool, as_json: bool, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
     """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
     history row. First line: a summary short enough for a drain reason. Exit 0 healthy, 1 a
     problem, 2 could not tell (node-problem-detector's OK / NonOK / Unknown)."""
     try:
         record = fleet_health.check(captures=list(captures) or None, expect_gpus=expect_gpus,
-                                    budgets_s={"gpu": gpu_deadline}, skip=list(skipped))
+                                    budgets_s={"gpu": gpu_deadline}, skip=list(skipped), xid_window_s=xid_window or None)
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     outcome = fleet_health.outcome(record)

@@ -12,7 +12,7 @@ from ..runner import ALL_BENCHMARKS as BENCHMARKS
 from ..probe.capture import STDIN
 from ..probe.errors import CaptureError
 from .base import (UsageProblem, check_out_path, cli, emit, load_run_file, output_options,
-                   progress_status, save, store_options)
+                   progress_status, save, store_options, xid_window_option)
 
 
 def _needs(dataset_gb: float | None, checkpoint_gb: float | None, multi_node: bool) -> dict:
@@ -42,11 +42,12 @@ def host_bench_options(fn):
               help="Say whether the instance can be reclaimed (spot/preemptible); the checklist ticks it.")
 @click.option("--workload-steps", type=click.IntRange(min=2), metavar="N", help="Train the reference workload this many steps.")
 @click.option("--plan", "show_plan", is_flag=True, help="Print what the run would do here (steps, GPUs, budgets, total) and run nothing.")
+@xid_window_option(None, "since boot")
 @host_bench_options
 @output_options
 @store_options
 def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, workload_steps: int | None,
-        show_plan: bool, paths: tuple[str, ...], engine: str, dataset_gb: float | None, checkpoint_gb: float | None,
+        show_plan: bool, xid_window: float | None, paths: tuple[str, ...], engine: str, dataset_gb: float | None, checkpoint_gb: float | None,
         multi_node: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool, report_format: str,
         redact: bool, db: str | None, no_save: bool, label: str | None, price: float | None) -> None:
     """Vet this machine: its facts, then benchmarks of host and GPUs (about two minutes), all judged."""
@@ -59,7 +60,7 @@ def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, 
         record = runner.run_live(quick=quick and not soak, expect=expect, soak_minutes=soak, force=force,
                                  preemptible=preemptible, paths=list(paths) or None, engine=engine,
                                  workload_steps=workload_steps, progress=progress,
-                                 needs=_needs(dataset_gb, checkpoint_gb, multi_node))
+                                 needs=_needs(dataset_gb, checkpoint_gb, multi_node), xid_window_s=xid_window or None)
     save(record, db, no_save, label, price)
     emit(record, as_json, out, verbose, report_format, redact)
 
@@ -90,8 +91,9 @@ def bench(names: tuple[str, ...], device: str, force: bool, steps: int | None, p
 @cli.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option("--plan", "show_plan", is_flag=True, help="Print what the default `gpuvet run` would do on the machine in the captures.")
+@xid_window_option(None, "since boot; a capture's window ends at its kernel log's last dated line")
 @output_options
-def inspect(files: tuple[str, ...], show_plan: bool, expect: str | None, as_json: bool, out: str | None, verbose: bool,
+def inspect(files: tuple[str, ...], show_plan: bool, xid_window: float | None, expect: str | None, as_json: bool, out: str | None, verbose: bool,
             report_format: str, redact: bool) -> None:
     """Judge captures taken elsewhere: nvidia-smi -q -x / -q, topo -m, nvlink -s / -e, lspci -vv,
     capture bundles (several files of one machine merge), or a stored gpuvet run record.
@@ -106,9 +108,9 @@ def inspect(files: tuple[str, ...], show_plan: bool, expect: str | None, as_json
         return
     try:
         if len(files) == 1 and runner.saved_json_kind(files[0]) == "export":  # `gpuvet export` output: judged again like a run record
-            record = runner.rejudge(load_run_file(files[0]), expect=expect)
+            record = runner.rejudge(load_run_file(files[0]), expect=expect, xid_window_s=xid_window)
         else:
-            record = runner.inspect(list(files), expect=expect)
+            record = runner.inspect(list(files), expect=expect, xid_window_s=xid_window)
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     emit(record, as_json, out, verbose, report_format, redact)

@@ -8,6 +8,7 @@ import time
 from .. import judge
 from ..facts import Machine
 from ..judge import health as health_rules
+from ..judge.gpu_xid import HEALTH_WINDOW_S
 from ..probe import capture, live
 from ..record import RunOptions, RunRecord, parse_timestamp, timestamp
 from ..store import Store, machine_identity
@@ -17,8 +18,9 @@ PROFILE = "health"
 
 def check(captures: list[str] | None = None, expect_gpus: int | None = None,
           budgets_s: dict[str, float] | None = None, machine: Machine | None = None,
-          skip: list[str] | None = None) -> RunRecord:
-    """This node's health (or that of the machine in `captures`, or a `machine` already read)."""
+          skip: list[str] | None = None, xid_window_s: float | None = HEALTH_WINDOW_S) -> RunRecord:
+    """This node's health (or that of the machine in `captures`, or a `machine` already read).
+    gpu.xid judges kernel-log events of the last `xid_window_s` (None: since boot)."""
     started, t0 = timestamp(), time.monotonic()
     budgets = {**live.HEALTH_BUDGETS_S, **(budgets_s or {})}
     if machine is None:
@@ -27,7 +29,7 @@ def check(captures: list[str] | None = None, expect_gpus: int | None = None,
         else:
             machine = live.collect_passive(budgets)
     judge.annotate_references(machine)
-    options = RunOptions(profile=PROFILE, probe_budgets_s=budgets)
+    options = RunOptions(profile=PROFILE, probe_budgets_s=budgets, xid_window_s=xid_window_s)
     if expect_gpus is not None:
         options["expect_gpus"] = expect_gpus
     if skip:

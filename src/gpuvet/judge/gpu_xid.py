@@ -9,10 +9,11 @@ import csv
 import functools
 import io
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 
 from ..facts import Gpu, KernelEvent, KernelLog
-from ..record import Finding
+from ..record import MEASURED, Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
 
 XID_FILE = "xid.csv"
@@ -20,6 +21,13 @@ TABLE_NOTE = "gpuvet's Xid table (specs/data/xid.csv)"
 # What a user runs where gpuvet could not read the log, or to read it again on that machine.
 READ_COMMAND = "sudo dmesg -T | grep -E 'NVRM|SXid|AER'"
 EXPECTED = "no Xid, SXid, fallen-off-the-bus, RmInitAdapter or PCIe AER error for the GPUs since boot"
+# `--xid-window`: the kernel log keeps an Xid until reboot, so after a GPU reset (`nvidia-smi -r`)
+# or a fix a since-boot rule fails the node for ever. Events older than the window are shown as
+# history, not judged. `gpuvet health` defaults to 2 h, the window of Azure's health checks
+# (Azure/azurehpc-health-checks customTests/azure_gpu_xid.nhc lines 15-18 @ 0e0a1ac: time_threshold=2,
+# hours; line 42 fails only an Xid within it); `run` and `inspect` judge since boot unless asked.
+HEALTH_WINDOW_S = 2 * 3600.0
+WINDOW_SOURCE = "Azure/azurehpc-health-checks azure_gpu_xid.nhc (Xid in the last 2 h)"
 
 
 @dataclass(frozen=True)
@@ -57,21 +65,95 @@ def check_xid(ctx: Context) -> list[Finding]:
         log = KernelLog(source="NVML events during gpuvet's benchmarks", read=True)
     gpu_of_bus = {g.pcie.bus_id: g for g in machine.gpus if g.pcie.bus_id}
     gpu_buses = set(gpu_of_bus) | set(log.gpu_buses)
+    window = _Window(ctx.options.get("xid_window_s"), log)
     groups: dict[tuple[str, str, int | str | None], list[KernelEvent]] = {}
+    older: dict[tuple[str, str, int | str | None], list[KernelEvent]] = {}
+    live_ids = {id(e) for e in during_run}  # NVML's, while gpuvet ran: recent by definition
     for event in log.events + during_run:
         if event.kind == "aer" and event.bus_id not in gpu_buses:
             continue  # a root port's or a NIC's error is not this check's; the GPU's own bus is
-        groups.setdefault(_key(event), []).append(event)
-    findings += [_judge_group(key, events, log, gpu_of_bus) for key, events in groups.items()]
+        recent = id(event) in live_ids or window.holds(event)
+        (groups if recent else older).setdefault(_key(event), []).append(event)
+    for key, events in groups.items():
+        judged = _judge_group(key, events, log, gpu_of_bus)
+        judged.summary += window.note(older.pop(key, []), events)
+        if window.seconds is not None and "could not be applied" not in judged.summary:
+            judged.evidence.expected = EXPECTED.replace("since boot", window.since())
+        findings.append(judged)
+    findings += [_older(key, events, log, gpu_of_bus, window) for key, events in older.items()]
     if findings and findings[0].status == SKIP:
         return findings  # only NVML's events were judged: no pass for what the log would have shown
     hit = {key[0] for key in groups}
     clean = [g for g in machine.gpus if g.pcie.bus_id not in hit]
     if not groups:
-        findings.append(_clean("machine", log, "no NVIDIA driver error"))
+        findings.append(_clean("machine", log, "no NVIDIA driver error", window))
     elif clean:
-        findings += [_clean(subject(g), log, "none for this GPU") for g in clean]
+        findings += [_clean(subject(g), log, "none for this GPU", window) for g in clean]
     return findings
+
+
+def duration_text(seconds: float) -> str:
+    """7200 -> "2 h", 5400 -> "90 min", 86400 -> "1 d" (a window as a user gives it)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+def _age_text(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 0):.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 48 * 3600 else f"{seconds / 86400:.1f} d"
+
+
+def _instant(text: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+class _Window:
+    """Which events `--xid-window` judges: those at most `seconds` before the log's `now` (when it
+    was read, or a capture's last dated line). Events with no date are judged, and said to be."""
+
+    def __init__(self, seconds: float | None, log: KernelLog):
+        self.seconds, self.now, self.now_is = seconds, _instant(log.now), log.now_is
+
+    def age_s(self, event: KernelEvent) -> float | None:
+        at = _instant(event.at)
+        if at is None or self.now is None:
+            return None
+        try:
+            return (self.now - at).total_seconds()
+        except TypeError:  # one dated with its zone, the other without: not comparable
+            return None
+
+    def holds(self, event: KernelEvent) -> bool:
+        if self.seconds is None:
+            return True
+        age = self.age_s(event)
+        return age is None or age <= self.seconds  # undated: judged (note() says so)
+
+    @property
+    def text(self) -> str:
+        return f"the {duration_text(self.seconds or 0)} window"
+
+    def note(self, before: list[KernelEvent], judged: list[KernelEvent]) -> str:
+        """What a judged group's summary adds: the events before the window, or why it could not apply."""
+        if self.seconds is None:
+            return ""
+        if any(self.age_s(e) is None for e in judged if not e.line.startswith("NVML Xid event")):
+            return (f" ({self.text} could not be applied: the log's lines carry seconds since boot, not dates; "
+                    "judged since the log begins)")
+        if before:
+            return f"; {len(before)} more line(s) before {self.text}"
+        return f" (within {self.text})"
+
+    def since(self) -> str:
+        return f"in the last {duration_text(self.seconds)}" if self.seconds is not None else "since boot"
 
 
 def _unread(log: KernelLog | None, source: str) -> Finding:
@@ -101,10 +183,38 @@ def _span(log: KernelLog) -> str:
     return "lines without times"
 
 
-def _clean(subj: str, log: KernelLog, what: str) -> Finding:
-    return finding("gpu.xid", subj, PASS, f"{what} in the kernel log ({log.lines} lines {_span(log)})",
-                   measured=f"0 events for {'the GPUs' if subj == 'machine' else subj} in {log.lines} lines of {log.source}",
-                   expected=EXPECTED, source=f"the kernel log ({log.source}) against {TABLE_NOTE}")
+def _clean(subj: str, log: KernelLog, what: str, window: _Window) -> Finding:
+    if window.seconds is None:
+        return finding("gpu.xid", subj, PASS, f"{what} in the kernel log ({log.lines} lines {_span(log)})",
+                       measured=f"0 events for {'the GPUs' if subj == 'machine' else subj} in {log.lines} lines of {log.source}",
+                       expected=EXPECTED, source=f"the kernel log ({log.source}) against {TABLE_NOTE}")
+    return finding("gpu.xid", subj, PASS, f"{what} {window.since()} of the kernel log ({log.lines} lines {_span(log)})",
+                   measured=f"0 events {window.since()} for {'the GPUs' if subj == 'machine' else subj} "
+                            f"in {log.lines} lines of {log.source}",
+                   expected=EXPECTED.replace("since boot", window.since()),
+                   source=f"the kernel log ({log.source}) against {TABLE_NOTE}; window: {WINDOW_SOURCE}")
+
+
+def _older(key: tuple[str, str, int | str | None], events: list[KernelEvent], log: KernelLog,
+           gpu_of_bus: dict[str, Gpu], window: _Window) -> Finding:
+    """Events before the window: shown, so a user sees the history, but not judged."""
+    bus, kind, code = key
+    count, when = _times(events)
+    ages = [a for a in (window.age_s(e) for e in events) if a is not None]
+    entry = xid_table().get((kind, code)) if isinstance(code, int) else None
+    if kind == "aer":
+        label = f"{code} PCIe errors on this GPU's bus"
+    elif kind == "init_failed":
+        label = "RmInitAdapter failed"
+    else:
+        label = f"{'SXid' if kind == 'sxid' else 'Xid'} {code}" + (f" ({entry.name})" if entry else "")
+    reference = "the log was read" if window.now_is == "read" else "the log's last line"
+    return finding("gpu.xid", _subject(bus, kind, gpu_of_bus), MEASURED,
+                   f"{label} at {when}, {_age_text(min(ages))} ago, before {window.text} "
+                   f"({count} time{'s' if count != 1 else ''}): history, not judged",
+                   measured=f"{len(events)} line(s) in {log.source}; latest {_age_text(min(ages))} before it was {reference}",
+                   source=WINDOW_SOURCE,
+                   remedy="none unless it comes back; `--xid-window boot` judges the whole boot")
 
 
 def _subject(bus: str, kind: str, gpu_of_bus: dict[str, Gpu]) -> str:
@@ -119,9 +229,17 @@ def _times(events: list[KernelEvent]) -> tuple[int, str]:
     logged over several lines (its severity line, then "Severity ..." and "Data {...}")."""
     heads = [e for e in events if e.kind != "sxid" or e.severity is not None] or \
         [e for e in events if "Data {" in e.line] or events
-    instants = list(dict.fromkeys(e.when or f"line {i}" for i, e in enumerate(heads)))
+    instants = list(dict.fromkeys(_when(e) or f"line {i}" for i, e in enumerate(heads)))
     when = instants[0] if len(instants) == 1 else f"first {instants[0]}, last {instants[-1]}"
     return len(instants), when
+
+
+def _when(event: KernelEvent) -> str | None:
+    """The time as the log printed it, or its date where it printed seconds since boot and the
+    boot time dated it (read live)."""
+    if event.at and (event.when or "[").startswith("["):
+        return event.at.replace("+00:00", "Z")
+    return event.when
 
 
 def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEvent], log: KernelLog,

@@ -12,8 +12,8 @@ from .common import FAIL, PASS, SKIP, Context, finding, subject
 # gpu.isolation (a running job's processes and memory are the point of the node, not a fault),
 # gpu.uniform (a configuration difference is an acceptance question, not a reason to drain),
 # host.*, storage.*, net.*, stack.* and env.* (not GPU health, and some read for seconds).
-# gpu.xid judges the kernel log since boot: a fatal Xid stays a failure until the node reboots
-# (or the check is skipped with --skip gpu.xid after a GPU reset).
+# gpu.xid judges the kernel log's last 2 h here (fleet/health.py passes gpu_xid.HEALTH_WINDOW_S;
+# `--xid-window`): the log keeps a fatal Xid until reboot, long after a GPU reset mended it.
 HEALTH_CHECKS = ("gpu.model", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
                  "gpu.temperature", "gpu.ecc", "gpu.xid")
 

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import time
+from datetime import datetime, timedelta, timezone
 
 from ..facts import KernelEvent, KernelLog
 from ..text_patterns import PCI_SLOT
@@ -93,9 +94,33 @@ def _split(line: str) -> tuple[str | None, str | None, float | None, str]:
     return None, None, None, line
 
 
-def parse_kernel_log(text: str, source: str) -> KernelLog:
-    """Every NVIDIA-related event in `text`, with the span of time the text covers."""
+_YEARLESS = 2000  # syslog's "Feb 09 15:47:06" has no year: a leap year, so Feb 29 parses; set right below
+
+
+def _dated(form: str | None, when: str | None) -> datetime | None:
+    """The line's own date and time: aware where the line gives its zone (iso, journalctl -o
+    short-iso), naive where it does not (dmesg -T, syslog: the machine's local time)."""
+    if when is None or form in (None, "kmsg", "uptime"):
+        return None
+    try:
+        if form in ("iso", "journal-iso"):
+            text = re.sub(r"([+-]\d\d)(\d\d)$", r"\1:\2", when.replace(",", "."))
+            return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if form == "ctime":
+            return datetime.strptime(" ".join(when.split()), "%a %b %d %H:%M:%S %Y")
+        if form == "syslog":
+            return datetime.strptime(f"{_YEARLESS} " + " ".join(when.rstrip(".").split()), "%Y %b %d %H:%M:%S")
+    except ValueError:
+        return None
+    return None
+
+
+def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) -> KernelLog:
+    """Every NVIDIA-related event in `text`, with the span of time the text covers. `boot_at`
+    (aware): when this machine booted, to date lines that carry only seconds since boot (read
+    live; a capture's boot time is not known)."""
     log = KernelLog(source=source, read=True)
+    last_dated: datetime | None = None
     pending_fallen: tuple[str, str | None, float | None, int] | None = None  # bus, when, uptime, line number
     last_aer: tuple[KernelEvent, int] | None = None  # the latest port AER error, and its line number
     buses: dict[str, None] = {}
@@ -114,6 +139,12 @@ def parse_kernel_log(text: str, source: str) -> KernelLog:
             first_uptime = uptime
         if _BOOT_LINE.match(msg):
             log.since_boot = True
+        dated = _dated(form, when)
+        if dated is None and uptime is not None and boot_at is not None:
+            dated = boot_at + timedelta(seconds=uptime)
+        last_dated = dated or last_dated
+        at = dated.isoformat(timespec="seconds") if dated else None
+        count = len(log.events)
         event = _event(msg, when, uptime)
         if event is not None:
             log.events.append(event)
@@ -144,10 +175,28 @@ def parse_kernel_log(text: str, source: str) -> KernelLog:
             m = pattern.search(msg)
             if m and (named := normal_bus(m.group("bus"))):
                 buses[named] = None
+        for added in log.events[count:]:  # this line's events (a multi-line one: a line or three before)
+            added.at = at
+    if last_dated is not None:
+        _mend_years(log.events, last_dated)
+        log.now, log.now_is = last_dated.isoformat(timespec="seconds"), "last line"
     if log.since_boot is None and first_uptime is not None:
         log.since_boot = first_uptime < 10.0  # dmesg's first line a few seconds after boot: not wrapped
     log.gpu_buses = list(buses)
     return log
+
+
+def _mend_years(events: list[KernelEvent], last: datetime) -> None:
+    """Year-less syslog dates take the last line's year, and the year before for dates after it
+    (a log that crossed New Year)."""
+    if last.year != _YEARLESS or last.tzinfo is not None:
+        return
+    for event in events:
+        if event.at is None:
+            continue
+        dated = datetime.fromisoformat(event.at)
+        if dated.year == _YEARLESS and dated > last + timedelta(days=1):
+            event.at = dated.replace(year=_YEARLESS - 1).isoformat(timespec="seconds")
 
 
 def _event(msg: str, when: str | None, uptime: float | None) -> KernelEvent | None:
@@ -194,12 +243,24 @@ def _severity_word(rest: str) -> str | None:
 
 # -- live ---------------------------------------------------------------------------------------
 
-def read_kernel_log(deadline_s: float = 5.0, kmsg_path: str | None = None) -> KernelLog:
+def clocks() -> tuple[datetime, datetime]:
+    """(now, when this machine booted), both UTC. The kernel stamps its lines with seconds since
+    boot; boot = now - CLOCK_BOOTTIME, as `dmesg -T` reckons it (off by the time spent suspended,
+    which a server does not)."""
+    now = time.time()
+    since_boot = time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+    return datetime.fromtimestamp(now, timezone.utc), datetime.fromtimestamp(now - since_boot, timezone.utc)
+
+
+def read_kernel_log(deadline_s: float = 5.0, kmsg_path: str | None = None,
+                    now_and_boot: tuple[datetime, datetime] | None = None) -> KernelLog:
     """This machine's kernel log since boot, from the first of /dev/kmsg, `journalctl -k -b` and
     `dmesg` this user may read, all within `deadline_s`. When none can be read, the KernelLog says
     why for each (`why_unread`): kernel.dmesg_restrict, a container without the host's log, no
-    permission on the journal, a command that hung."""
+    permission on the journal, a command that hung. Each event is dated (`at`): seconds since boot
+    plus the boot time of `now_and_boot` (default: this machine's clocks)."""
     end = time.monotonic() + deadline_s
+    now, boot = now_and_boot or clocks()
     reasons: list[str] = []
     readers = ((kmsg_path or KMSG_PATH, _read_kmsg), ("journalctl -k", _read_journal), ("dmesg", _read_dmesg))
     for name, reader in readers:
@@ -209,7 +270,8 @@ def read_kernel_log(deadline_s: float = 5.0, kmsg_path: str | None = None) -> Ke
             continue
         text, why = reader(name, left)
         if text is not None:
-            log = parse_kernel_log(text, name)
+            log = parse_kernel_log(text, name, boot_at=boot)
+            log.now, log.now_is = now.isoformat(timespec="seconds"), "read"
             if name == "journalctl -k":
                 log.since_boot = True  # -b: the journal keeps the whole boot
             if reasons:

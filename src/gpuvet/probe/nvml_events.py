@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,8 @@ class XidWatch:
         """The events in the form gpu.xid judges, their line saying what they hit."""
         return [KernelEvent("xid", bus_ids.get(e.gpu), e.code, None, None,
                             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at)), None,
-                            f"NVML Xid event {e.code} on GPU {e.gpu} during {e.during}") for e in self.events]
+                            f"NVML Xid event {e.code} on GPU {e.gpu} during {e.during}",
+                            datetime.fromtimestamp(e.at, timezone.utc).isoformat(timespec="seconds")) for e in self.events]
 
 
 def _index(handle: Any) -> int:

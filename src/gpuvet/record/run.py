@@ -121,6 +121,7 @@ class RunOptions(TypedDict, total=False):
     expect_gpus: int | None  # gpuvet health --expect-gpus
     summary: str  # gpuvet health: its one summary line
     skip: list[str]  # gpuvet health --skip: the checks an admin left out
+    xid_window_s: float | None  # --xid-window: gpu.xid judges kernel-log events this recent; None: since boot
     peer: str  # gpuvet net test: the other end, its port and the engine
     port: int
     engine: str

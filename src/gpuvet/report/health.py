@@ -8,7 +8,7 @@ SUMMARY_MAX bytes: what matters comes first in it."""
 from __future__ import annotations
 
 from ..judge.health import HEALTHY, PROBLEM
-from ..record import FAIL, SKIP, WARN, Finding, RunRecord
+from ..record import FAIL, MEASURED, SKIP, WARN, Finding, RunRecord
 
 SUMMARY_MAX = 80
 PREFIX = "gpuvet:"  # every summary starts with it: Slurm drains gpuvet made are told apart by it
@@ -48,8 +48,10 @@ def summary_line(record: RunRecord, outcome: str) -> str:
 
 
 def detail_lines(record: RunRecord, verbose: bool = False) -> list[str]:
-    """The problems (every finding with -v), each with its evidence and remedy, then the timing."""
-    shown = [f for f in record.findings if verbose or f.status in (FAIL, WARN) or f.check == "health.probe"]
+    """The problems (every finding with -v), each with its evidence and remedy, and the kernel-log
+    events before gpu.xid's window (history a reset GPU leaves: shown, not failing), then the timing."""
+    shown = [f for f in record.findings if verbose or f.status in (FAIL, WARN) or f.check == "health.probe"
+             or (f.check == "gpu.xid" and f.status == MEASURED)]
     lines: list[str] = []
     for f in sorted(shown, key=_order):
         lines.append(f"  {f.status.upper():<5} {f.check:<18} {f.subject:<8} {f.summary}")
