@@ -9,7 +9,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import time
 
 import psutil
 import pytest
@@ -180,14 +179,14 @@ def test_context_init_child_names_the_failing_call(fake_libcuda, monkeypatch):
 
 def test_context_init_child_that_hangs_is_ended(tmp_path):
     # A "python" that never answers stands in for a driver call that never returns.
-    sleeper = tmp_path / "python"
-    sleeper.write_text("#!/bin/sh\nexec sleep 60\n")
+    sleeper, pid_file = tmp_path / "python", tmp_path / "pid"
+    sleeper.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
     sleeper.chmod(0o755)
     before = live_children()
-    started = time.monotonic()
     with pytest.raises(latency.ContextInitError, match="did not finish in 1 s"):
         latency.run_child(0, timeout_s=1.0, python=str(sleeper))
-    assert time.monotonic() - started < 10
+    # Ended, not waited for: the child that never answered is gone when run_child returns.
+    assert not psutil.pid_exists(int(pid_file.read_text()))
     assert live_children() <= before
 
 
@@ -334,13 +333,11 @@ def test_allreduce_needs_two_ranks():
 @pytest.fixture(scope="module")
 def gloo_run():
     before = live_children()
-    started = time.monotonic()
-    measurements = allreduce.run(cpu_ctx(budget_s=60.0, world_size=2))
-    return measurements, time.monotonic() - started, before
+    return allreduce.run(cpu_ctx(budget_s=60.0, world_size=2)), before
 
 
 def test_allreduce_on_cpu_measures_latency_and_bus_bandwidth(gloo_run):
-    measurements, _, _ = gloo_run
+    measurements, _ = gloo_run
     by_name = {m["name"]: m for m in measurements}
     assert set(by_name) == {"allreduce.latency_1mb", "allreduce.busbw"}
     latency_1mb, busbw = by_name["allreduce.latency_1mb"], by_name["allreduce.busbw"]
@@ -361,10 +358,10 @@ def test_allreduce_on_cpu_measures_latency_and_bus_bandwidth(gloo_run):
     assert busbw["value"] == rows[-1]["busbw_gbps"] and d["largest_bytes"] == 4 * MiB
 
 
-def test_allreduce_on_cpu_stays_in_its_time_and_leaves_no_process(gloo_run):
-    measurements, elapsed, before = gloo_run
-    assert elapsed < 60.0
-    assert measurements[1]["details"]["wall_s"] < 60.0
+def test_allreduce_on_cpu_finishes_its_sweep_and_leaves_no_process(gloo_run):
+    measurements, before = gloo_run
+    d = measurements[1]["details"]
+    assert d["outcome"] == "complete" and d["sizes_not_measured"] == [] and "reason" not in d
     assert live_children() <= before
 
 
