@@ -142,3 +142,25 @@ def test_run_and_inspect_judge_since_boot_unless_asked(capsys):
 def test_a_bad_window_is_one_line_and_exit_2(capsys, bad):
     code, out, err = gpuvet(capsys, "health", "--no-save", "--from", str(H100_Q), f"--xid-window={bad}")
     assert code == 2 and "is not a window: give e.g. 2h, 90m, 1d or boot" in err
+
+
+def test_live_journal_lines_without_a_zone_are_dated_by_their_seconds_since_boot(tmp_path, monkeypatch):
+    """A journalctl that prints syslog's zone-less "Dec  2 11:49:53 ... [  885.242168]": the boot
+    time dates it, comparable with the time it was read."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "journalctl"
+    tool.write_text(f"#!/bin/sh\nexec /bin/cat {LOGS / 'syslog-rminitadapter-failed-gpu-operator.txt'}\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    log = kernel_log.read_kernel_log(5, kmsg_path=str(tmp_path / "no-kmsg"), now_and_boot=(BOOT + timedelta(hours=1), BOOT))
+    assert log.source == "journalctl -k" and log.events[0].at == "2026-12-01T00:14:45+00:00"  # 885.24 s after boot
+
+
+def test_damaged_times_leave_an_event_undated_instead_of_failing():
+    huge = "6,1,99999999999999999999999,-;NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n"
+    (event,) = kernel_log.parse_kernel_log(huge, "kmsg", boot_at=BOOT).events
+    assert event.code == 79 and event.at is None
+    leap = "Feb 29 10:00:00 h kernel: NVRM: Xid (PCI:0000:01:00): 79, x\nJan  1 00:00:01 h kernel: later\n"
+    (event,) = kernel_log.parse_kernel_log(leap, "syslog").events
+    assert event.at == "1999-02-28T10:00:00"  # the year before the log's last line, Feb 29 made Feb 28

@@ -140,8 +140,8 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
         if _BOOT_LINE.match(msg):
             log.since_boot = True
         dated = _dated(form, when)
-        if dated is None and uptime is not None and boot_at is not None:
-            dated = boot_at + timedelta(seconds=uptime)
+        if uptime is not None and boot_at is not None and (dated is None or dated.tzinfo is None):
+            dated = _after_boot(boot_at, uptime)  # live: boot time + seconds since boot beats a zone-less date
         last_dated = dated or last_dated
         at = dated.isoformat(timespec="seconds") if dated else None
         count = len(log.events)
@@ -186,6 +186,13 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
     return log
 
 
+def _after_boot(boot_at: datetime, uptime: float) -> datetime | None:
+    try:
+        return boot_at + timedelta(seconds=uptime)
+    except (OverflowError, ValueError):  # a damaged record's "seconds since boot" past year 9999
+        return None
+
+
 def _mend_years(events: list[KernelEvent], last: datetime) -> None:
     """Year-less syslog dates take the last line's year, and the year before for dates after it
     (a log that crossed New Year)."""
@@ -196,7 +203,8 @@ def _mend_years(events: list[KernelEvent], last: datetime) -> None:
             continue
         dated = datetime.fromisoformat(event.at)
         if dated.year == _YEARLESS and dated > last + timedelta(days=1):
-            event.at = dated.replace(year=_YEARLESS - 1).isoformat(timespec="seconds")
+            year_before = dated.replace(day=28) if (dated.month, dated.day) == (2, 29) else dated
+            event.at = year_before.replace(year=_YEARLESS - 1).isoformat(timespec="seconds")
 
 
 def _event(msg: str, when: str | None, uptime: float | None) -> KernelEvent | None:
