@@ -28,15 +28,20 @@ H100_Q = FIXTURES / "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"  # gpu
 BOOT = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
 
 
+def _stand_in(tmp_path: Path, monkeypatch, tool_name: str, prints: Path) -> None:
+    """The only tool on PATH is `tool_name`, printing the real log `prints` (no /dev/kmsg either)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / tool_name
+    tool.write_text(f"#!/bin/sh\nexec /bin/cat {prints}\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
 @pytest.fixture
 def live_dmesg(tmp_path, monkeypatch):
     """This machine's `dmesg` prints the edited Xid 79 log (no /dev/kmsg, no journalctl)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "dmesg"
-    tool.write_text(f"#!/bin/sh\nexec /bin/cat {XID79_ON_GPU3}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", str(bin_dir))
+    _stand_in(tmp_path, monkeypatch, "dmesg", XID79_ON_GPU3)
 
     def read(hours_after_the_xid: float):
         now = BOOT + timedelta(seconds=XID79_UPTIME_S, hours=hours_after_the_xid)
@@ -147,12 +152,7 @@ def test_a_bad_window_is_one_line_and_exit_2(capsys, bad):
 def test_live_journal_lines_without_a_zone_are_dated_by_their_seconds_since_boot(tmp_path, monkeypatch):
     """A journalctl that prints syslog's zone-less "Dec  2 11:49:53 ... [  885.242168]": the boot
     time dates it, comparable with the time it was read."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "journalctl"
-    tool.write_text(f"#!/bin/sh\nexec /bin/cat {LOGS / 'syslog-rminitadapter-failed-gpu-operator.txt'}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", str(bin_dir))
+    _stand_in(tmp_path, monkeypatch, "journalctl", LOGS / "syslog-rminitadapter-failed-gpu-operator.txt")
     log = kernel_log.read_kernel_log(5, kmsg_path=str(tmp_path / "no-kmsg"), now_and_boot=(BOOT + timedelta(hours=1), BOOT))
     assert log.source == "journalctl -k" and log.events[0].at == "2026-12-01T00:14:45+00:00"  # 885.24 s after boot
 
