@@ -289,11 +289,15 @@ def test_ranks_all_still_starting_name_every_node():
     assert "the cross-node ranks of a, b, c did not start within 180 s" in note.details["reason"]
 
 
-def test_a_node_not_yet_joined_when_the_run_is_stopped_is_missing_and_says_so():
+def test_a_node_not_yet_joined_or_ready_when_the_run_is_stopped_is_missing_or_stopped_and_says_so():
     nodes = [NodeState(0, "a", "ready"), NodeState(1, "b", "joined", step="local vet"), NodeState(2, "c")]
     a, b, c = cluster.node_entries(nodes, {}, {}, stopped="SIGTERM received during the local vets", stopped_after_s=42.4)
-    assert (a.status, b.status) == ("ok", "failed") and b.reason == "still at local vet when the run was stopped"
+    # b joined and was vetting itself: the stop cut it short, which is not b's fault.
+    assert (a.status, b.status) == ("ok", "stopped") and b.reason == "still at local vet when the run was stopped after 42 s"
     assert c.status == "missing" and c.reason == "had not joined when the run stopped after 42 s"
+    # Not stopped: a node that never became ready while the others went on failed.
+    (late,) = cluster.node_entries([NodeState(1, "b", "joined", step="local vet")], {}, {})
+    assert late.status == "failed" and late.reason == "not ready when the others met"
 
 
 def test_a_vet_that_hangs_is_reported_not_waited_for():
@@ -514,9 +518,12 @@ def test_rank_0_stopped_by_a_signal_writes_the_record_and_report_of_what_it_has(
     assert stopped["status"] == "fail" and "the run was stopped before its end (SIGTERM received" in stopped["summary"]
     assert _node(record, "node-0")["status"] == "ok" and _node(record, "node-0")["record"] is not None
     paused = _node(record, "node-1")
-    assert paused["status"] == "failed" and paused["reason"] == "still at local vet when the run was stopped"
+    assert paused["status"] == "stopped" and paused["reason"].startswith("still at local vet when the run was stopped after ")
+    not_vetted = _finding(record, "cluster.nodes", "node:node-1")
+    assert not_vetted["status"] == "skip" and not_vetted["summary"].startswith("node-1 was not vetted to its end: still at")
     report = nodes.stdout(0)
     assert "the run was stopped before its end" in report and "FAIL: something is wrong with this cluster" in report
+    assert any(line.split()[:2] == ["STOPPED", "node-1"] for line in report.splitlines())
     assert "Traceback" not in nodes.stderr(0)
 
 

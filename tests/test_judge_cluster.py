@@ -17,7 +17,8 @@ import pytest
 from rich.console import Console
 
 from gpuvet import runner
-from gpuvet.judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, NOTE, RING, FAILED, MISSING, NodeEntry, RingPair,
+from gpuvet.judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, NOTE, RING, FAILED, MISSING, STOPPED, NodeEntry,
+                                  RingPair,
                                   attribute_ring, judge_cluster, natural_key, robust_baseline)
 from gpuvet.record import FAIL, PASS, SKIP, WARN, Measurement
 
@@ -210,6 +211,20 @@ def test_missing_and_failed_nodes_are_named_and_listed_first(template):
     assert nodes["node:node-0004"].status == FAIL and "never joined" in nodes["node:node-0004"].summary
     assert "cross-node measurements" in nodes["node:node-0001"].summary
     assert [r.badge for r in judgement.rows[:2]] == ["MISSING", "FAILED"]
+
+
+def test_a_node_the_stop_cut_short_is_not_vetted_not_failed(template):
+    entries, cross, _ = synthetic_cluster(3, template=template)
+    entries[2] = NodeEntry("node-0002", 2, STOPPED, "still at local vet when the run was stopped after 42 s", "local vet")
+    judgement = judge_cluster(entries, cross, {"stopped": "SIGINT received during the local vets"})
+    stopped = next(f for f in judgement.findings if f.check == "cluster.nodes" and f.subject == "node:node-0002")
+    assert stopped.status == SKIP and stopped.summary == ("node-0002 was not vetted to its end: still at local vet "
+                                                         "when the run was stopped after 42 s")
+    row = next(r for r in judgement.rows if r.name == "node-0002")
+    assert row.badge == "STOPPED" and "after 42 s" in row.headline
+    assert not any(f.status == FAIL for f in judgement.findings if f.subject.startswith("node:"))
+    run = next(f for f in judgement.findings if f.check == "cluster.run")  # the run, not the node, failed
+    assert run.status == FAIL
 
 
 def test_the_nodes_own_problems_are_grouped_by_check(template):

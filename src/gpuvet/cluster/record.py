@@ -10,8 +10,8 @@ from typing import Any
 
 from .. import __version__
 from ..bench.allreduce import LATENCY_BYTES
-from ..judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, UNNAMED_PREFIX,
-                             NodeEntry, judge_cluster, starting_up)
+from ..judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, STOPPED,
+                             UNNAMED_PREFIX, NodeEntry, judge_cluster, starting_up)
 from ..record import Measurement, verdict_of
 from ..record.cluster import CLUSTER_SCHEMA
 from .launch import Launch
@@ -175,10 +175,13 @@ def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], sav
         if n.state == "waiting":  # not joined yet: the run was stopped within the join timeout
             after = f" after {stopped_after_s:.0f} s" if stopped_after_s is not None else ""
             n.reason = n.reason or (f"had not joined when the run stopped{after}" if stopped else "it never joined")
-        if n.state == "joined":  # alive but never ready: the plan went on without it, or the run was stopped
+        if n.state == "joined" and stopped:  # alive, not ready yet: the stop cut its vet short, not a fault
+            status = STOPPED
+            after = f" after {stopped_after_s:.0f} s" if stopped_after_s is not None else ""
+            n.reason = n.reason or f"still at {n.step or 'its local vet'} when the run was stopped{after}"
+        elif n.state == "joined":  # alive but never ready: the plan went on without it
             status = FAILED
-            n.reason = n.reason or (f"still at {n.step or 'its local vet'} when the run was stopped" if stopped
-                                    else "not ready when the others met")
+            n.reason = n.reason or "not ready when the others met"
         entries.append(NodeEntry(n.name, n.rank, status, n.reason, n.step, n.host, records.get(n.rank), saved.get(n.rank)))
     started = f"the launcher started the job with {len(nodes)} node{'' if len(nodes) == 1 else 's'}"
     for name in settled.absent:

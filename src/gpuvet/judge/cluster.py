@@ -35,8 +35,9 @@ from ..facts import Gpu, PcieLink, from_dict
 from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement, Valued, has_value
 from .gpu_links import link_state
 
-# Node states.
-OK, FAILED, MISSING = "ok", "failed", "missing"
+# Node states. STOPPED: joined, then the run was stopped (Ctrl-C, --timeout, a signal) before it was
+# ready: not vetted to its end, and not its fault.
+OK, FAILED, MISSING, STOPPED = "ok", "failed", "missing", "stopped"
 UNNAMED_PREFIX = "(unnamed) #"  # a node expected (by count) that never joined, and no list names it
 
 # Measurement names of the cross-node phase.
@@ -66,8 +67,8 @@ class NodeEntry:
 
     name: str
     rank: int | None = None
-    status: str = OK  # ok / failed / missing
-    reason: str | None = None  # why failed or missing
+    status: str = OK  # ok / failed / missing / stopped
+    reason: str | None = None  # why failed, missing or stopped
     step: str | None = None  # the last step the node reported
     host: str | None = None
     record: dict[str, Any] | None = None  # its run record (gpuvet.run/1 as a dict), time series summarised
@@ -483,7 +484,10 @@ def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], other
     missing = [e for e in entries if e.status == MISSING and not e.unnamed]
     unnamed = [e for e in entries if e.status == MISSING and e.unnamed]
     failed = [e for e in entries if e.status == FAILED]
-    findings = []
+    findings = [_finding("cluster.nodes", f"node:{e.name}", SKIP, f"{e.name} was not vetted to its end: {e.reason}",
+                         measured=e.reason, expected="every node finishes its vet and the cross-node tests",
+                         remedy="rerun the cluster vet to its end (the stop was not this node's fault)")
+                for e in entries if e.status == STOPPED]
     if unnamed:
         came = sum(e.rank is not None for e in entries)
         count = f"{len(unnamed)} node{'' if len(unnamed) == 1 else 's'}"
@@ -807,9 +811,9 @@ class NodeRow:
 
     name: str
     rank: int | None
-    status: str  # ok / failed / missing
+    status: str  # ok / failed / missing / stopped
     verdict: str | None  # the node's own verdict
-    badge: str  # MISSING / FAILED / FAIL / WARN / PASS
+    badge: str  # MISSING / FAILED / FAIL / STOPPED / WARN / PASS
     gpus: str
     pace: float | None  # the node's worst share of a cluster baseline (1.0: on the baseline)
     headline: str
@@ -826,7 +830,7 @@ class ClusterJudgement:
     ring: RingVerdict | None
 
 
-_BADGE_ORDER = {"MISSING": 0, "FAILED": 1, "FAIL": 2, "WARN": 3, "PASS": 4}
+_BADGE_ORDER = {"MISSING": 0, "FAILED": 1, "FAIL": 2, "STOPPED": 3, "WARN": 3, "PASS": 4}
 
 
 def judge_cluster(entries: list[NodeEntry], measurements: list[Measurement] | None = None,
@@ -937,6 +941,8 @@ def _row(view: NodeView, evidence: ClusterEvidence, others_reached: str | None =
     entry = view.entry
     if entry.status == MISSING:
         return NodeRow(entry.name, entry.rank, entry.status, None, "MISSING", "—", None, entry.reason or "never joined")
+    if entry.status == STOPPED:
+        return NodeRow(entry.name, entry.rank, entry.status, None, "STOPPED", "—", None, entry.reason or "stopped")
     statuses = [view.verdict or PASS]
     headlines = []
     paces = []

@@ -17,7 +17,7 @@ class ClusterNode(TypedDict, total=False):
 
     name: str
     rank: int | None
-    status: str  # ok / failed / missing
+    status: str  # ok / failed / missing / stopped
     reason: str | None
     step: str | None
     host: str | None

@@ -23,7 +23,8 @@ from .numbers import number
 from .redact import HOST, Redactor
 
 SCHEMA = "gpuvet.cluster/1"
-BADGE_STYLE = {"MISSING": "bold red", "FAILED": "bold red", "FAIL": "bold red", "WARN": "bold yellow", "PASS": "green"}
+BADGE_STYLE = {"MISSING": "bold red", "FAILED": "bold red", "FAIL": "bold red", "WARN": "bold yellow", "STOPPED": "yellow",
+               "PASS": "green"}
 STATUS_STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim"}
 PASSING_SHOWN = 20  # passing nodes listed before the rest are counted (all with verbose)
 STRAGGLERS_SHOWN = 20
@@ -367,11 +368,11 @@ def _plural(count: int, word: str) -> str:
 
 def _header_text(record: dict[str, Any]) -> tuple[str, str]:
     nodes = record.get("nodes") or []
-    counts = {state: sum(n.get("status") == state for n in nodes) for state in ("ok", "failed", "missing")}
+    counts = {state: sum(n.get("status") == state for n in nodes) for state in ("ok", "failed", "missing", "stopped")}
     launcher = record.get("launcher") or {}
     when = (record.get("started_at") or "").replace("T", " ")[:16]
     parts = [_plural(len(nodes), "node"), f"{counts['ok']} reported"]
-    parts += [f"{counts[s]} {s}" for s in ("failed", "missing") if counts[s]]
+    parts += [f"{counts[s]} {s}" for s in ("failed", "missing", "stopped") if counts[s]]
     return (f"gpuvet cluster {record.get('cluster_id') or ''}".strip(),
             f"{', '.join(parts)} · {launcher.get('kind', '?')} · {when} UTC · {float(record.get('duration_s') or 0):.1f} s")
 
