@@ -314,9 +314,15 @@ def test_sxm_model_with_all_links_inactive_fails():
     assert f.status == "fail" and "built with NVLink" in f.summary
 
 
-def test_model_without_nvlink_skips_saying_so():
-    f = results(machine_from(RTX4090_IDLE), "gpu.nvlink")["gpu0"]
-    assert f.status == "skip" and "has no NVLink" in f.summary
+def test_model_without_nvlink_is_measured_pcie_only_with_its_source():
+    f = results(machine_from(RTX4090_IDLE), "gpu.nvlink")["gpu0"]  # 8 GPUs
+    assert f.status == "measured" and f.summary.startswith("PCIe only: NVIDIA GeForce RTX 4090 has no NVLink")
+    assert f.evidence.measured == "8 GPUs, no NVLink on the model" and "column nvlink_gen" in (f.evidence.source or "")
+
+
+def test_one_gpu_skips_nvlink_as_not_in_play():
+    (f,) = results(machine_from("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt"), "gpu.nvlink").values()
+    assert f.status == "skip" and f.summary == "one GPU: NVLink not in play, nothing to link it to"
 
 
 # -- gpu.model / gpu.uniform ------------------------------------------------------------------

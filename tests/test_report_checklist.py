@@ -10,7 +10,7 @@ import pytest
 
 from gpuvet import judge, runner
 from gpuvet.facts import PcieLink
-from gpuvet.record import FAIL, PASS, Finding, Measurement, RunRecord
+from gpuvet.record import FAIL, MEASURED, PASS, Finding, Measurement, RunRecord
 from gpuvet.report.checklist import CROSSED, ITEMS, TICKED, UNKNOWN, WARNED, checklist, grouped, subject_range
 
 from cli_runner import gpuvet
@@ -52,8 +52,13 @@ def test_8x_h100_power_brake_crosses_the_power_wall_and_the_process_warns_whole_
     whole = found["whole_card"]
     assert whole.state == WARNED and whole.figure.startswith("gpu2: 9.0 GiB in use") and "python" in whole.figure
     assert found["power_limit"].state == TICKED and found["power_limit"].figure == "gpu0-7: 700 W, at the 700 W default"
-    # Read at idle, but already the full Gen5 x16 link: a link never trains up past its max under load.
-    assert found["pcie_link"].state == TICKED and "Gen5 x16 at idle" in found["pcie_link"].figure
+    # Stored before gpu.pcie_under_load existed: the line needs that finding and says so.
+    assert found["pcie_link"].state == UNKNOWN
+    assert found["pcie_link"].figure == "gpu.pcie_under_load not checked (run `gpuvet bench pcie`)"
+    # Judged again: read at idle, but already the full Gen5 x16 link, which never trains up past its max under load.
+    judged = lines(rejudged(record("h100-8x-throttle")))["pcie_link"]
+    assert judged.state == TICKED
+    assert judged.figure == "gpu0-7: Gen5 x16 at idle, already the link's maximum: load cannot raise it"
 
 
 def test_x1_riser_crosses_both_pcie_items_with_the_lane_count():
@@ -179,30 +184,52 @@ def inspected(capture: str) -> RunRecord:
 
 def test_a_link_read_only_at_idle_below_its_generation_is_unknown_not_ticked():
     found = lines(inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt"))
+    r = inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")
+    found = lines(r)
     assert found["pcie_link"].state == UNKNOWN
-    assert found["pcie_link"].figure == ("gpu0-7: width x16 as expected; generation not checked under load "
-                                         "(Gen1 at idle, max Gen4): run `gpuvet run` (or `gpuvet bench pcie`)")
+    assert found["pcie_link"].figure == ("gpu0-7: read only at idle (Gen1 x16, the power-saving downshift); under load it "
+                                         "should show Gen4 x16: run `gpuvet bench pcie`")
+    # decided in judge/: measured, not passed, against the link's own maximum
+    (f, *_) = [f for f in r.findings if f.check == "gpu.pcie_under_load"]
+    assert f.status == MEASURED and (f.evidence.measured, f.evidence.expected) == (
+        "Gen1 x16 at idle (nvidia-smi)", "Gen4 x16 under load")
+    assert f.evidence.source == "PCIe link capability (nvidia-smi)"
 
 
 def test_an_lspci_capture_ticks_neither_pcie_item():
     found = lines(inspected("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt"))
-    assert found["pcie_link"].state == UNKNOWN and "generation not checked under load (Gen1" in found["pcie_link"].figure
+    assert found["pcie_link"].state == UNKNOWN
+    assert found["pcie_link"].figure == ("gpu0: read only with the load unknown (Gen1 x16); under load it should show "
+                                         "Gen4 x16: run `gpuvet bench pcie`")
     driver = found["pcie_driver_view"]
-    assert driver.state == UNKNOWN and driver.figure.startswith("gpu0: the driver's view was not read (only lspci)")
-    assert found["nvlink"].state == TICKED and found["nvlink"].figure.startswith("not applicable: one GPU")
+    assert driver.state == UNKNOWN and driver.figure == ("gpu0: the driver's view was not read (only lspci): the driver may "
+                                                         "see a narrower link than the host: run `gpuvet run`")
+    assert found["nvlink"].state == TICKED
+    assert found["nvlink"].figure == "not applicable: one GPU: NVLink not in play, nothing to link it to"
 
 
 def test_a_pcie_copy_measurement_settles_the_generation():
-    r = inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")  # synthetic: a passing copy benchmark on every GPU
-    r.findings += [Finding("gpu.pcie_bandwidth", f"gpu{i}", "pass", "H2D 24.1, D2H 25.3 GB/s (pinned)") for i in range(8)]
-    assert lines(r)["pcie_link"].state == TICKED
+    r = inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")  # synthetic: copies at ~Gen4 x16 rate on every GPU
+    r.options = {"benchmarks": ["pcie"], "device": "cuda"}
+    r.measurements = [Measurement(name, value, "GB/s", f"gpu{i}") for i in range(8)
+                      for name, value in (("pcie.h2d_pinned", 24.1), ("pcie.d2h_pinned", 25.3))]
+    rejudged(r)
+    line = lines(r)["pcie_link"]
+    assert line.state == TICKED
+    assert line.figure.startswith("gpu0-7: the copy benchmark ran at the full link's rate: H2D 24.1, D2H 25.3 GB/s (pinned)")
+    (f, *_) = [f for f in r.findings if f.check == "gpu.pcie_under_load"]
+    assert f.status == PASS and f.evidence.measured == "pinned H2D 24.1 / D2H 25.3 GB/s"
 
 
 def test_gpus_without_nvlink_are_a_known_answer():
-    line = lines(inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt"))["nvlink"]
+    r = inspected("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")
+    line = lines(r)["nvlink"]
     assert line.state == WARNED
-    assert line.figure.startswith("NVIDIA GeForce RTX 4090 has no NVLink: the GPUs talk over PCIe, so all-reduce is limited "
-                                  "to ~PCIe rate")
+    assert line.figure == ("gpu0-7: PCIe only: NVIDIA GeForce RTX 4090 has no NVLink, so the GPUs talk over PCIe and "
+                           "all-reduce is limited to ~PCIe rate (measure it: `gpuvet bench p2p allreduce`)")
+    (f, *_) = [f for f in r.findings if f.check == "gpu.nvlink"]  # decided in judge/, with its source
+    assert f.status == MEASURED and f.evidence.measured == "8 GPUs, no NVLink on the model"
+    assert "row RTX-4090, column nvlink_gen" in (f.evidence.source or "")
 
 
 def disk_run(path: str = "/tmp", kind: str = "unknown", **options) -> RunRecord:
@@ -264,7 +291,7 @@ def test_other_gpus_figures_show_where_they_differ():
 def test_nvlink_ticked_from_the_link_state():
     found = lines(record("h100-bundle-nvlink"))
     assert found["nvlink"].state == TICKED and found["nvlink"].figure == "gpu0: 18 NVLinks active at 26.562 GB/s each"
-    assert found["pcie_link"].figure == "gpu0: Gen5 x16 under load (nvidia-smi), max Gen5 x16"
+    assert lines(rejudged(record("h100-bundle-nvlink")))["pcie_link"].figure == "gpu0: Gen5 x16 under load, the full link"
 
 
 def test_context_init_from_a_synthetic_latency_measurement_on_a_real_capture():
@@ -283,12 +310,17 @@ def test_two_pcie_views_that_disagree_warn_even_when_the_judge_passes():
         reading.max_width = 8
         reading.current_width = 8
     gpu.pcie.readings.append(PcieLink(current_gen=5, max_gen=5, current_width=16, max_width=16, source="lspci"))
-    line = lines(r)["pcie_driver_view"]
-    assert line.state == WARNED and "gpu0 driver Gen5 x8, lspci Gen5 x16" in line.figure
+    line = lines(rejudged(r))["pcie_driver_view"]
+    assert line.state == WARNED and line.figure.startswith(
+        "gpu0: the driver reports a max of Gen5 x8 (nvidia-smi) but the host shows Gen5 x16 (lspci LnkCap)")
     agreeing = record("h100-bundle-nvlink")
     agreeing.machine.gpus[0].pcie.readings.append(PcieLink(current_gen=5, max_gen=5, current_width=16, max_width=16, source="sysfs"))
-    assert lines(agreeing)["pcie_driver_view"].state == TICKED
-    assert "driver and sysfs agree (max Gen5 x16)" in lines(agreeing)["pcie_driver_view"].figure
+    assert lines(rejudged(agreeing))["pcie_driver_view"].state == TICKED
+    assert lines(agreeing)["pcie_driver_view"].figure == "gpu0: driver and sysfs agree: max Gen5 x16"
+    other_gen = record("h100-bundle-nvlink")  # synthetic change: the host reads a Gen4 maximum, the driver Gen5
+    other_gen.machine.gpus[0].pcie.readings.append(PcieLink(current_gen=4, max_gen=4, current_width=16, max_width=16, source="sysfs"))
+    line = lines(rejudged(other_gen))["pcie_driver_view"]
+    assert line.state == WARNED and "the driver reports a max of Gen5 x16 (nvidia-smi) but the host shows Gen4 x16" in line.figure
 
 
 def test_checks_from_other_areas_fill_their_items_and_worst_decides():
@@ -352,9 +384,10 @@ def test_a_busy_reading_on_a_gpu_without_a_context_is_not_a_reading_under_load()
         assert all(reading.under_load is None for reading in gpu.pcie.readings)
     r.findings = judge.judge(r.machine, r.measurements, r.options)
     assert all(f.status == PASS and "idle power-saving downshift" in f.summary for f in r.findings if f.check == "gpu.pcie_link")
+    assert all(f.status == MEASURED for f in r.findings if f.check == "gpu.pcie_under_load")
     found = lines(r)
     assert found["pcie_link"].state == UNKNOWN
-    assert found["pcie_link"].figure.startswith("gpu0-7: width x16 as expected; generation not checked under load (Gen1")
+    assert found["pcie_link"].figure.startswith("gpu0-7: read only at idle (Gen1 x16, the power-saving downshift)")
 
 
 def test_gpuvet_report_shows_the_preemptible_and_persistence_findings_the_checklist_reads(capsys, tmp_path, monkeypatch):
@@ -379,3 +412,25 @@ def test_gpuvet_report_shows_the_preemptible_and_persistence_findings_the_checkl
            "keep checkpoints on persistent storage" in rows
     (checkpoints,) = [row for row in rows if row.startswith("! Checkpoints on persistent storage ")]
     assert checkpoints.endswith("on instance storage; the instance is preemptible (as you stated)")
+
+
+def test_a_machine_without_a_gpu_says_each_reason_once(capsys, tmp_path, monkeypatch):
+    # The real cpu-quick record (no NVIDIA driver), edited: run with GPU benchmarks planned, which the
+    # planner skipped as it does without a GPU ("no NVIDIA GPU: <why>"). gpu.pcie_link skips with the
+    # same root ("no GPU facts: <why>"): one reason, said once on each line.
+    monkeypatch.setenv("COLUMNS", "400")
+    data = json.loads((RECORDS / "cpu-quick.json").read_text())
+    names = ["pcie", "latency", "p2p", "allreduce", "workload"]
+    why = f"no NVIDIA GPU: {data['machine']['gpu_error']}"
+    data["options"].update(benchmarks=names, device="cuda")
+    data["measurements"] = [{"name": f"bench.{n}", "value": None, "unit": "", "subject": "gpu",
+                             "details": {"outcome": "skipped", "reason": why}} for n in names]
+    edited = tmp_path / "cpu-quick-gpu-benchmarks-skipped.json"
+    edited.write_text(json.dumps(data))
+    code, out, _ = gpuvet(capsys, "report", str(edited))
+    assert code == 0
+    rows = {row.split("  ")[2].strip(): " ".join(row.split()) for row in out.splitlines()
+            if row.startswith("  ?  ") and len(row.split("  ")) > 2}
+    for title in ("PCIe width and generation under load", "NVLink between the GPUs", "PCIe width as the driver sees it"):
+        assert rows[title].endswith(f"{title} no GPU facts: no NVIDIA driver (see GPUs above)")
+        assert rows[title].count("no NVIDIA driver") == 1

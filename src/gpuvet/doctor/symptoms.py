@@ -11,7 +11,8 @@ _SMI_WATCH = "nvidia-smi --query-gpu=index,temperature.gpu,power.draw,power.limi
 _POWER = Cause("Power limit capped below the default", rules_out=("gpu.power_limit",), measure="gpuvet run",
                commands=("nvidia-smi -q -d POWER", _SMI_WATCH))
 _PCIE = Cause("PCIe link narrower or slower than the card (riser, x8 slot, virtualised link)",
-              rules_out=("gpu.pcie_bandwidth",), checks=("gpu.pcie_link", "gpu.link_errors"), measure="gpuvet bench pcie",
+              rules_out=("gpu.pcie_bandwidth",), checks=("gpu.pcie_link", "gpu.pcie_driver_view", "gpu.link_errors"),
+              measure="gpuvet bench pcie",
               commands=("sudo lspci -vv | grep -E 'LnkCap|LnkSta'", "nvidia-smi -q -d PCIE (while a job runs)"),
               facts=pcie_full_link,
               untested="the link was read idle, where it downshifts; copy across it (`gpuvet bench pcie`) to see its speed")

@@ -11,13 +11,16 @@ from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
 from ..specs import reference
 from ..specs.reference import Reference
 
-__all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context", "NO_CONTEXT_MIB"]
+__all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context", "NO_CONTEXT_MIB", "NOT_IN_PLAY"]
 
 # No CUDA context is on a GPU whose used memory is below these. A context takes ~250 MiB or more
 # on current GPUs; idle GPUs with no process report 0-120 MiB in the fixtures when the driver's
 # reserve is shown apart (nvidia-smi since R510). When it is not (NVML's v1 memory info), "used"
 # includes that reserve, up to ~870 MiB (A100 80GB, a100-sxm4-80gb-mig capture).
 NO_CONTEXT_MIB = 256
+# What a skip says when the check has nothing to judge on this machine by its make-up ("one GPU:
+# NVLink not in play"): the question does not arise, which the checklist shows as not applicable.
+NOT_IN_PLAY = "not in play"
 _NO_CONTEXT_WITH_RESERVE_MIB = 1024
 
 

@@ -6,8 +6,8 @@ import dataclasses
 import re
 
 from ..facts import Gpu, Machine, PcieLink, Topology
-from ..record import Finding
-from .common import FAIL, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
+from ..record import MEASURED, Finding
+from .common import FAIL, NOT_IN_PLAY, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
 from ..specs import reference
 from ..specs.reference import Reference
 
@@ -22,7 +22,7 @@ def _bandwidth(gen: int | None, width: int | None) -> str:
     return "?"
 
 
-def _link_text(gen: int | None, width: int | None) -> str:
+def link_text(gen: int | None, width: int | None) -> str:
     return f"Gen{gen if gen else '?'} x{width if width else '?'}"
 
 
@@ -51,17 +51,20 @@ def _best_reading(gpu: Gpu) -> PcieLink | None:
     return next(iter(loaded or readings), None)
 
 
+def not_reported(gpu: Gpu) -> str:
+    """Why a GPU has no PCIe link reading: the one sentence every PCIe check says for it."""
+    return f"PCIe link not reported: {why_missing(gpu, 'pcie.current_gen', 'not in the capture')}"
+
+
 def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
     s = subject(gpu)
     r = _best_reading(gpu)
     if r is None:
-        return finding("gpu.pcie_link", s, SKIP,
-                       f"PCIe link not reported: {why_missing(gpu, 'pcie.current_gen', 'not in the capture')}",
-                       remedy="capture `nvidia-smi -q -x` or `sudo lspci -vv -d 10de:`")
+        return finding("gpu.pcie_link", s, SKIP, not_reported(gpu), remedy="capture `nvidia-smi -q -x` or `sudo lspci -vv -d 10de:`")
     loaded = _under_load(gpu, r)
     reported_max = bool(r.max_gen and r.max_width)
-    r, capability = _with_known_max(r, ref)
-    now, best = _link_text(r.current_gen, r.current_width), _link_text(r.max_gen, r.max_width)
+    r, capability = known_maximum(r, ref)
+    now, best = link_text(r.current_gen, r.current_width), link_text(r.max_gen, r.max_width)
     if capability is None:
         return finding("gpu.pcie_link", s, SKIP,
                        f"{now} now, but the link's maximum is not in the capture and there is no reference for "
@@ -94,15 +97,11 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
     slot = _slot_limit(gpu, r, ref)
     if slot:
         problems.append((WARN, slot))
-    views = _views_disagree(gpu)
-    if views:
-        problems.append((WARN, views))
-        measured += "; " + "; ".join(_reading_text(x) for x in gpu.pcie.readings if x.max_width or x.current_width)
     narrow = _narrower_than_model(gpu, r, ref)
     if narrow and ref is not None:
         problems.append((WARN, narrow))
         capability += f"; {ref.cite('pcie_lanes')}"
-        best = f"{_link_text(r.max_gen, int(ref.number('pcie_lanes') or 0))} ({ref.id}'s own lanes)"
+        best = f"{link_text(r.max_gen, int(ref.number('pcie_lanes') or 0))} ({ref.id}'s own lanes)"
 
     if problems:
         status = FAIL if any(st == FAIL for st, _ in problems) else WARN
@@ -114,7 +113,7 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
                    source=capability, remedy=confirm if gen_note else None)
 
 
-def _with_known_max(r: PcieLink, ref: Reference | None) -> tuple[PcieLink, str | None]:
+def known_maximum(r: PcieLink, ref: Reference | None) -> tuple[PcieLink, str | None]:
     """The reading with its maximum generation and width, and where they come from: the capture
     (PCIe link capability), else the model's reference row; None when neither knows them."""
     if r.max_gen and r.max_width:
@@ -128,29 +127,6 @@ def _with_known_max(r: PcieLink, ref: Reference | None) -> tuple[PcieLink, str |
         return r, None
     filled = dataclasses.replace(r, max_gen=max_gen, max_width=max_width)
     return filled, f"the link maximum is not in the capture: {ref.cite('pcie_gen')} and pcie_lanes"
-
-
-_DRIVER_SOURCES = ("nvml", "nvidia-smi")
-
-
-def _reading_text(r: PcieLink) -> str:
-    return f"{r.source or '?'}: {_link_text(r.current_gen, r.current_width)} now, max {_link_text(r.max_gen, r.max_width)}"
-
-
-def _views_disagree(gpu: Gpu) -> str | None:
-    """The driver's view of the link against the host's (sysfs, lspci LnkCap/LnkSta). The seed's
-    vendor C: lspci shows x16 while `nvidia-smi -q -d PCI` says Max Link Width x8, which a
-    virtualization layer (or the slot behind a switch) does; the GPU then moves data at x8."""
-    driver = [(r.max_width, r.source) for r in gpu.pcie.readings if r.source in _DRIVER_SOURCES and r.max_width]
-    host = [(r.max_width, r.source) for r in gpu.pcie.readings if r.source not in _DRIVER_SOURCES and r.max_width]
-    if not driver or not host:
-        return None
-    (d_width, d_source), (h_width, h_source) = driver[0], host[0]
-    if d_width == h_width:
-        return None
-    return (f"the driver reports a max of x{d_width} ({d_source}) but the host shows x{h_width} ({h_source} "
-            f"LnkCap): a virtualization layer or the slot narrows the link the GPU uses; host<->GPU copies run at "
-            f"x{min(d_width, h_width)}")
 
 
 def _narrower_than_model(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:
@@ -184,8 +160,8 @@ def check_nvlink(ctx: Context) -> list[Finding]:
     topology = ctx.machine.topology
     totals = _topology_totals(topology) if topology and topology.shows_nvlink else {}
     # One GPU numbered 0 is a one-GPU machine; "GPU 6" alone is one GPU of a bigger box.
-    single = attached_gpus(ctx.machine) == 1
-    return [_nvlink(gpu, ctx.ref(gpu), topology, totals, single) for gpu in ctx.machine.gpus]
+    attached = attached_gpus(ctx.machine)
+    return [_nvlink(gpu, ctx.ref(gpu), topology, totals, attached) for gpu in ctx.machine.gpus]
 
 
 def attached_gpus(machine: Machine) -> int:
@@ -225,14 +201,20 @@ def _topology_totals(topology: Topology) -> dict[str, int]:
     return {g: sum(_nv_count(topology.links.get(g, {}).get(o, "")) for o in gpus if o != g) for g in gpus}
 
 
-def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: dict[str, int], single_gpu: bool) -> Finding:
-    s = subject(gpu)
+def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: dict[str, int], attached: int) -> Finding:
+    s, single_gpu = subject(gpu), attached == 1
     kind = ref.nvlink if ref else None
     model = gpu.name or s
+    if single_gpu and not any(link.active for link in gpu.nvlinks or []):
+        return finding("gpu.nvlink", s, SKIP, f"one GPU: NVLink {NOT_IN_PLAY}, nothing to link it to",
+                       measured="1 GPU attached")
     if ref is not None and ref.nvlink == "none":
-        return finding("gpu.nvlink", s, SKIP, f"{model} has no NVLink", source=ref.cite("nvlink_gen"))
+        return finding("gpu.nvlink", s, MEASURED,
+                       f"PCIe only: {model} has no NVLink, so the GPUs talk over PCIe and all-reduce is limited to "
+                       "~PCIe rate (measure it: `gpuvet bench p2p allreduce`)",
+                       measured=f"{attached} GPUs, no NVLink on the model", source=ref.cite("nvlink_gen"))
     if gpu.nvlinks is not None:
-        return _from_links(gpu, kind, ref, single_gpu)
+        return _from_links(gpu, kind, ref)
     label = f"GPU{gpu.index}"
     if topology is not None and label in totals and len(totals) > 1:
         return _from_topology(gpu, kind, ref, topology, totals)
@@ -243,7 +225,7 @@ def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: 
     return finding("gpu.nvlink", s, SKIP, f"NVLink state not available: {reason}")
 
 
-def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None, single_gpu: bool) -> Finding:
+def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None) -> Finding:
     s, links = subject(gpu), gpu.nvlinks or []
     active = [link for link in links if link.active]
     inactive = [link for link in links if not link.active]
@@ -254,9 +236,6 @@ def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None, single_gpu: b
     confirm = f"`nvidia-smi nvlink -s -i {gpu.index}` and `nvidia-smi topo -m`"
     if not active:
         note = why_missing(gpu, "nvlinks", "no link active")
-        if single_gpu:
-            return finding("gpu.nvlink", s, SKIP, f"one GPU, no NVLink active ({note}): NVLink only matters between GPUs",
-                           measured=measured)
         if kind == "bridge":
             return finding("gpu.nvlink", s, SKIP, f"no NVLink bridge in use ({note}): optional on {gpu.name}; GPUs talk over PCIe",
                            measured=measured, source=source)

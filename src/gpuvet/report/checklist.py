@@ -6,7 +6,8 @@ second lists five "hidden parameters" no spec sheet shows. Each line here is tic
 warned or left unknown from the findings that decide it, with the figure that decided it.
 
 Pure functions of the record: nothing is measured or judged again here, so an old record shows
-the same checklist it showed when it was made (apart from newer items it cannot answer).
+the same checklist it showed when it was made (apart from lines that need a check newer than the
+record: those name the check it lacks).
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..facts import Gpu
-from ..judge.common import subject_range
-from ..judge.gpu_links import attached_gpus, link_state, model_without_nvlink
+from ..judge.common import NOT_IN_PLAY, subject_range
 from ..judge.gpu_sustained import (
     FAULTS,
     POWER_FAULTS,
     power_faults_under_load,
     short_load_words,
 )
-from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
+from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 
 TICKED, CROSSED, WARNED, UNKNOWN = "ticked", "crossed", "warned", "unknown"
 STATES = (TICKED, CROSSED, WARNED, UNKNOWN)
@@ -54,7 +54,8 @@ class Item:
     to_check: str  # the command that answers it when the record cannot
     exclude: tuple[str, ...] = ()
     # What a pass shows: its "summary", its evidence ("measured": says "under load" / "at idle"),
-    # or only the item's "extra" figures (when the finding's words would repeat them).
+    # only the item's "extra" figures (when the finding's words would repeat them), or only the
+    # "required" checks' words (the checks that answer the line; the others could only cross it).
     passing_figure: str = "summary"
     keep: Callable[[RunRecord, Finding], bool] | None = None  # drop findings that do not bear on the item
     extra: Callable[[RunRecord], str] | None = None  # more figures from facts and measurements
@@ -62,6 +63,9 @@ class Item:
     # Checks that must pass for a tick: where one was not judged (skipped: "cannot tell"), the line
     # is open with its words, however well the others did.
     required: tuple[str, ...] = ()
+    # The line's state where its checks only measured, judging nothing (NVLink: "PCIe only: this
+    # model has no NVLink" is a caveat for multi-GPU work); None: unknown, as a skip.
+    measured_state: str | None = None
 
 
 @dataclass
@@ -104,12 +108,21 @@ def _from_findings(record: RunRecord, item: Item) -> Line:
     judged = [f for f in found if f.status in _SEVERITY]
     extra = item.extra(record) if item.extra else ""
     if not judged:
-        why = _skip_reasons(found) or f"not checked (run `{item.to_check}`)"
+        measured = [f for f in found if f.status == MEASURED]
+        if measured and item.measured_state:
+            return Line(item, item.measured_state, _join(_figure(item, measured), extra), found)
+        why = _skip_reasons(record, found) or f"not checked (run `{item.to_check}`)"
+        first = [f for f in found if _names(item.checks[0], f.check)]
+        if first and all(f.status == SKIP and NOT_IN_PLAY in f.summary for f in first):
+            # The item's own check says the question does not arise here (one GPU: no NVLink to check).
+            return Line(item, TICKED, _join(f"not applicable: {first[0].summary}", extra), found)
         return Line(item, UNKNOWN, _join(why, extra), found)
     worst = max(judged, key=lambda f: _SEVERITY[f.status]).status
-    if worst == PASS and (open_ := _not_passed(item, record.findings)):
+    if worst == PASS and (open_ := _not_passed(item, record)):
         return Line(item, UNKNOWN, _join(open_, extra), found)
     deciding = sorted((f for f in judged if f.status == worst), key=lambda f: _rank_in(item, f))
+    if worst == PASS and item.passing_figure == "required":
+        deciding = [f for f in deciding if f.check in item.required] or deciding
     if worst == PASS and item.passing_figure == "extra" and extra:
         return Line(item, TICKED, extra, found)
     return Line(item, _STATE_OF[worst], _join(_figure(item, deciding), extra), found)
@@ -120,19 +133,30 @@ def _rank_in(item: Item, f: Finding) -> int:
     return next(i for i, c in enumerate(item.checks) if _names(c, f.check))
 
 
-def _not_passed(item: Item, findings: list[Finding]) -> str:
-    """Why a required check did not pass: its skip's words, or that it was not checked."""
+def _not_passed(item: Item, record: RunRecord) -> str:
+    """Why a required check did not pass on every subject it judged: its words where it was
+    skipped or only measured, or that it was not checked."""
     reasons = []
     for check in item.required:
-        mine = [f for f in findings if f.check == check]
-        if not any(f.status == PASS for f in mine):
-            reasons.append(_skip_reasons(mine) or f"{check} not checked (run `{item.to_check}`)")
+        mine = [f for f in record.findings if f.check == check]
+        if not mine:
+            reasons.append(f"{check} not checked (run `{item.to_check}`)")
+        elif open_ := [f for f in mine if f.status != PASS and f.status not in (WARN, FAIL)]:
+            why = _figure(item, open_)
+            reasons.append(why if "`" in why else f"{why}: run `{item.to_check}`")
     return "; ".join(reasons)
 
 
-def _skip_reasons(found: list[Finding]) -> str:
-    reasons = list(dict.fromkeys(f.summary for f in found if f.status == SKIP))
-    return "; ".join(reasons)
+def _skip_reasons(record: RunRecord, found: list[Finding]) -> str:
+    """Why the findings did not judge: each reason once. A machine whose GPUs could not be read
+    gives that one reason in every GPU check ("no GPU facts: no NVIDIA driver", "no NVIDIA GPU: no
+    NVIDIA driver"): said once."""
+    root = (record.machine.gpu_error or "").split(":")[0]
+    reasons: dict[str, str] = {}
+    for f in found:
+        if f.status in (SKIP, MEASURED):
+            reasons.setdefault(root if root and root in f.summary else f.summary, f.summary)
+    return "; ".join(reasons.values())
 
 
 def _figure(item: Item, deciding: list[Finding]) -> str:
@@ -302,78 +326,6 @@ def _gpu(record: RunRecord, subject: str) -> Gpu | None:
     return next((g for g in record.machine.gpus if f"gpu{g.index}" == subject), None)
 
 
-_DRIVER_SOURCES, _HOST_SOURCES = ("nvml", "nvidia-smi"), ("sysfs", "lspci")
-_VIEWS_DIFFER = "max link differs between views: "
-
-
-def _pcie_views(record: RunRecord) -> str:
-    """The link as the NVIDIA driver sees it next to the host's view (lspci/sysfs): the seed's
-    cloud showed x16 in lspci and Max Link Width x8 in `nvidia-smi -q`."""
-    disagree: list[str] = []
-    shown: list[str] = []
-    for gpu in record.machine.gpus:
-        driver = next((r for r in gpu.pcie.readings if r.source in _DRIVER_SOURCES and r.max_width), None)
-        host = next((r for r in gpu.pcie.readings if r.source in _HOST_SOURCES and r.max_width), None)
-        if driver and host and (driver.max_width, driver.max_gen) != (host.max_width, host.max_gen):
-            disagree.append(f"gpu{gpu.index} driver Gen{driver.max_gen} x{driver.max_width}, "
-                            f"{host.source} Gen{host.max_gen} x{host.max_width}")
-        elif driver and host and not shown:
-            shown.append(f"driver and {host.source} agree (max Gen{driver.max_gen} x{driver.max_width})")
-    if disagree:
-        return _VIEWS_DIFFER + "; ".join(disagree)
-    return shown[0] if shown else ""
-
-
-def _pcie_driver_view(record: RunRecord, item: Item) -> Line:
-    line = _from_findings(record, item)  # its extra figure is _pcie_views
-    blind = [g for g in record.machine.gpus
-             if not any(r.source in _DRIVER_SOURCES and (r.max_width or r.current_width) for r in g.pcie.readings)]
-    if blind and line.state != CROSSED:
-        # Only the host (lspci, sysfs) read the link: the seed's point is that the driver may see less.
-        host = next((r.source for g in blind for r in g.pcie.readings), None)
-        seen = f"only {host}" if host else "no reading of the link at all"
-        return Line(item, UNKNOWN, f"{_gpu_range(blind)}: the driver's view was not read ({seen}): "
-                                   "run `nvidia-smi -q -d PCIE` or `gpuvet run`", line.findings)
-    if _VIEWS_DIFFER in line.figure and line.state in (TICKED, UNKNOWN):
-        # The judge rates the best reading; two views that disagree are the seed's virtualised
-        # link, worth a look even when the reading it chose is fine.
-        line.state = WARNED
-    return line
-
-
-def _link_known_under_load(gpu: Gpu, measured: set[str]) -> bool:
-    """Whether the generation under load is known: measured by the copy benchmark, or as the judge
-    (gpu.pcie_link) reads the link."""
-    state = link_state(gpu)
-    return f"gpu{gpu.index}" in measured or state is None or state.generation_known
-
-
-def _pcie_link(record: RunRecord, item: Item) -> Line:
-    line = _from_findings(record, item)
-    if line.state != TICKED:
-        return line
-    measured = {f.subject for f in line.findings if f.check == "gpu.pcie_bandwidth" and f.status == PASS}
-    open_gpus = [g for g in record.machine.gpus if not _link_known_under_load(g, measured)]
-    if not open_gpus:
-        return line
-    by_text: dict[str, list[Gpu]] = {}
-    for gpu in open_gpus:
-        state = link_state(gpu)
-        if state is None:  # never: a GPU without a reading counts as known
-            continue
-        r = state.reading
-        width = f"width x{r.current_width} as expected" if r.current_width else "width not reported"
-        when = "at idle" if state.idle else "load unknown"
-        by_text.setdefault(f"{width}; generation not checked under load (Gen{r.current_gen or '?'} {when}, "
-                           f"max Gen{r.max_gen or '?'})", []).append(gpu)
-    shown = "; ".join(f"{_gpu_range(gpus)}: {text}" for text, gpus in by_text.items())
-    return Line(item, UNKNOWN, f"{shown}: run `gpuvet run` (or `{item.to_check}`)", line.findings)
-
-
-def _gpu_range(gpus: list[Gpu]) -> str:
-    return subject_range([f"gpu{g.index}" for g in gpus])
-
-
 # -- storage ---------------------------------------------------------------------------------------
 
 def _storage_io(record: RunRecord, item: Item) -> Line:
@@ -387,31 +339,14 @@ def _storage_io(record: RunRecord, item: Item) -> Line:
     return Line(item, line.state, _join(where, line.figure) if line.state == TICKED else _join(line.figure, where), line.findings)
 
 
-# -- NVLink ----------------------------------------------------------------------------------------
-
-def _nvlink(record: RunRecord, item: Item) -> Line:
-    """Known without a link reading where the model has no NVLink at all, or there is one GPU."""
-    line = _from_findings(record, item)
-    gpus = record.machine.gpus
-    if line.state != UNKNOWN or not gpus:
-        return line
-    if attached_gpus(record.machine) == 1:  # not a `-i 0` report of a bigger machine
-        return Line(item, TICKED, "not applicable: one GPU, nothing to link it to", line.findings)
-    without = [g for g in gpus if model_without_nvlink(g)]
-    if len(without) != len(gpus):
-        return line
-    models = ", ".join(dict.fromkeys(g.name or "this GPU" for g in without))
-    return Line(item, WARNED, f"{models} has no NVLink: the GPUs talk over PCIe, so all-reduce is limited to ~PCIe rate "
-                              f"(measure it: `{item.to_check}`)", line.findings)
-
-
 ITEMS: tuple[Item, ...] = (
     Item("whole_card", ACCEPTANCE, "Whole GPU, not shared", "GPU是否独占整卡",
          ("gpu.isolation",), "gpuvet run"),
     Item("power_limit", ACCEPTANCE, "Power limit at the default", "是否有人为功耗限制",
          ("gpu.power_limit",), "gpuvet run", extra=_power_under_load),
     Item("pcie_link", ACCEPTANCE, "PCIe width and generation under load", "PCIe链路宽度",
-         ("gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie", passing_figure="measured", decide=_pcie_link),
+         ("gpu.pcie_under_load", "gpu.pcie_link", "gpu.pcie_bandwidth"), "gpuvet bench pcie", passing_figure="required",
+         required=("gpu.pcie_under_load",)),
     Item("storage_io", ACCEPTANCE, "Local disk and shared storage IO", "本地盘与共享存储IO",
          ("storage.*",), "gpuvet run", exclude=("storage.workdir", "storage.persistence", "storage.shared"),
          required=("storage.shared",), decide=_storage_io),
@@ -425,12 +360,12 @@ ITEMS: tuple[Item, ...] = (
          ("storage.persistence", "storage.workdir", "workload.checkpoint", "workload.resume"), "gpuvet run",
          required=("storage.persistence",)),
     Item("pcie_driver_view", HIDDEN, "PCIe width as the driver sees it", "PCIe带宽可见性",
-         ("gpu.pcie_link",), "gpuvet run", passing_figure="measured", extra=_pcie_views, decide=_pcie_driver_view),
+         ("gpu.pcie_driver_view", "gpu.pcie_link"), "gpuvet run", passing_figure="required", required=("gpu.pcie_driver_view",)),
     Item("power_wall", HIDDEN, "Power wall", "GPU功耗墙",
          ("gpu.power_limit", "gpu.throttle", "gpu.sustained"), "gpuvet run", passing_figure="extra", keep=_power_related,
          extra=_power_range, decide=_power_wall),
     Item("nvlink", HIDDEN, "NVLink between the GPUs", "NVLink互联",
-         ("gpu.nvlink", "gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce", decide=_nvlink),
+         ("gpu.nvlink", "gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce", measured_state=WARNED),
     Item("context_init", HIDDEN, "CUDA context start-up time", "CUDA Context初始化延迟",
          ("gpu.context_init",), "gpuvet bench latency"),
     Item("tcp_latency", HIDDEN, "TCP stack latency", "TCP网络栈延迟",
