@@ -167,3 +167,9 @@ def test_grouped_remedies_that_differ_only_in_the_gpu_index_name_every_gpu():
     out = text(r)
     assert [line.split()[2] for line in out.splitlines() if line.startswith("  FAIL  gpu.power_limit")] == ["gpu0-7"]
     assert "sudo nvidia-smi -i 0,1,2,3,4,5,6,7 -pl 450" in out
+
+
+def test_a_window_in_the_options_line_reads_as_a_duration():
+    r = record("cpu-sustained")
+    r.options["xid_window_s"] = 7200.0  # as `gpuvet health` records its default window
+    assert "xid_window 2 h" in text(r) and "7200" not in text(r)

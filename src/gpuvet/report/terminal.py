@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from ..facts import CaptureEntry, Machine
+from ..judge.gpu_xid import duration_text
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, checklist, grouped
@@ -335,6 +336,8 @@ def options_line(record: RunRecord) -> str:
         if key == "redacted" or value in (None, "", [], {}) or isinstance(value, dict):
             continue  # a dict is bookkeeping (each step's wall time), not something the user asked
         shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+        if key.endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            key, shown = key.removesuffix("_s"), duration_text(float(value))  # xid_window_s 7200.0 -> xid_window 2 h
         parts.append(f"{key} {shown!r}" if key == "expect" else f"{key}: {shown}" if key == "synthetic" else f"{key} {shown}")
     return ("options: " + " · ".join(parts)) if parts else ""
 
