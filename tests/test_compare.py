@@ -111,8 +111,11 @@ def test_findings_side_by_side_show_real_differences_first_and_skips_are_not_dif
     rows = {row.check: row for row in result.findings}
     assert rows["gpu.throttle"].statuses == ["fail", "pass"]  # the H100 capture is power-capped under load
     assert rows["gpu.throttle"].differs
-    differing = [row.check for row in result.findings if row.differs]
-    assert result.findings[:len(differing)] == [rows[c] for c in differing]
+    # shown first (failures, warnings, then other differences), the rest after
+    shown = [row for row in result.findings if row.shown]
+    assert result.findings[:len(shown)] == shown and all(rows[c] in shown for c in rows if rows[c].differs)
+    # the H100's link is known under load (full at idle already), the 4090's read only at idle
+    assert rows["gpu.pcie_under_load"].statuses == ["pass", "measured"] and rows["gpu.pcie_under_load"].differs
     skipped_on_both = [row for row in result.findings if set(row.statuses) == {"skip"}]
     assert skipped_on_both and not any(row.differs for row in skipped_on_both)
     assert [run.gpus for run in result.runs] == ["8 x NVIDIA H100 80GB HBM3", "8 x NVIDIA GeForce RTX 4090"]

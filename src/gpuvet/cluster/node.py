@@ -8,11 +8,10 @@ import os
 import socket
 import sys
 import time
-from datetime import datetime, timezone
 from typing import Callable
 
 from .. import runner
-from ..record import FAIL, RunRecord
+from ..record import FAIL, RunRecord, timestamp
 from .cross import run_cross_node
 from .launch import Launch
 from .options import Options, hold_until
@@ -24,10 +23,6 @@ from .vet import VetOutcome, vet_with_deadline
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_LOST = 0, 1, 2, 3
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 class Node:
     """The flow on one node; rank 0 also runs the meeting and writes the report."""
 
@@ -35,7 +30,7 @@ class Node:
         self.launch, self.options, self.say = launch, options, say
         # Under Slurm, Slurm's name for the node: the node list names it so, whatever its hostname.
         self.name = options.node_name or launch.node_name or socket.gethostname()
-        self.started, self.started_at = time.monotonic(), _now()
+        self.started, self.started_at = time.monotonic(), timestamp()
         self.rv: Rendezvous | None = None
         self.heartbeat: Heartbeat | None = None
         self.record: RunRecord | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from datetime import datetime, timedelta, timezone
 
-from ..record import RunRecord
+from ..record import RunRecord, parse_timestamp, timestamp
 from .data import TREND_FIGURES, trend_values
 from .sentences import day_night_sentence
 from .shapes import Trend, TrendFigure
@@ -50,7 +50,7 @@ def _trend_figure(name: str, label: str, unit: str, points: list[tuple[datetime,
     night_median = statistics.median(night) if night else None
     return TrendFigure(
         name=name, label=label, unit=unit,
-        points=[(_format_time(when), v) for when, v in points],
+        points=[(timestamp(when), v) for when, v in points],
         first=first, last=last,
         change_pct=(last - first) / first * 100 if first > 0 and len(points) > 1 else None,
         day_median=day_median, day_runs=len(day), night_median=night_median, night_runs=len(night),
@@ -60,13 +60,10 @@ def _trend_figure(name: str, label: str, unit: str, points: list[tuple[datetime,
 
 
 def _parse_time(text: str) -> datetime:
-    """An ISO start time as UTC ("...Z" too, which Python 3.10 does not read)."""
+    """An ISO start time as UTC (a zone-less one read as UTC)."""
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = parse_timestamp(text)
     except ValueError:
         raise ValueError(f"run started at {text!r}: not an ISO 8601 time") from None
     return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
 
-
-def _format_time(when: datetime) -> str:
-    return when.isoformat(timespec="seconds").replace("+00:00", "Z")

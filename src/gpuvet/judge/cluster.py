@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..facts import Gpu, PcieLink, from_dict
-from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement, Valued, has_value
+from ..record import FAIL, PASS, SKIP, WARN, Finding, Measurement, Valued, has_value
+from .common import finding
 from .gpu_links import link_state
 
 # Node states. STOPPED: joined, then the run was stopped (Ctrl-C, --timeout, a signal) before it was
@@ -369,7 +370,7 @@ def show_command(entry: NodeEntry) -> str:
 
 def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragglers: list[Straggler]) -> list[Finding]:
     if not baselines:
-        return [_finding("cluster.stragglers", "cluster", SKIP,
+        return [finding("cluster.stragglers", "cluster", SKIP,
                          "no benchmark figure measured on two or more nodes to compare (run without --quick to benchmark)")]
     basis = "; ".join(f"{METRICS[b.metric].label}{'' if b.scope == 'gpu' else ' (' + b.scope + ')'} {_fmt(b.value)} {b.unit} "
                       f"(from {b.kept} of {b.total}, threshold {100 * b.threshold:.0f}%)" for b in baselines)
@@ -377,7 +378,7 @@ def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragg
               "tolerance or 3 robust standard deviations; the slowest GPU sets the pace of a data-parallel job")
     if not stragglers:
         gpus = sum(v.gpu_count for v in views)
-        return [_finding("cluster.stragglers", "cluster", PASS,
+        return [finding("cluster.stragglers", "cluster", PASS,
                          f"no straggler among {len(views)} nodes ({gpus} GPUs) on {len(baselines)} figures",
                          measured=basis, source=source)]
     by_node: dict[str, list[Straggler]] = defaultdict(list)
@@ -389,7 +390,7 @@ def _straggler_findings(views: list[NodeView], baselines: list[Baseline], stragg
         status = FAIL if any(s.status == FAIL for s in found) else WARN
         worst = found[0]
         others = f" (and {len(found) - 1} more figure{'s' if len(found) > 2 else ''} below)" if len(found) > 1 else ""
-        findings.append(_finding(
+        findings.append(finding(
             "cluster.stragglers", f"node:{node}", status, f"straggler: {worst.words()}{others}",
             measured="; ".join(s.words() for s in found[:NAMES_SHOWN])
                      + (f"; ... {len(found) - NAMES_SHOWN} more" if len(found) > NAMES_SHOWN else ""),
@@ -450,12 +451,12 @@ def _uniformity_findings(rows: list[UniformityRow]) -> list[Finding]:
             continue
         if row.uniform:
             everywhere = f"on all {row.count} nodes" if row.count > 1 else "on the one node that reported"
-            findings.append(_finding("cluster.uniform", row.field, PASS, f"{row.field}: {row.value} {everywhere}"
+            findings.append(finding("cluster.uniform", row.field, PASS, f"{row.field}: {row.value} {everywhere}"
                                      + (f" ({row.unknown} did not report it)" if row.unknown else ""), measured=row.value))
             continue
         odd_words = "; ".join(f"{value} on {name_list(nodes)}" for value, nodes in row.odd.items())
         status = FAIL if row.field in _UNIFORM_FAIL else WARN
-        findings.append(_finding(
+        findings.append(finding(
             "cluster.uniform", row.field, status, f"{row.field} differs: {row.value} on {row.count} nodes; {odd_words}",
             measured=f"{row.value} on {row.count} nodes; {odd_words}", expected="the same on every node",
             source="a job runs at the pace of its slowest node; mixed drivers, firmware or power limits give unequal nodes "
@@ -484,27 +485,27 @@ def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], other
     missing = [e for e in entries if e.status == MISSING and not e.unnamed]
     unnamed = [e for e in entries if e.status == MISSING and e.unnamed]
     failed = [e for e in entries if e.status == FAILED]
-    findings = [_finding("cluster.nodes", f"node:{e.name}", SKIP, f"{e.name} was not vetted to its end: {e.reason}",
+    findings = [finding("cluster.nodes", f"node:{e.name}", SKIP, f"{e.name} was not vetted to its end: {e.reason}",
                          measured=e.reason, expected="every node finishes its vet and the cross-node tests",
                          remedy="rerun the cluster vet to its end (the stop was not this node's fault)")
                 for e in entries if e.status == STOPPED]
     if unnamed:
         came = sum(e.rank is not None for e in entries)
         count = f"{len(unnamed)} node{'' if len(unnamed) == 1 else 's'}"
-        findings.append(_finding(
+        findings.append(finding(
             "cluster.nodes", "cluster", FAIL,
             f"{count} never joined (expected {len(entries)}, {came} joined)", measured=unnamed[0].reason,
             expected=f"{len(entries)} nodes (--expect-nodes, --nodes or torchrun's --nnodes)",
             remedy="start gpuvet on every node with the same line (`gpuvet cluster --print-launch`), each within the join "
                    "timeout; give --nodes HOSTLIST to have the missing ones named"))
     for e in missing:
-        findings.append(_finding("cluster.nodes", f"node:{e.name}", FAIL, f"{e.name} is missing: {e.reason or 'it never joined'}",
+        findings.append(finding("cluster.nodes", f"node:{e.name}", FAIL, f"{e.name} is missing: {e.reason or 'it never joined'}",
                                  measured=e.reason, expected="every node of the job joins",
                                  remedy=f"on {e.name}: is it up, can it reach the master address and port (firewall), did "
                                         "its launcher start? The other nodes' results are complete without it"))
     for e in failed:
         step = _last_step_words(e)
-        findings.append(_finding("cluster.nodes", f"node:{e.name}", FAIL,
+        findings.append(finding("cluster.nodes", f"node:{e.name}", FAIL,
                                  f"{e.name} failed: {e.reason or 'no reason given'}{step}", measured=(e.reason or "") + step,
                                  expected="every node finishes its vet and the cross-node tests",
                                  remedy=f"on {e.name}: `dmesg | tail`, `nvidia-smi`; rerun `gpuvet run` there alone"))
@@ -516,7 +517,7 @@ def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], other
         if starting_up(step):  # a busy node starts processes slowly: said, never failed for it
             within = f"within {start_timeout_s:.0f} s" if start_timeout_s else "in time"
             while_others = f" {others}" if others_reached else ""
-            findings.append(_finding(
+            findings.append(finding(
                 "cluster.nodes", f"node:{name}", WARN, f"{name}: its cross-node ranks did not start {within} (still at "
                 f"'{step}'{while_others}): a loaded machine? see `uptime` there; slow, not a fault of its hardware",
                 measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
@@ -524,14 +525,14 @@ def _node_state_findings(entries: list[NodeEntry], behind: dict[str, str], other
                 remedy=f"`uptime` and `top` on {name} (what holds its CPUs); rerun on idle nodes or with a longer "
                        f"--start-timeout; {show_command(by_name[name])}"))
             continue
-        findings.append(_finding(
+        findings.append(finding(
             "cluster.nodes", f"node:{name}", FAIL, f"{name} held up the cross-node phase: stuck at {step} {others}",
             measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
             expected="every node's ranks reach each collective together",
             remedy=f"{show_command(by_name[name])}; there: `dmesg | tail`, `nvidia-smi`; NCCL_DEBUG=INFO shows where a "
                    "collective hangs; rerun without it to vet the others"))
     if not findings:
-        findings.append(_finding("cluster.nodes", "cluster", PASS, f"all {len(entries)} nodes joined and reported"))
+        findings.append(finding("cluster.nodes", "cluster", PASS, f"all {len(entries)} nodes joined and reported"))
     return findings
 
 
@@ -558,7 +559,7 @@ def _node_check_findings(views: list[NodeView]) -> list[Finding]:
         nodes = [n for n, _ in items]
         example = f"{items[0][0]}: {items[0][1]}"
         first = entries[items[0][0]]
-        findings.append(_finding("cluster.node_checks", check, status,
+        findings.append(finding("cluster.node_checks", check, status,
                                  f"{check} {status.upper()} on {len(nodes)} of {reported} nodes ({name_list(nodes)})",
                                  measured=f"e.g. {example}",
                                  remedy=f"each node's stored run shows the evidence and the fix: `gpuvet show RUN` on that node "
@@ -611,20 +612,20 @@ def _allreduce_finding(views: list[NodeView], busbw: Valued | None, latency: Val
     measured = (f"busbw {busbw.value:.3g} GB/s at {d.get('largest_bytes')} bytes over {len(members) or '?'} nodes x "
                 f"{d.get('ranks_per_node', '?')} ranks ({backend})" + (f"; 1 MiB: {latency.value:.0f} us" if latency else ""))
     if d.get("check_ok") is False:
-        return _finding("cluster.allreduce", "cluster", FAIL,
+        return finding("cluster.allreduce", "cluster", FAIL,
                         "cross-node all-reduce returned wrong sums: data corrupted between nodes",
                         measured=measured, expected="every rank holds n(n+1)/2",
                         remedy="rerun; then test node pairs (cluster.ring) to find the bad link or NIC")
     floor, words, no_rdma, unknown = _network_floor(views, members, backend)
     if backend == "nccl" and no_rdma:
-        return _finding("cluster.allreduce", "cluster", WARN,
+        return finding("cluster.allreduce", "cluster", WARN,
                         f"cross-node all-reduce {busbw.value:.3g} GB/s over TCP sockets: no active RDMA on {name_list(no_rdma)}",
                         measured=measured, expected="InfiniBand or RoCE ports ACTIVE on every node", source=SEED_SOURCE,
                         remedy="`ibstat`; `NCCL_DEBUG=INFO` prints NET/IB when NCCL uses RDMA, NET/Socket when it does not")
     if floor is None:
         why = f"no NIC link rate known on {name_list(unknown)}" if unknown else "no NIC link rate known"
         # Nothing to compare with is not a pass: the figure is kept, the verdict left open.
-        return _finding("cluster.allreduce", "cluster", SKIP,
+        return finding("cluster.allreduce", "cluster", SKIP,
                         f"cross-node all-reduce {busbw.value:.3g} GB/s measured, not judged: {why} to compare with",
                         measured=measured, expected="a known link rate on every node (NIC speed or RDMA port rate)",
                         source=SEED_SOURCE,
@@ -634,7 +635,7 @@ def _allreduce_finding(views: list[NodeView], busbw: Valued | None, latency: Val
     if backend == "gloo":
         return _gloo_allreduce(busbw, measured, share, floor, words)
     status = PASS if share >= ALLREDUCE_PASS_SHARE else WARN if share >= ALLREDUCE_WARN_SHARE else FAIL
-    return _finding("cluster.allreduce", "cluster", status,
+    return finding("cluster.allreduce", "cluster", status,
                     f"cross-node all-reduce {busbw.value:.3g} GB/s = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})",
                     measured=measured, expected=f">= {100 * ALLREDUCE_PASS_SHARE:.0f}% of the slowest node's network",
                     source=SEED_SOURCE,
@@ -647,11 +648,11 @@ def _gloo_allreduce(busbw: Valued, measured: str, share: float, floor: float, wo
     other (cluster.ring), and against the NIC only when far below it."""
     summary = f"cross-node all-reduce {busbw.value:.3g} GB/s over gloo = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})"
     if share >= GLOO_WARN_SHARE:
-        return _finding("cluster.allreduce", "cluster", PASS, summary, measured=measured,
+        return finding("cluster.allreduce", "cluster", PASS, summary, measured=measured,
                         expected=f">= {100 * GLOO_WARN_SHARE:.0f}% of the slowest NIC over gloo (one TCP stream rarely "
                                  "fills a fast NIC; cluster.ring compares the nodes with each other)",
                         source=SEED_SOURCE)
-    return _finding("cluster.allreduce", "cluster", WARN, summary + " (far below the NIC even for gloo)",
+    return finding("cluster.allreduce", "cluster", WARN, summary + " (far below the NIC even for gloo)",
                     measured=measured, expected=f">= {100 * GLOO_WARN_SHARE:.0f}% of the slowest NIC over gloo",
                     source=SEED_SOURCE,
                     remedy="`iperf3 -c` between two nodes (or `gpuvet net`): near the NIC rate means gloo is the limit, "
@@ -661,12 +662,12 @@ def _gloo_allreduce(busbw: Valued, measured: str, share: float, floor: float, wo
 def _not_measured(check: str, notes: list[Measurement], what: str) -> Finding:
     note = next((n for n in notes if n.details.get("outcome") in ("failed", "aborted")), notes[0] if notes else None)
     if note is None:
-        return _finding(check, "cluster", SKIP, f"{what} was not measured")
+        return finding(check, "cluster", SKIP, f"{what} was not measured")
     reason = note.details.get("reason", "no reason given")
     if note.details.get("outcome") in ("failed", "aborted"):
-        return _finding(check, "cluster", FAIL, f"{what} failed: {reason}", measured=reason,
+        return finding(check, "cluster", FAIL, f"{what} failed: {reason}", measured=reason,
                         remedy=_stopped_remedy(note.details))
-    return _finding(check, "cluster", SKIP, f"{what}: {reason}")
+    return finding(check, "cluster", SKIP, f"{what}: {reason}")
 
 
 def _stopped_remedy(details: dict[str, Any]) -> str:
@@ -690,7 +691,7 @@ def _fallback_findings(fallback: Measurement | None) -> list[Finding]:
         return []
     without = list(fallback.details.get("without_gpu") or [])
     where = name_list(without) if without else "some nodes"
-    return [_finding("cluster.fallback", "cluster", WARN,
+    return [finding("cluster.fallback", "cluster", WARN,
                      f"cross-node tests ran over gloo on the CPUs, not NCCL on the GPUs: no usable GPU on {where}",
                      measured=f"no usable GPU (torch.cuda) on {where}", expected="every node has a GPU PyTorch can use",
                      source="NCCL needs a GPU on every rank; without one gpuvet measures the network over gloo instead",
@@ -774,22 +775,22 @@ def _ring_findings(views: list[NodeView], ring: list[Measurement], notes: list[M
         # NCCL ranks send rail to rail, every NIC at once: a pair should come near the node's
         # network. gloo's one TCP stream rarely fills a fast NIC, so it is not held to that.
         if backend == "nccl" and share < ALLREDUCE_WARN_SHARE:
-            findings.append(_finding("cluster.ring", "cluster", WARN, f"every node pair is slow: {summary}", measured=summary,
+            findings.append(finding("cluster.ring", "cluster", WARN, f"every node pair is slow: {summary}", measured=summary,
                                      expected=f">= {100 * ALLREDUCE_WARN_SHARE:.0f}% of the slowest node's network", source=source,
                                      remedy="`NCCL_DEBUG=INFO` (NET/IB or NET/Socket?); `ibstat`; GPUDirect RDMA "
                                             "(`lsmod | grep peermem`); NCCL_IB_HCA"))
     if not verdict.slow:
-        return findings or [_finding("cluster.ring", "cluster", PASS, summary, measured=summary, source=source)]
+        return findings or [finding("cluster.ring", "cluster", PASS, summary, measured=summary, source=source)]
     for node, its in sorted(verdict.suspect_nodes.items()):
         failed = any(p.gbps is None for p in its)
-        findings.append(_finding(
+        findings.append(finding(
             "cluster.ring", f"node:{node}", FAIL if failed or _much_slower(its, verdict) else WARN,
             f"{node} is slow with every partner: {len(its)} of its transfers slow or failed "
             f"({'; '.join(_pair_words(p) for p in its[:4])})",
             measured="; ".join(_pair_words(p) for p in its), expected=f"{expected} ({base_words})", source=source,
             remedy=f"on {node}: `ip -s link` (errors, drops), `ethtool <nic>` (speed), `ibstat`; compare MTU with the others"))
     for p in verdict.suspect_links:
-        findings.append(_finding(
+        findings.append(finding(
             "cluster.ring", f"link:{p.src}->{p.dst}", FAIL if p.gbps is None or _much_slower([p], verdict) else WARN,
             f"slow link {_pair_words(p)} while both nodes are fine with other partners" if (p.src not in verdict.suspect_nodes)
             else f"slow link {_pair_words(p)}",
@@ -857,7 +858,7 @@ def judge_cluster(entries: list[NodeEntry], measurements: list[Measurement] | No
 def _stopped_findings(stopped: str | None) -> list[Finding]:
     if not stopped:
         return []
-    return [_finding("cluster.run", "cluster", FAIL, f"the run was stopped before its end ({stopped}): this report holds "
+    return [finding("cluster.run", "cluster", FAIL, f"the run was stopped before its end ({stopped}): this report holds "
                      "what was gathered by then", measured=stopped, expected="the run ends by itself",
                      remedy="if torchrun's log says 'Detected N new nodes ... will restart worker group', a node joined "
                             "late: start every node at once with the line from `gpuvet cluster --print-launch`, and rerun")]
@@ -975,7 +976,7 @@ def _row(view: NodeView, evidence: ClusterEvidence, others_reached: str | None =
         more = len({f["check"] for f in view.problems}) - 1
         headlines.append(f"{worst_problem['check']}: {_clip(worst_problem.get('summary', ''))}"
                          + (f" (+{more} more)" if more > 0 else ""))
-    badge = "FAILED" if entry.status == FAILED else _worst_status(statuses).upper()
+    badge = "FAILED" if entry.status == FAILED else _badge_status(statuses).upper()
     return NodeRow(entry.name, entry.rank, entry.status, view.verdict, badge, view.gpus_text,
                    min(paces) if paces else None, "; ".join(headlines) or "nothing to report", entry.saved_run)
 
@@ -988,8 +989,11 @@ def _worst_problem(problems: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((f for f in problems if f.get("status") == FAIL), problems[0] if problems else None)
 
 
-def _worst_status(statuses: list[str]) -> str:
-    rank = {FAIL: 2, WARN: 1, PASS: 0, SKIP: 0}
+def _badge_status(statuses: list[str]) -> str:
+    """A node row's badge: the first of its worst statuses, FAIL over WARN over the rest. Unlike
+    record.verdict_of, a skip or measured verdict that leads the list (the node's own, when its
+    run judged nothing) stays the badge where nothing worse is found: the row says SKIP, not PASS."""
+    rank = {FAIL: 2, WARN: 1}
     return max(statuses, key=lambda s: rank.get(s, 0))
 
 
@@ -998,6 +1002,3 @@ def natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-def _finding(check: str, subject: str, status: str, summary: str, measured: str | None = None,
-             expected: str | None = None, source: str | None = None, remedy: str | None = None) -> Finding:
-    return Finding(check, subject, status, summary, Evidence(measured, expected, source), remedy)
