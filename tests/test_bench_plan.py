@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuvet import occupancy
 from gpuvet.bench import plan, schedule
 from gpuvet.bench.session import Worker, WorkerError
 from gpuvet.facts import Machine, Stack, Torch
+from gpuvet.judge.common import Context
+from gpuvet.judge.gpu_health import check_isolation
 from gpuvet.probe import capture, live
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -93,6 +96,51 @@ def test_a_gpu_already_in_use_is_left_alone():
     hidden = copy.deepcopy(idle)
     hidden.memory_used_mib = 20000  # edited: memory held by a process nobody lists
     assert "cannot see" in schedule.someone_else_on(hidden)
+
+
+def machine_from(name: str) -> Machine:
+    return capture.merge(capture.read_captures(str(FIXTURES / name)))
+
+
+def _isolation_and_plan(machine: Machine) -> list[tuple[str, str, bool]]:
+    """Per GPU: the judge's gpu.isolation status and summary, and whether `gpuvet run` loads it."""
+    findings = {f.subject: f for f in check_isolation(Context(machine))}
+    loaded = {gpu.index for gpu in schedule.loaded_gpus(machine)}
+    return [(findings[f"gpu{gpu.index}"].status, findings[f"gpu{gpu.index}"].summary, gpu.index in loaded)
+            for gpu in machine.gpus]
+
+
+# Real captures, each named by what is on its GPU; whether run loads it, as the judge reads it.
+OCCUPANCY_CAPTURES = {
+    "smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt": True,  # idle
+    "smi_text/q-h100-80gb-hbm3-vm-590.48.01-load.txt": False,  # a compute process (gpu-burn)
+    "smi_text/q-l40s-vm-595.80-idle.txt": True,  # 100% busy, 0 MiB, no process: the driver waking it
+    "smi_xml/gtx-1050-laptop-x8-515.65.01-nodoctype.xml": True,  # 7% busy with Xorg: the user's desktop
+    "smi_xml/rtx-4000-sff-ada-595.84-v13.xml": True,  # 3.5 GiB of display buffers of a desktop session
+    "smi_csv/l40s-vm-595.80-load.csv": False,  # 1.2 GiB used, 9% busy, no process list to say whose
+}
+
+
+@pytest.mark.parametrize("name", OCCUPANCY_CAPTURES)
+def test_run_loads_the_gpus_the_judge_finds_nobody_else_on(name):
+    """One rule (gpuvet.occupancy): run leaves a GPU alone exactly where gpu.isolation says someone
+    else's work is, or may be, on it, and loads every GPU the judge calls idle or the driver's."""
+    (status, summary, loaded), *_ = _isolation_and_plan(machine_from(name))
+    assert loaded is OCCUPANCY_CAPTURES[name], summary
+    someone_else = ("already running" in summary or "another user, container or VM" in summary
+                    or "no process list to say whose" in summary)
+    assert loaded is not someone_else and (status == "pass" or not loaded or status == "warn"), summary
+
+
+def test_a_gpu_a_few_percent_busy_with_no_context_is_idle_to_run_and_judge():
+    machine = machine_from("smi_text/q-l40s-vm-595.80-idle.txt")
+    for util in range(occupancy.WAKING_QUIET_PCT):
+        machine.gpus[0].utilization_pct = util  # edited: the capture says 100% (0 MiB used, no process)
+        assert _isolation_and_plan(machine)[0][0::2] == ("pass", True), util
+    machine.gpus[0].memory_used_mib = 2000  # edited: memory nobody lists, so a context someone else holds
+    machine.gpus[0].utilization_pct = 7
+    status, summary, loaded = _isolation_and_plan(machine)[0]
+    assert status == "fail" and "another user" in summary and not loaded
 
 
 def test_numa_cpus_come_from_the_topology_affinity():

@@ -28,6 +28,7 @@ CONTRACTS = {
     "gpuvet.judge": MACHINE,
     "gpuvet.report": MACHINE,
     "gpuvet.samples": MACHINE,
+    "gpuvet.occupancy": MACHINE + ("gpuvet.judge", "gpuvet.report"),
     "gpuvet.specs": MACHINE + ("gpuvet.judge", "gpuvet.report"),
     "gpuvet.record": MACHINE + ("gpuvet.judge", "gpuvet.report"),
     "gpuvet.probe": ("gpuvet.judge", "gpuvet.report"),

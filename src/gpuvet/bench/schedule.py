@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import catalog
 from ..facts import Gpu, Machine
+from ..occupancy import someone_else_on  # the judge's gpu.isolation rule: a GPU it calls idle is loaded
 
 GPU_BENCHMARKS = catalog.GPU_BENCHMARKS
 HOST_BENCHMARKS = catalog.HOST_BENCHMARKS
@@ -156,18 +157,6 @@ def loaded_gpus(machine: Machine, force: bool = False, notes: list[str] | None =
             continue
         chosen.append(gpu)
     return chosen
-
-
-def someone_else_on(gpu: Gpu) -> str | None:
-    """Why a GPU looks occupied before we start: compute processes or memory nobody accounts for."""
-    compute = [p for p in gpu.processes or [] if (p.type or "C") != "G"]
-    if compute:
-        return f"{len(compute)} compute process(es) already on {gpu.name or 'this GPU'}"
-    listed = sum(p.used_memory_mib or 0 for p in gpu.processes or [])
-    hidden = (gpu.memory_used_mib or 0) - listed
-    if hidden > max(1024, 0.02 * (gpu.memory_total_mib or 0)) or (gpu.utilization_pct or 0) >= 5:
-        return "memory or load in use by processes you cannot see"
-    return None
 
 
 def gpu_span(indices: list[int]) -> str:

@@ -7,21 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..facts import Gpu, Machine
+from ..occupancy import NO_CONTEXT_MIB, holds_no_context  # noqa: F401 (whether a CUDA context is on a GPU: run's rule too)
 from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
 from ..specs import reference
 from ..specs.reference import Reference
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context", "NO_CONTEXT_MIB", "NOT_IN_PLAY"]
 
-# No CUDA context is on a GPU whose used memory is below these. A context takes ~250 MiB or more
-# on current GPUs; idle GPUs with no process report 0-120 MiB in the fixtures when the driver's
-# reserve is shown apart (nvidia-smi since R510). When it is not (NVML's v1 memory info), "used"
-# includes that reserve, up to ~870 MiB (A100 80GB, a100-sxm4-80gb-mig capture).
-NO_CONTEXT_MIB = 256
 # What a skip says when the check has nothing to judge on this machine by its make-up ("one GPU:
 # NVLink not in play"): the question does not arise, which the checklist shows as not applicable.
 NOT_IN_PLAY = "not in play"
-_NO_CONTEXT_WITH_RESERVE_MIB = 1024
 
 
 @dataclass
@@ -62,14 +57,6 @@ def pct(part: float, whole: float) -> str:
 
 def subject(gpu: Gpu) -> str:
     return f"gpu{gpu.index}"
-
-
-def holds_no_context(gpu: Gpu) -> bool:
-    """Nothing runs on this GPU: no process listed and too little memory used for a CUDA context."""
-    if gpu.memory_used_mib is None or gpu.processes:
-        return False
-    limit = NO_CONTEXT_MIB if gpu.memory_reserved_mib is not None else _NO_CONTEXT_WITH_RESERVE_MIB
-    return gpu.memory_used_mib < limit
 
 
 def subject_range(subjects: list[str]) -> str:

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+from .. import occupancy as occ
 from ..facts import Gpu
 from ..record import Finding
-from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, holds_no_context, subject, why_missing
+from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject, why_missing
 
-# Memory a GPU holds before anyone uses it is small (the driver's own reservation is reported
-# apart on current drivers); more than this, or utilisation while a context holds memory,
+# Whose work is on a GPU is decided by gpuvet.occupancy, the rule `gpuvet run` follows too: memory
+# a GPU holds before anyone uses it is small (the driver's own reservation is reported apart on
+# current drivers); more than 1 GiB or 2% of it, or utilisation while a context holds memory,
 # means someone is on it.
-_IDLE_MEMORY_MIB = 1024
-_IDLE_MEMORY_SHARE = 0.02
 _HIDDEN_FAIL_SHARE = 0.10  # a tenth of the memory held by someone you cannot see is lost to you
 _ISOLATION_SOURCE = "the GPU's virtualization mode, MIG mode, memory use, utilization and process list (NVML / nvidia-smi)"
 _WAKING = "busy reading with no memory in use"
 # Below this, a busy reading on a GPU without a context is not worth a word: nvidia-smi's own
 # query wakes an idle GPU for a moment (persistence mode off), which NVML counts as utilization.
-WAKING_QUIET_PCT = 10
+WAKING_QUIET_PCT = occ.WAKING_QUIET_PCT
 
 _DRIVER_MEANING = {
     "vfio-pci": "bound to vfio-pci: reserved for passthrough to a virtual machine, CUDA cannot use it here",
@@ -118,43 +118,40 @@ def _occupancy(gpu: Gpu) -> list[tuple[str, str]]:
     """Someone else's work on the GPU: visible processes, or memory/utilisation nobody accounts for."""
     used = gpu.memory_used_mib or 0
     total = gpu.memory_total_mib or 0
-    threshold = max(_IDLE_MEMORY_MIB, _IDLE_MEMORY_SHARE * total)
-    processes = gpu.processes
-    busy = (gpu.utilization_pct or 0) >= 5
-    listed = "no process" if processes is not None else "processes not in the capture"
-    if busy and holds_no_context(gpu):
+    kind = occ.occupancy(gpu)
+    busy = occ.is_busy(gpu)
+    listed = "no process" if gpu.processes is not None else "processes not in the capture"
+    if kind == occ.WAKING_QUIET:  # a few percent on an idle GPU without a context: the driver's own work, not a tenant
+        return []
+    if kind == occ.WAKING:
         # No context on the GPU, so no kernel can be running: the utilisation sample covers the
         # driver initialising the GPU, which it does on every query while persistence mode is off.
-        if (gpu.utilization_pct or 0) < WAKING_QUIET_PCT:
-            return []  # a few percent on an idle GPU without a context: the driver's own work, not a tenant
         cause = ("likely the driver waking the GPU with persistence mode off" if gpu.persistence_mode is False
                  else "likely the driver initialising the GPU as it was read")
         return [(WARN, f"{_WAKING} ({gpu.utilization_pct}% busy, {gpu.memory_used_mib} MiB used, {listed}): {cause}, "
                        "not another user")]
     load = (f"{gib(used)} in use" if gpu.memory_used_mib is not None else "memory use not reported") + (
         f", {gpu.utilization_pct}% busy" if busy else "")
-    if processes is None:
-        return [(WARN, f"{load}; the capture has no process list to say whose")] if used > threshold or busy else []
-    compute = [p for p in processes if (p.type or "C") != "G"]
-    graphics = [p for p in processes if p.type == "G"]
-    hidden = used - sum(p.used_memory_mib or 0 for p in processes)
-    desktop = [p for p in processes if "G" in (p.type or "")]
-    if desktop and hidden > threshold and not busy:
+    if kind == occ.UNLISTED:
+        return [(WARN, f"{load}; the capture has no process list to say whose")]
+    compute, graphics, desktop = occ.compute_processes(gpu), occ.graphics_processes(gpu), occ.desktop_processes(gpu)
+    hidden = occ.hidden_mib(gpu)
+    if kind == occ.DESKTOP_BUFFERS:
         # A desktop on this GPU (compositor, browser, editor) holds display buffers that nvidia-smi
         # attributes to no process: memory in use, but the capture shows no other tenant.
         others = [p for p in compute if p not in desktop]
         also = f"; {len(others)} compute process(es) too: {_names(others)}" if others else ""
         return [(WARN, f"{load} by a desktop session on this GPU ({_names(desktop)}); {gib(hidden)} of it is attributed to "
                        f"no listed process (display buffers), not another tenant as far as the capture shows{also}")]
-    if hidden > threshold or (busy and not processes):
+    if kind == occ.TENANT:
         # Nothing you run shows up here before you start: this is another user, container or VM.
         status = FAIL if busy or hidden > _HIDDEN_FAIL_SHARE * total else WARN
-        whose = (f"{gib(hidden)} of it held by processes you cannot see" if hidden > threshold
+        whose = (f"{gib(hidden)} of it held by processes you cannot see" if hidden > occ.idle_memory_mib(gpu)
                  else "and no process visible")
         return [(status, f"{load}, {whose}: another user, container or VM shares this GPU")]
-    if compute:
+    if kind == occ.COMPUTE:
         return [(WARN, f"{load} by {len(compute)} process(es) already running: {_names(compute)}")]
-    if busy and graphics:
+    if kind == occ.DESKTOP_BUSY:
         return [(WARN, f"{gpu.utilization_pct}% busy with display processes ({_names(graphics)}): a desktop session shares the GPU")]
     return []
 
