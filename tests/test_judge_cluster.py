@@ -1,4 +1,4 @@
-"""The cluster judgement (judge/cluster.py) and its report, on records of SYNTHETIC clusters.
+"""The cluster judgement (judge/cluster/) and its report, on records of SYNTHETIC clusters.
 
 Every synthetic node is the real record `gpuvet inspect` makes of the 8x H100 capture
 (tests/fixtures/smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt), with invented benchmark

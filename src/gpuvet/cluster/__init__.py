@@ -17,7 +17,7 @@ Each node:
      without GPU) that together sweep an all-reduce (nccl-tests bus bandwidth) and run a ring of
      node-to-node transfers, shuffled every round;
   4. rank 0 collects the cross-node results and the records by a deadline, judges the cluster
-     (judge/cluster.py), writes the cluster record (gpuvet.cluster/1) and prints the report.
+     (judge/cluster/), writes the cluster record (gpuvet.cluster/1) and prints the report.
 
 Why the store and not gather_object: a collective needs every rank and blocks on a dead one; with
 keys in the store rank 0 takes whoever posted by the deadline and names the rest. Why the

@@ -1,5 +1,5 @@
 """The cluster record (gpuvet.cluster/1) as types: what `gpuvet cluster --out` writes and what
-`gpuvet report` judges again. cluster/record.py builds it; judge/cluster.py judges its nodes."""
+`gpuvet report` judges again. cluster/record.py builds it; judge/cluster/ judges its nodes."""
 
 from __future__ import annotations
 
