@@ -74,7 +74,7 @@ def test_unknown_engine_is_refused_and_fio_means_the_external_tool(no_iperf3):
 def free_port_pair() -> int:
     """A port p with p and p + 1 both free (the iperf3 port and gpuvet's)."""
     for _ in range(50):
-        port = net._free_port()
+        port = net.free_port()
         if port < 65535:
             with socket.socket() as probe:
                 try:
@@ -175,10 +175,10 @@ def test_the_protocol_refuses_unknown_requests():
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
             conn.sendall(b"GET / HTTP/1.0\n")
-            assert net._read_line(conn).startswith("GPUVET-NET/1 ERROR")
+            assert net.read_line(conn).startswith("GPUVET-NET/1 ERROR")
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
             conn.sendall(b"GPUVET-NET/1 HELLO\n")
-            assert net._read_line(conn) == "GPUVET-NET/1 OK iperf3=none"
+            assert net.read_line(conn) == "GPUVET-NET/1 OK iperf3=none"
     finally:
         server.close()
 
@@ -189,7 +189,7 @@ def test_throughput_stream_leaves_nagle_on_as_iperf3_does_and_round_trips_turn_i
     server = net.Server("127.0.0.1", 0).start()
     try:
         for request, nodelay in (("SINK", False), ("ECHO", True)):
-            conn, _ = net._connect("127.0.0.1", server.port, request, nodelay=nodelay)
+            conn, _ = net.connect("127.0.0.1", server.port, request, nodelay=nodelay)
             with conn:
                 assert bool(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) is nodelay
     finally:

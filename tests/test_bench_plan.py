@@ -145,7 +145,7 @@ def test_a_gpu_a_few_percent_busy_with_no_context_is_idle_to_run_and_judge():
 
 def test_numa_cpus_come_from_the_topology_affinity():
     m = capture.merge(capture.read_captures(str(FIXTURES / "topo/asus-esc8000a-4x-rtx6000ada-node-sys-nics-spaces.txt")))
-    cpus = plan._numa_cpus(m, m.gpus[2])  # "32-63" on that machine, cut to the CPUs this process may use
+    cpus = plan.numa_cpus(m, m.gpus[2])  # "32-63" on that machine, cut to the CPUs this process may use
     import os
 
     assert set(cpus) == set(range(32, 64)) & os.sched_getaffinity(0)
@@ -153,7 +153,7 @@ def test_numa_cpus_come_from_the_topology_affinity():
 
 def test_asking_for_more_workload_steps_gives_the_workload_more_time():
     def budget(workload, device_cpu=True):
-        runner = plan._Runner(Machine(), None, [], plan.Outcome(), print, None, workload)
+        runner = plan.Runner(Machine(), None, [], plan.Outcome(), print, None, workload)
         runner.cpu = device_cpu
         return runner.budget("workload")
 
@@ -172,7 +172,7 @@ def test_sustained_telemetry_is_judged_only_while_the_load_ran():
     gpu = Gpu(index=0, name="NVIDIA H100 80GB HBM3")
     outcome = plan.Outcome(series=[{"name": "sustained.throughput", "subject": "gpu0", "interval_s": 0.25,
                                     "start": 1000.0, "columns": ["t", "tflops"], "rows": [[0.25, 650.0], [30.0, 648.0]]}])
-    runner = plan._Runner(Machine(gpus=[gpu]), None, [plan.Target(gpu, "cuda:0", "gpu0")], outcome, lambda m: None, None, {})
+    runner = plan.Runner(Machine(gpus=[gpu]), None, [plan.Target(gpu, "cuda:0", "gpu0")], outcome, lambda m: None, None, {})
     idle = [Sample(t=995.0 + i * 0.1, sm_mhz=345, reasons=0x1, power_w=70.0) for i in range(50)]  # setup: 5 s idle
     loaded = [Sample(t=1000.0 + i * 0.1, sm_mhz=1755, reasons=0x4, power_w=690.0) for i in range(301)]
     tail = [Sample(t=1030.5 + i * 0.1, sm_mhz=345, reasons=0x1, power_w=80.0) for i in range(20)]  # waiting for others
@@ -183,7 +183,7 @@ def test_sustained_telemetry_is_judged_only_while_the_load_ran():
         def stop(self):
             return {0: idle + loaded + tail}
 
-    runner._telemetry(Sampler(), "sustained")
+    runner.record_telemetry(Sampler(), "sustained")
     (summary,) = [m["details"] for m in outcome.measurements if m["name"] == "sustained.telemetry"]
     assert summary["count"] == 301 and summary["sm_mhz"]["min"] == 1755
     assert "gpu_idle" not in summary["reasons"]
@@ -245,9 +245,9 @@ def test_a_ten_hour_soak_samples_once_a_second_so_the_whole_load_stays_in_the_re
     monkeypatch.setattr(plan.telemetry, "Sampler", Sampler)
     gpu = Gpu(index=0)
     for minutes in (None, 600):
-        runner = plan._Runner(Machine(gpus=[gpu]), None, [plan.Target(gpu, "cuda:0", "gpu0")], plan.Outcome(),
+        runner = plan.Runner(Machine(gpus=[gpu]), None, [plan.Target(gpu, "cuda:0", "gpu0")], plan.Outcome(),
                               lambda m: None, minutes, {})
-        runner._sampler(load_s=runner.sustained_duration())
+        runner.start_sampler(load_s=runner.sustained_duration())
     (default_interval, kept), (soak_interval, soak_kept) = made
     assert default_interval == 0.1  # the 30 s load: 10 Hz
     assert soak_interval >= 1.0 and soak_kept * soak_interval >= 600 * 60  # every second of 10 hours kept
@@ -276,7 +276,7 @@ def test_in_an_exclusive_compute_mode_fresh_process_benchmarks_get_a_worker_that
     monkeypatch.setattr(plan, "Worker", FakeWorker)
     gpus = [Gpu(index=0, compute_mode="Exclusive_Process"), Gpu(index=1, compute_mode="Exclusive_Process")]
     targets = [plan.Target(g, f"cuda:{g.index}", f"gpu{g.index}") for g in gpus]
-    runner = plan._Runner(Machine(gpus=gpus), FakeWorker(), targets, plan.Outcome(), lambda m: None, None, {})
+    runner = plan.Runner(Machine(gpus=gpus), FakeWorker(), targets, plan.Outcome(), lambda m: None, None, {})
     for name in ("gemm", "latency", "membw", "workload"):
         runner.run(name)
     assert [(worker, job["module"]) for worker, job in sent] == [(0, "gemm"), (1, "latency"), (1, "membw"), (1, "workload")]
@@ -284,7 +284,7 @@ def test_in_an_exclusive_compute_mode_fresh_process_benchmarks_get_a_worker_that
 
     default = [Gpu(index=0, compute_mode="Default")]
     started.clear(), sent.clear()
-    runner = plan._Runner(Machine(gpus=default), FakeWorker(), [plan.Target(default[0], "cuda:0", "gpu0")], plan.Outcome(),
+    runner = plan.Runner(Machine(gpus=default), FakeWorker(), [plan.Target(default[0], "cuda:0", "gpu0")], plan.Outcome(),
                           lambda m: None, None, {})
     runner.run("gemm"), runner.run("latency")
     assert [worker for worker, _ in sent] == [0, 0]  # the default mode keeps one worker for the whole run
@@ -298,7 +298,7 @@ def test_a_gpu_in_prohibited_compute_mode_is_not_loaded_and_says_why():
 
     outcome = plan.Outcome()
     m = Machine(gpus=[Gpu(index=0, compute_mode="Prohibited")])
-    assert plan._targets(m, Info(), "cuda", False, outcome, ["gemm"]) == []
+    assert plan.bench_targets(m, Info(), "cuda", False, outcome, ["gemm"]) == []
     (note,) = outcome.measurements
     assert note["subject"] == "gpu0" and note["details"]["reason"] == "compute mode Prohibited: no process may run CUDA on this GPU"
 
@@ -312,7 +312,7 @@ def test_the_link_under_load_is_the_one_held_while_the_pinned_copies_ran():
     def judged(samples, window):
         gpu = Gpu(index=0)
         gpu.pcie.readings = []
-        plan._add_loaded_link(gpu, samples, window)
+        plan.add_loaded_link(gpu, samples, window)
         (loaded,) = gpu.pcie.readings
         assert loaded.under_load and loaded.source == "nvml"
         return loaded.current_gen, loaded.current_width
@@ -323,7 +323,7 @@ def test_the_link_under_load_is_the_one_held_while_the_pinned_copies_ran():
     # without a window (no pinned copies), the fastest reading: idle moments read a power-saving downshift
     assert judged([Sample(t=1.0, pcie_gen=1, pcie_width=16), Sample(t=1.1, pcie_gen=4, pcie_width=16)], None) == (4, 16)
 
-    runner = plan._Runner(Machine(), None, [], plan.Outcome(measurements=[
+    runner = plan.Runner(Machine(), None, [], plan.Outcome(measurements=[
         {"name": "pcie.h2d_pinned", "subject": "gpu0", "value": 50.0, "unit": "GB/s",
          "details": {"load_window": [101.0, 102.0]}}]), lambda m: None, None, {})
-    assert runner._load_window("gpu0") == (100.999, 102.001) and runner._load_window("gpu1") is None
+    assert runner.load_window("gpu0") == (100.999, 102.001) and runner.load_window("gpu1") is None

@@ -74,7 +74,7 @@ def test_a_soak_plans_its_minutes():
 
 def test_the_run_takes_the_plans_budgets():
     """The worker's deadlines come from the same table the plan prints."""
-    runner_ = bench_plan._Runner(Machine(), None, [], bench_plan.Outcome(), print, None,
+    runner_ = bench_plan.Runner(Machine(), None, [], bench_plan.Outcome(), print, None,
                                  {"steps": schedule.RUN_WORKLOAD_STEPS}, profile="default")
     runner_.cpu = False
     for name in schedule.GPU_BENCHMARKS:

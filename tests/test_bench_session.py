@@ -125,7 +125,7 @@ def test_after_a_hang_the_plan_keeps_finished_figures_and_explains_what_was_not_
     monkeypatch.setattr(plan, "SLACK_S", 6.0)  # the deadline: budget x 2 + this
     outcome = plan.Outcome()
     targets = [plan.Target(None, "cpu", "gpu0"), plan.Target(None, "cpu", "gpu3")]
-    runner = plan._Runner(Machine(), Worker(), targets, outcome, lambda m: None, None, {})
+    runner = plan.Runner(Machine(), Worker(), targets, outcome, lambda m: None, None, {})
     runner.cpu = False
     monkeypatch.setitem(plan.BUDGET_S, "sustained", 0.5)
 
@@ -135,7 +135,7 @@ def test_after_a_hang_the_plan_keeps_finished_figures_and_explains_what_was_not_
 
     monkeypatch.setattr(plan, "Worker", CannotStart)
     try:
-        runner._jobs([cpu_load("gpu0", 0.5), cpu_load("gpu3", 100.0)], "sustained")
+        runner.run_jobs([cpu_load("gpu0", 0.5), cpu_load("gpu3", 100.0)], "sustained")
         runner.run("membw")
     finally:
         runner.worker.close()

@@ -319,7 +319,7 @@ class Nodes:
     """`python -m gpuvet.cluster` processes started as a launcher would, one per "node"."""
 
     def __init__(self, tmp_path: Path, world_size: int, master: str = "127.0.0.1", port: int | None = None):
-        from gpuvet.bench.net import _free_port as free_port
+        from gpuvet.bench.net import free_port
 
         self.tmp, self.world_size, self.master = tmp_path, world_size, master
         self.port = port or free_port()
@@ -688,7 +688,7 @@ def test_ranks_that_never_joined_take_the_expected_names_nobody_else_took():
 def test_an_elastic_torchrun_starts_without_the_node_that_never_came_and_names_it(tmp_path):
     """Real torchrun, the rendezvous --print-launch prints (--nnodes 1:2, last_call_timeout): one
     node of two comes; the run goes on with it, and the other is named missing."""
-    from gpuvet.bench.net import _free_port as free_port
+    from gpuvet.bench.net import free_port
 
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
@@ -718,7 +718,7 @@ def test_a_node_started_after_the_run_began_is_refused_and_the_others_go_on(tmp_
     run begins; a third comes later. torchrun would restart everyone's workers to take it in;
     rank 0 closed the rendezvous, so the late node is refused (RendezvousClosedError) and the two
     finish, with the third counted from torchrun's --nnodes: "1 node never joined (expected 3)"."""
-    from gpuvet.bench.net import _free_port as free_port
+    from gpuvet.bench.net import free_port
 
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():

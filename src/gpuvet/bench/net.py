@@ -104,7 +104,7 @@ class Server:
         with conn:
             _set_timeouts(conn, IO_TIMEOUT_S)
             try:
-                request = _read_line(conn)
+                request = read_line(conn)
                 if request == f"{PROTOCOL} HELLO":
                     conn.sendall(f"{PROTOCOL} OK iperf3={self.iperf3_port or 'none'}\n".encode())
                 elif request == f"{PROTOCOL} ECHO":
@@ -138,7 +138,7 @@ def _set_timeouts(conn: socket.socket, seconds: float) -> None:
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
-def _read_line(conn: socket.socket, limit: int = 256) -> str:
+def read_line(conn: socket.socket, limit: int = 256) -> str:
     """One protocol line, read a byte at a time so no payload is swallowed."""
     line = bytearray()
     while len(line) < limit:
@@ -173,7 +173,7 @@ def _sink(conn: socket.socket) -> tuple[int, float]:
 
 # -- gpuvet-net/1 client ----------------------------------------------------------------------
 
-def _connect(host: str, port: int, request: str, nodelay: bool = False) -> tuple[socket.socket, str]:
+def connect(host: str, port: int, request: str, nodelay: bool = False) -> tuple[socket.socket, str]:
     """A connection that made `request`. `nodelay`: TCP_NODELAY, for small request/response
     messages; a throughput stream leaves Nagle on, as iperf3 does without -N."""
     conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
@@ -182,7 +182,7 @@ def _connect(host: str, port: int, request: str, nodelay: bool = False) -> tuple
         if nodelay:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.sendall(f"{PROTOCOL} {request}\n".encode())
-        answer = _read_line(conn)
+        answer = read_line(conn)
         if not answer.startswith(f"{PROTOCOL} OK"):
             raise NetError(f"{host}:{port} is not a gpuvet server (it answered {answer[:60]!r})")
         return conn, answer
@@ -198,7 +198,7 @@ def hello(host: str, port: int) -> int | None:
 
 def _hello(host: str, port: int) -> tuple[int | None, str, str]:
     """(iperf3 port or None, this end's address, the server's address) of one HELLO."""
-    conn, answer = _connect(host, port, "HELLO")
+    conn, answer = connect(host, port, "HELLO")
     with conn:
         local, peer = conn.getsockname()[0], conn.getpeername()[0]
     value = answer.rpartition("iperf3=")[2]
@@ -239,7 +239,7 @@ def interface_with_address(address: str) -> str | None:
 
 def ping(host: str, port: int, seconds: float) -> list[int]:
     """Round-trip times (ns) of PING_BYTES messages echoed on one connection, for `seconds`."""
-    conn, _ = _connect(host, port, "ECHO", nodelay=True)
+    conn, _ = connect(host, port, "ECHO", nodelay=True)
     with conn:
         message, reply = b"p" * PING_BYTES, bytearray(PING_BYTES)
         for _ in range(PING_WARMUP):  # wake both ends up, grow windows
@@ -267,7 +267,7 @@ def stream(host: str, port: int, seconds: float) -> tuple[int, float]:
     """Send 128 KiB writes for `seconds` on one connection (Nagle on, default socket buffers:
     iperf3's defaults); (bytes, seconds) as the receiver counted them, from its first byte to
     the end of the stream."""
-    conn, _ = _connect(host, port, "SINK")
+    conn, _ = connect(host, port, "SINK")
     with conn:
         block = memoryview(os.urandom(BLOCK_BYTES))
         end = time.perf_counter() + seconds
@@ -275,7 +275,7 @@ def stream(host: str, port: int, seconds: float) -> tuple[int, float]:
             conn.sendall(block)
         conn.shutdown(socket.SHUT_WR)
         _set_timeouts(conn, IO_TIMEOUT_S + seconds)
-        received, _, elapsed = _read_line(conn).partition(" ")
+        received, _, elapsed = read_line(conn).partition(" ")
     if not received.isdigit() or not elapsed:
         raise NetError("the server did not report what it received")
     return int(received), float(elapsed)
@@ -371,7 +371,7 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -442,7 +442,7 @@ def _loopback_throughput(engine: str, builtin_port: int, seconds: int) -> dict:
     if engine == "iperf3" and binary is None:
         return note("loopback", "skipped", "iperf3 is not installed (`apt-get install iperf3`); or use --engine builtin")
     if binary:
-        server = _Iperf3Server(binary, _free_port(), bind="127.0.0.1", one_off=True)
+        server = _Iperf3Server(binary, free_port(), bind="127.0.0.1", one_off=True)
         try:
             server.wait_listening()
             result = iperf3_client(binary, "127.0.0.1", server.port, seconds)

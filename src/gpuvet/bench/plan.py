@@ -95,8 +95,8 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
     runner = None
     interrupted = True  # until the benchmarks finish: Ctrl-C, SIGTERM, or a crash stops the worker at once
     try:
-        targets = _targets(machine, worker, device, force, outcome, names)
-        runner = _Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {}, profile,
+        targets = bench_targets(machine, worker, device, force, outcome, names)
+        runner = Runner(machine, worker, targets, outcome, progress, soak_minutes, workload or {}, profile,
                          alongside_sustained)
         for name in names:
             t0 = time.monotonic()
@@ -125,7 +125,7 @@ def cannot_run(machine: Machine, device: str) -> str | None:
     return None
 
 
-def _targets(machine: Machine, worker: Worker, device: str, force: bool, outcome: Outcome, names: list[str]) -> list[Target]:
+def bench_targets(machine: Machine, worker: Worker, device: str, force: bool, outcome: Outcome, names: list[str]) -> list[Target]:
     if device == "cpu":
         return [Target(None, "cpu", "cpu")]
     targets = []
@@ -181,7 +181,7 @@ def _uuid_key(uuid: str | None) -> str | None:
     return uuid.strip().lower().removeprefix("gpu-") if uuid else None
 
 
-class _Runner:
+class Runner:
     def __init__(self, machine, worker, targets, outcome, progress, soak_minutes, workload, profile="bench",
                  alongside_sustained=None):
         self.machine, self.worker, self.targets = machine, worker, targets
@@ -228,11 +228,11 @@ class _Runner:
             for target in self.targets:  # one at a time: they would share the host's bandwidth
                 self._with_link_readings(target, name)
         elif name == "latency":
-            self._jobs([self._job(name, t) for t in self.targets[:1]], name)
+            self.run_jobs([self._job(name, t) for t in self.targets[:1]], name)
         elif name == "workload":  # one GPU is enough to prove the platform end to end
             target = self.targets[0]
             held = {"exclusive_mode": target.gpu.compute_mode} if target in self.exclusive() else {}
-            self._jobs([self._job(name, target, **self.workload, **_peak(target.gpu), **held)], name)
+            self.run_jobs([self._job(name, target, **self.workload, **_peak(target.gpu), **held)], name)
         elif name in ("p2p", "allreduce"):
             self._multi_gpu(name)
 
@@ -247,7 +247,7 @@ class _Runner:
         several = len(self.targets) > 1 and message.get("subject")
         self.progress(f"{message['subject']}: {message['progress']}" if several else message["progress"])
 
-    def _jobs(self, jobs: list[dict[str, Any]], name: str) -> list[dict]:
+    def run_jobs(self, jobs: list[dict[str, Any]], name: str) -> list[dict]:
         """Run jobs side by side in the worker. A hang or crash fails the jobs that had not
         finished (named in the reason); those that finished keep their figures."""
         if not jobs:
@@ -293,15 +293,15 @@ class _Runner:
             self.stopped = f"not run: the benchmark worker could not be restarted {when} {after}: {err}"
 
     def _side_by_side(self, name: str) -> None:
-        sampler = self._sampler(load_s=self.sustained_duration()) if name == "sustained" else None
+        sampler = self.start_sampler(load_s=self.sustained_duration()) if name == "sustained" else None
         host = self._start_alongside() if name == "sustained" else None
         finished = False
         try:
-            self._jobs([self._job(name, t) for t in self.targets], name)
+            self.run_jobs([self._job(name, t) for t in self.targets], name)
             finished = True
         finally:
             if sampler is not None:
-                self._telemetry(sampler, name)
+                self.record_telemetry(sampler, name)
             if host is not None and finished:  # on Ctrl-C the run stops at once: not waiting for the host's
                 host.join()
 
@@ -316,16 +316,16 @@ class _Runner:
 
     def _with_link_readings(self, target: Target, name: str) -> None:
         """PCIe copies, with the link's generation and width read by NVML while they run."""
-        sampler = self._sampler([target])
-        params = {"cpu_affinity": _numa_cpus(self.machine, target.gpu)} if target.gpu else {}
+        sampler = self.start_sampler([target])
+        params = {"cpu_affinity": numa_cpus(self.machine, target.gpu)} if target.gpu else {}
         try:
-            self._jobs([self._job(name, target, **params)], name)
+            self.run_jobs([self._job(name, target, **params)], name)
         finally:
             if sampler is not None and target.gpu is not None:  # a sampler only for a GPU
                 samples = sampler.stop().get(target.gpu.index, [])
-                _add_loaded_link(target.gpu, samples, self._load_window(target.subject))
+                add_loaded_link(target.gpu, samples, self.load_window(target.subject))
 
-    def _load_window(self, subject: str) -> tuple[float, float] | None:
+    def load_window(self, subject: str) -> tuple[float, float] | None:
         """When the pinned copies held the link busy (epoch seconds, from the pcie job's details)."""
         pinned = next((m for m in self.outcome.measurements if m.get("name") == "pcie.h2d_pinned"
                        and m.get("subject") == subject), None)
@@ -337,7 +337,7 @@ class _Runner:
     def _multi_gpu(self, name: str) -> None:
         gpus = [t for t in self.targets if t.gpu is not None]
         if self.cpu and name == "allreduce":
-            self._jobs([self._job(name, self.targets[0], world_size=2)], name)
+            self.run_jobs([self._job(name, self.targets[0], world_size=2)], name)
             return
         if len(gpus) < 2:
             self.outcome.note(name, "machine", "skipped", f"{name} needs at least two GPUs; this machine offers {len(gpus)}")
@@ -345,9 +345,9 @@ class _Runner:
         ordinals = [int(t.device.split(":")[1]) for t in gpus]
         job = {"module": name, "device": gpus[0].device, "subject": "machine", "budget_s": self.budget(name),
                "params": {"gpus": ordinals, "world_size": len(ordinals)}}
-        self._jobs([job], name)
+        self.run_jobs([job], name)
 
-    def _sampler(self, targets: list[Target] | None = None, load_s: float = 0.0) -> telemetry.Sampler | None:
+    def start_sampler(self, targets: list[Target] | None = None, load_s: float = 0.0) -> telemetry.Sampler | None:
         indices = [t.gpu.index for t in (targets or self.targets) if t.gpu is not None]
         if not indices:
             return None
@@ -356,7 +356,7 @@ class _Runner:
         sampler.start()
         return sampler
 
-    def _telemetry(self, sampler: telemetry.Sampler, name: str) -> None:
+    def record_telemetry(self, sampler: telemetry.Sampler, name: str) -> None:
         by_gpu = sampler.stop()
         for target in self.targets:
             samples = by_gpu.get(target.gpu.index, []) if target.gpu else []
@@ -392,7 +392,7 @@ def _peak(gpu: Gpu | None) -> dict[str, Any]:
     return {"peak_tflops": {d: v for d, v in peaks.items() if v}} if any(peaks.values()) else {}
 
 
-def _numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:
+def numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:
     """CPUs of the GPU's NUMA node (from `topo -m`'s CPU affinity), to place host buffers near it."""
     if gpu is None or machine.topology is None:
         return []
@@ -409,7 +409,7 @@ def _numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:
     return [c for c in cpus if c in allowed]
 
 
-def _add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample], window: tuple[float, float] | None = None) -> None:
+def add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample], window: tuple[float, float] | None = None) -> None:
     """The link as it held while the pinned copies kept it busy: the reading seen most in that window,
     so a link that trains up and then drops under load shows the drop. Without the window (no pinned
     copies), the fastest reading of the job: idle moments in it read a power-saving downshift."""
