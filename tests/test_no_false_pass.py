@@ -372,3 +372,17 @@ def test_per_gpu_words_are_whole_phrases_not_fragments():
     assert "inactive:;" not in nvlink.figure and not nvlink.figure.endswith(":")
     view, _ = _checklist_line("smi_text/dmon-h100-vm-load-590.48.01.txt", "pcie_driver_view")
     assert view.figure == "PCIe link not reported: not in the capture"  # gpu.pcie_link's own words, said once
+
+
+def test_gpuvet_health_warns_on_the_two_views_but_the_node_stays_healthy__driver_reading_added_in_the_test():
+    # The same edited machine as above: the driver's x8 behind lspci's x16 is shown by `gpuvet health`
+    # (as gpu.pcie_link showed it before the views had their own check), and a warning drains nothing.
+    from gpuvet.judge import judge_health
+    from gpuvet.judge.health import HEALTHY, outcome
+
+    m = machine_from(ADA_LSPCI)
+    m.gpus[0].pcie.readings.insert(0, PcieLink(current_gen=4, max_gen=4, current_width=8, max_width=8, source="nvidia-smi"))
+    findings = judge_health(m)
+    (view,) = [f for f in findings if f.check == "gpu.pcie_driver_view"]
+    assert view.status == "warn" and "but the host shows Gen4 x16 (lspci LnkCap)" in view.summary
+    assert outcome(m, findings) == HEALTHY

@@ -14,7 +14,7 @@ from .common import FAIL, PASS, SKIP, Context, finding, subject
 # host.*, storage.*, net.*, stack.* and env.* (not GPU health, and some read for seconds).
 # gpu.xid judges the kernel log's last 2 h here (fleet/health.py passes gpu_xid.HEALTH_WINDOW_S;
 # `--xid-window`): the log keeps a fatal Xid until reboot, long after a GPU reset mended it.
-HEALTH_CHECKS = ("gpu.model", "gpu.power_limit", "gpu.pcie_link", "gpu.nvlink", "gpu.throttle",
+HEALTH_CHECKS = ("gpu.model", "gpu.power_limit", "gpu.pcie_link", "gpu.pcie_driver_view", "gpu.nvlink", "gpu.throttle",
                  "gpu.temperature", "gpu.ecc", "gpu.xid")
 
 HEALTHY, PROBLEM, UNKNOWN = "healthy", "problem", "unknown"
