@@ -17,38 +17,26 @@ from ..gpu_links import link_state
 # Node states. STOPPED: joined, then the run was stopped (Ctrl-C, --timeout, a signal) before it was
 # ready: not vetted to its end, and not its fault.
 OK, FAILED, MISSING, STOPPED = "ok", "failed", "missing", "stopped"
-
 UNNAMED_PREFIX = "(unnamed) #"  # a node expected (by count) that never joined, and no list names it
 
 
 # Measurement names of the cross-node phase.
 ALLREDUCE_BUSBW = "cluster.allreduce.busbw"
-
 ALLREDUCE_LATENCY = "cluster.allreduce.latency_1mb"
-
 RING = "cluster.ring"
-
 NOTE = "bench.cluster"
-
 FALLBACK = "cluster.fallback"  # the meeting ran over gloo on the CPUs although GPUs were asked for
 
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation
-
 NOISE_SIGMAS = 3.0
-
 MIN_FOR_SPREAD = 5  # values needed before their spread may widen the threshold
-
 RING_TOLERANCE = 0.25  # node-to-node TCP/RDMA transfers vary more than GPU kernels
-
 ALLREDUCE_PASS_SHARE, ALLREDUCE_WARN_SHARE = 0.6, 0.35  # as gpu.allreduce inside one machine
-
 # gloo moves data over one TCP stream per pair, which rarely fills a fast NIC: below this share of
 # the slowest node's NIC it is worth a look, above it nothing can be concluded from the NIC.
 GLOO_WARN_SHARE = 0.05
-
 NAMES_SHOWN = 8
-
 SEED_SOURCE = ("seed: multi-node training speed-up fell from 8x to under 5x when the interconnect was slow or lacked "
                "RDMA; nccl-tests busbw = algbw x 2(n-1)/n")
 
@@ -276,9 +264,7 @@ def name_list(names: list[str], limit: int = NAMES_SHOWN) -> str:
 # their own limit (--start-timeout); the measurements' deadline runs from the end of them, so a
 # rank stuck later (a collective) is held up, not slow.
 IMPORTING_TORCH = "importing torch"
-
 WAITING_FOR_RANKS = "waiting for every rank to start"
-
 START_UP_STEPS = ("starting Python", "starting", IMPORTING_TORCH, WAITING_FOR_RANKS)
 
 

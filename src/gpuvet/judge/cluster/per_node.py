@@ -147,7 +147,6 @@ def straggler_findings(views: list[NodeView], baselines: list[Baseline], straggl
 # Fields whose difference breaks a job outright, and those that only make nodes unequal.
 # Different NCCLs on the nodes of one job: "NCCL version mismatch", or a hang in ncclCommInitRank.
 UNIFORM_FAIL = {"GPU model", "GPU count", "NCCL"}
-
 UNIFORM_FIELDS = ("GPU model", "GPU count", "GPU memory", "driver", "CUDA (driver)", "VBIOS", "power limit", "PCIe link",
                   "PyTorch", "NCCL", "network")
 

@@ -40,7 +40,6 @@ _BADGE_ORDER = {"MISSING": 0, "FAILED": 1, "FAIL": 2, "STOPPED": 3, "WARN": 3, "
 # Within a badge: nodes the cluster itself singles out first (their worst share of a cluster
 # baseline, then odd ones out), then the rest.
 ODD_ONE_PACE = 1.5
-
 NOTHING_PACE = 2.0
 
 
