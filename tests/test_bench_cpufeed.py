@@ -94,6 +94,15 @@ def test_measures_a_positive_feed_rate_with_two_workers_and_no_torch_in_the_pare
     assert d["libraries"]["tensor"].startswith("torch ")  # torch is in the test venv: used like a DataLoader
 
 
+def test_a_server_warmed_up_in_the_background_serves_the_run_and_torch_stays_out_of_gpuvet():
+    out = run_in_fresh_process(
+        "import json, sys; from gpuvet.bench import cpufeed; cpufeed.warm_up(); (m,) = cpufeed.run(budget_s=2.0, workers=2); "
+        "print(json.dumps({'m': m, 'parent_imported_torch': 'torch' in sys.modules}))")
+    assert out["parent_imported_torch"] is False
+    assert out["m"]["value"] > 0 and out["m"]["details"]["workers"] == 2
+    assert out["m"]["details"]["libraries"]["tensor"].startswith("torch ")  # the server's preload reached the workers
+
+
 def test_runs_without_torch_on_pil_float_bands():
     (m,) = cpufeed.run(budget_s=1.0, workers=1, use_torch=False)
     assert m["name"] == "cpu.feed_rate" and m["value"] > 0

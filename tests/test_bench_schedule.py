@@ -125,3 +125,23 @@ def test_host_work_runs_while_the_sustained_load_holds(monkeypatch):
     (load,) = [s for s in outcome.series if s["name"] == "sustained.throughput"]
     assert len(started) == 1
     assert load["start"] - 10 < started[0] < load["start"] + load["rows"][-1][0]
+
+
+def test_the_cpu_feed_server_starts_while_the_facts_are_read(monkeypatch, tmp_path):
+    """Its server imports torch (3 s of the 6 s budget on this 2-core VM, leaving 1 s of decoding):
+    started before the facts are read, the budget goes to decoding. Only a run with the CPU feed
+    starts it."""
+    from gpuvet.bench import cpufeed
+    from gpuvet.probe import live
+
+    order: list[str] = []
+    monkeypatch.setattr(cpufeed, "warm_up", lambda: order.append("cpu server"))
+    collect = live.collect
+    monkeypatch.setattr(live, "collect", lambda **k: order.append("facts") or collect(**k))
+    monkeypatch.setattr(host_plan, "run", lambda names, *a, **k: order.extend(names) or [])
+    monkeypatch.chdir(tmp_path)
+    runner.run_live(quick=False, benchmarks=["cpu"])
+    assert order == ["cpu server", "facts", "cpu"]
+    order.clear()
+    runner.run_live(quick=False, benchmarks=["net"])
+    assert order == ["facts", "net"]

@@ -52,11 +52,12 @@ def run_live(
     options = _run_options(names, _profile(quick, benchmarks, soak_minutes), device, needs, expect=expect,
                            soak_minutes=soak_minutes, paths=paths, workload_steps=workload_steps, preemptible=preemptible)
     options["xid_window_s"] = xid_window_s  # gpu.xid's window; None (since boot) recorded too
+    host_names = [n for n in names if n in host_plan.HOST]
+    host_plan.prepare(host_names)
     progress("reading the machine's facts")
     machine = live.collect(workdir=workdir)
     judge.annotate_references(machine)
     record = RunRecord(machine=machine, started_at=started, options=options)
-    host_names = [n for n in names if n in host_plan.HOST]
     gpu_names = [n for n in names if n in bench_plan.ALL]
     storage = storage_paths(workdir or os.getcwd(), paths)
     # The order bench/schedule.py plans: the CPU feed rate alone first; storage and network while the

@@ -14,6 +14,7 @@ before `run` returns, also on Ctrl-C. A failure returns a `bench.cpu` note inste
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
@@ -21,6 +22,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -336,6 +338,21 @@ def _context() -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "PIL.Image", "PIL.JpegImagePlugin"])  # missing ones are skipped
     return context
+
+
+def warm_up() -> None:
+    """Start the worker server now, in the background: it imports torch and Pillow (3 s on a small
+    VM, most of a 6 s budget), so started while gpuvet reads the machine's facts it leaves the
+    budget to decoding. The first worker's start waits for it (the server's own lock)."""
+    if _context().get_start_method() == "forkserver":
+        threading.Thread(target=_start_server, name="gpuvet-cpu-feed-server", daemon=True).start()
+
+
+def _start_server() -> None:
+    from multiprocessing import forkserver
+
+    with contextlib.suppress(Exception):  # a server that cannot start now is started by the run itself
+        forkserver.ensure_running()
 
 
 def usable_core_count() -> int:
