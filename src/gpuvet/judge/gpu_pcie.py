@@ -104,6 +104,6 @@ def _driver_view(gpu: Gpu, ref: Reference | None) -> Finding:
                        f"the driver sees the model's full {_max_text(driver)} link (no host view to compare)",
                        measured=measured, expected=f"{link_text(*model)} ({ref.id if ref else 'reference'})", source=capability)
     return finding("gpu.pcie_driver_view", s, MEASURED,
-                   f"the driver sees a max of {_max_text(driver)} ({driver.source}); the host's view (lspci, sysfs) "
+                   f"the driver sees a max of {_max_text(driver)}; the host's view (lspci, sysfs) "
                    "was not read to compare" + ("" if model else " and no reference gives the model's link"),
                    measured=measured, remedy="`sudo lspci -vv -d 10de: | grep LnkCap`")
