@@ -273,9 +273,13 @@ def write_atomically(path: str, text: str, redacted: bool = False) -> None:
 
 def _check_replay_file() -> None:
     """GPUVET_NVML_REPLAY naming a file that is no `nvidia-smi -q -x` capture: one line, exit 2."""
-    from ..probe import nvml_replay
     from ..probe.errors import CaptureError
 
+    try:
+        from ..probe import nvml_replay  # it stands in for nvidia-ml-py using that package's own errors
+    except ImportError as err:
+        click.echo(f"gpuvet: GPUVET_NVML_REPLAY needs nvidia-ml-py (`pip install nvidia-ml-py`): {err}", err=True)
+        sys.exit(EXIT_USAGE)
     try:
         nvml_replay.load(nvml_replay.replay_file() or "")
     except CaptureError as err:

@@ -19,7 +19,7 @@ from ..facts import (
     Topology,
     reasons_from_mask,
 )
-from . import nvml_health, nvml_names, nvml_replay
+from . import nvml_health, nvml_names
 from .values import bus_id
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not stop the host checks
@@ -30,13 +30,16 @@ except Exception as _err:  # pragma: no cover - only on broken installs
 else:
     _IMPORT_ERROR = ""
 
-_REPLAY = nvml_replay.replay_file()
-if pynvml is not None and _REPLAY:
-    # GPUVET_NVML_REPLAY: every NVML call of this process answers from a capture (a testing aid).
-    try:
-        pynvml = nvml_replay.load(_REPLAY)
-    except Exception as _err:  # the CLI refuses a bad file up front; a library caller gets the reason
-        pynvml, _IMPORT_ERROR = None, str(_err)
+if pynvml is not None:
+    from . import nvml_replay  # built on nvidia-ml-py's own constants and errors: only where it imports
+
+    _REPLAY = nvml_replay.replay_file()
+    if _REPLAY:
+        # GPUVET_NVML_REPLAY: every NVML call of this process answers from a capture (a testing aid).
+        try:
+            pynvml = nvml_replay.load(_REPLAY)
+        except Exception as _err:  # the CLI refuses a bad file up front; a library caller gets the reason
+            pynvml, _IMPORT_ERROR = None, str(_err)
 
 
 def replayed_from() -> str | None:
