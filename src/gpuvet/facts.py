@@ -61,6 +61,9 @@ class PcieLink:
     under_load: bool | None = None  # True: read while a load ran; None: unknown
 
 
+DRIVER_SOURCES = ("nvml", "nvidia-smi")  # PcieLink.source of a reading the NVIDIA driver made (not lspci, sysfs)
+
+
 @dataclass
 class Pcie:
     bus_id: str | None = None  # normalised "0000:01:00.0"

@@ -91,10 +91,11 @@ def occupancy(gpu: Gpu) -> str | None:
 def someone_else_on(gpu: Gpu) -> str | None:
     """Why `gpuvet run` leaves a GPU alone: someone else's work is (or may be) on it; None to load it."""
     kind = occupancy(gpu)
-    if kind == COMPUTE or (kind == TENANT and compute_processes(gpu)):
-        return f"{len(compute_processes(gpu))} compute process(es) already on {gpu.name or 'this GPU'}"
-    if kind == TENANT:
-        return "memory or load in use by processes you cannot see"
+    if kind not in OCCUPIED:
+        return None
     if kind == UNLISTED:
         return "memory or load in use, and no process list to say whose"
-    return None
+    compute = compute_processes(gpu)
+    if compute:
+        return f"{len(compute)} compute process(es) already on {gpu.name or 'this GPU'}"
+    return "memory or load in use by processes you cannot see"

@@ -758,7 +758,7 @@ def finalists(scouted: list[ShapeRun], count: int = FINALISTS) -> list[Shape]:
     return [run.shape for run in ranked[:count]]
 
 
-NO_TIME_TO_CONFIRM = "its fewest calls ({calls}) at its scouting rate would overrun the time left"
+NO_TIME_TO_CONFIRM = f"its fewest calls ({FEWEST_CALLS}) at its scouting rate would overrun the time left"
 
 
 def out_of_time(shape: Shape, rates: Mapping[Shape, float], budget: Budget) -> bool:
@@ -775,7 +775,7 @@ def confirm(device: str, workspace: Workspace, shapes: list[Shape], budget: Budg
     for index, shape in enumerate(shapes):
         seconds = budget.remaining() / (len(shapes) - index)
         if runs and out_of_time(shape, rates, budget):
-            not_timed[shape] = NO_TIME_TO_CONFIRM.format(calls=FEWEST_CALLS)
+            not_timed[shape] = NO_TIME_TO_CONFIRM
             continue
         run = run_shape(device, workspace, shape, max(0.0, seconds), flush, max_calls=FINAL_MAX_CALLS, check=True)
         runs.append(run)
@@ -804,7 +804,7 @@ def confirm_in_turns(device: str, workspace: Workspace, shapes: list[Shape], bud
         blocks[shape].append(run_shape(device, workspace, shape, max(0.0, seconds), flush, max_calls=FINAL_MAX_CALLS,
                                        check=True, warm_up_fraction=method.block_warm_up_fraction))
     runs = [pooled(shape, shape_blocks) for shape, shape_blocks in blocks.items() if shape_blocks]
-    not_timed.update({shape: NO_TIME_TO_CONFIRM.format(calls=FEWEST_CALLS) for shape, shape_blocks in blocks.items()
+    not_timed.update({shape: NO_TIME_TO_CONFIRM for shape, shape_blocks in blocks.items()
                       if not shape_blocks})
     for run in runs:
         progress(f"gemm.{workspace.dtype} {run.shape}: {run.median_tflops:.4g} TFLOPS over {len(run.seconds)} calls "
@@ -841,7 +841,7 @@ def measure_dtype(device: str, dtype: str, budget: Budget, candidates: list[Shap
             # A device too slow for its budget: the first scout took the time, and timing the best
             # shape again would overrun it. Its scouting run, checked, is the figure.
             confirmed = [best_scout]
-            not_timed.update({shape: NO_TIME_TO_CONFIRM.format(calls=FEWEST_CALLS) for shape in shapes})
+            not_timed.update({shape: NO_TIME_TO_CONFIRM for shape in shapes})
             progress(f"gemm.{dtype} {best_scout.shape}: no time left to time it again; its scouting run is the figure")
         elif method.final_block_s:
             confirmed = confirm_in_turns(device, workspace, shapes, budget, flush, progress, method, rates, not_timed)

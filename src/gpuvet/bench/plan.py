@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import catalog, telemetry
-from ..facts import Gpu, Machine, PcieLink
+from ..facts import DRIVER_SOURCES, Gpu, Machine, PcieLink
 from ..record import Series
 from ..record.details import BenchNote
 from . import schedule
@@ -422,6 +422,6 @@ def add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample], window: tu
         gen, width = max(set(readings), key=lambda r: (readings.count(r), r))
     else:
         gen, width = max(readings)
-    idle = next((r for r in gpu.pcie.readings if r.source in ("nvml", "nvidia-smi")), None)
+    idle = next((r for r in gpu.pcie.readings if r.source in DRIVER_SOURCES), None)
     gpu.pcie.readings.insert(0, PcieLink(current_gen=gen, max_gen=idle.max_gen if idle else None, current_width=width,
                                          max_width=idle.max_width if idle else None, source="nvml", under_load=True))

@@ -11,7 +11,7 @@ from typing import Any
 from .. import __version__
 from ..bench.allreduce import LATENCY_BYTES
 from ..judge.cluster import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, FAILED, FALLBACK, MISSING, NOTE, OK, RING, STOPPED,
-                             UNNAMED_PREFIX, NodeEntry, judge_cluster, starting_up)
+                             UNNAMED_PREFIX, NodeEntry, judge_cluster, name_list, starting_up)
 from ..record import Measurement, verdict_of
 from ..record.cluster import CLUSTER_SCHEMA
 from .launch import Launch
@@ -120,7 +120,7 @@ def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list
         # Held up only by ranks still starting (Python, import torch): a loaded node, not a broken
         # one. Not measured (skipped), never failed; the slow nodes named (all, if none was behind).
         slow = behind or {name: e.get("step") or "starting" for name, e in errors}
-        who = ", ".join(list(slow)[:8]) + (f" and {len(slow) - 8} more" if len(slow) > 8 else "")
+        who = name_list(list(slow))
         return ("skipped", f"not measured: the cross-node ranks of {who} did not start within {plan.start_timeout_s:.0f} s"
                            f"{behind_words} (a loaded machine? see `uptime` there); rerun on idle nodes or with a longer "
                            "--start-timeout", list(slow), {**extra, "behind": slow, "start_timeout_s": plan.start_timeout_s})
@@ -170,14 +170,13 @@ def node_entries(nodes: list[NodeState], records: dict[int, dict[str, Any]], sav
     reason, `stopped_after_s` after it started."""
     settled = absent if isinstance(absent, Settled) else Settled(list(absent or []))
     entries = []
+    after = f" after {stopped_after_s:.0f} s" if stopped_after_s is not None else ""
     for n in nodes:
         status = OK if n.state in ("ready", "done") else MISSING if n.state in (MISSING, "waiting") else FAILED
         if n.state == "waiting":  # not joined yet: the run was stopped within the join timeout
-            after = f" after {stopped_after_s:.0f} s" if stopped_after_s is not None else ""
             n.reason = n.reason or (f"had not joined when the run stopped{after}" if stopped else "it never joined")
         if n.state == "joined" and stopped:  # alive, not ready yet: the stop cut its vet short, not a fault
             status = STOPPED
-            after = f" after {stopped_after_s:.0f} s" if stopped_after_s is not None else ""
             n.reason = n.reason or f"still at {n.step or 'its local vet'} when the run was stopped{after}"
         elif n.state == "joined":  # alive but never ready: the plan went on without it
             status = FAILED

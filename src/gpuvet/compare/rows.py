@@ -9,12 +9,9 @@ from __future__ import annotations
 import statistics
 
 from .. import run_noise
-from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
+from ..record import FAIL, SEVERITY, SKIP, WARN, Finding, RunRecord
 from .data import CLOSER_TO_ZERO_NAMES, SHAPE_DEPENDENT, STEP_TIME, TOKENS, lower_is_better, run_figures, workload_shape
 from .shapes import FindingRow, Row
-
-_STATUS_RANK = {PASS: 0, SKIP: 0, MEASURED: 0, WARN: 1, FAIL: 2}
-
 
 def make_row(name: str, label: str, unit: str, values: list[float | None], lower: bool,
              not_comparable: str | None = None) -> Row:
@@ -114,7 +111,7 @@ def finding_rows(runs: list[RunRecord]) -> list[FindingRow]:
                                subjects=[f.subject if f else None for f in worst],
                                problem=bool(judged & {FAIL, WARN})))
     # stable: failures first, then warnings, then other differences
-    rows.sort(key=lambda row: (not row.shown, -max(_STATUS_RANK.get(s or SKIP, 0) for s in row.statuses)))
+    rows.sort(key=lambda row: (not row.shown, -max(SEVERITY.get(s or SKIP, 0) for s in row.statuses)))
     return rows
 
 
@@ -122,6 +119,6 @@ def _worst_by_check(findings: list[Finding]) -> dict[str, Finding]:
     worst: dict[str, Finding] = {}
     for f in findings:
         current = worst.get(f.check)
-        if current is None or _STATUS_RANK.get(f.status, 0) > _STATUS_RANK.get(current.status, 0):
+        if current is None or SEVERITY.get(f.status, 0) > SEVERITY.get(current.status, 0):
             worst[f.check] = f
     return worst

@@ -14,9 +14,6 @@ from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject, why_
 _HIDDEN_FAIL_SHARE = 0.10  # a tenth of the memory held by someone you cannot see is lost to you
 _ISOLATION_SOURCE = "the GPU's virtualization mode, MIG mode, memory use, utilization and process list (NVML / nvidia-smi)"
 _WAKING = "busy reading with no memory in use"
-# Below this, a busy reading on a GPU without a context is not worth a word: nvidia-smi's own
-# query wakes an idle GPU for a moment (persistence mode off), which NVML counts as utilization.
-WAKING_QUIET_PCT = occ.WAKING_QUIET_PCT
 
 _DRIVER_MEANING = {
     "vfio-pci": "bound to vfio-pci: reserved for passthrough to a virtual machine, CUDA cannot use it here",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..facts import Gpu, Machine, PcieLink, Topology
+from ..facts import DRIVER_SOURCES, Gpu, Machine, PcieLink, Topology
 from ..record import MEASURED, Finding
 from .common import FAIL, NOT_IN_PLAY, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
-from ..specs import reference
 from ..specs.reference import Reference
 
 # Approximate usable GB/s per lane and direction for each generation (after encoding).
@@ -35,7 +34,7 @@ def _under_load(gpu: Gpu, reading: PcieLink) -> bool:
         return reading.under_load
     # A report taken while the GPU was busy shows the link as it is under load; a "busy" reading
     # on a GPU with no context is the driver waking it (see gpu.isolation), not load.
-    return reading.source in ("nvml", "nvidia-smi") and (gpu.utilization_pct or 0) >= 50 and not holds_no_context(gpu)
+    return reading.source in DRIVER_SOURCES and (gpu.utilization_pct or 0) >= 50 and not holds_no_context(gpu)
 
 
 def _when(gpu: Gpu, loaded: bool) -> str:
@@ -149,7 +148,7 @@ def _slot_limit(gpu: Gpu, r: PcieLink, ref: Reference | None) -> str | None:
     if device_max and r.max_gen and r.max_gen < device_max:
         return f"the slot allows Gen{r.max_gen}, the GPU supports Gen{device_max}"
     ref_gen = ref.number("pcie_gen") if ref else None
-    if ref_gen and r.max_gen and r.max_gen < ref_gen and r.source in ("nvml", "nvidia-smi"):
+    if ref_gen and r.max_gen and r.max_gen < ref_gen and r.source in DRIVER_SOURCES:
         return f"the link tops out at Gen{r.max_gen}; {gpu.name} supports Gen{ref_gen:.0f} (reference)"
     return None
 
@@ -295,12 +294,6 @@ class LinkState:
     idle: bool  # read at idle, where the generation drops to save power
 
     @property
-    def generation_known(self) -> bool:
-        """Whether the generation under load is known: read under load, or already at its maximum
-        at idle (a link only trains down when idle, never up past its max)."""
-        return self.under_load or self.full_generation
-
-    @property
     def full(self) -> bool:
         return self.full_width and self.full_generation
 
@@ -315,8 +308,3 @@ def link_state(gpu: Gpu) -> LinkState | None:
     full_gen = bool(reading.current_gen and reading.max_gen and reading.current_gen >= reading.max_gen)
     return LinkState(reading, loaded, full_width, full_gen, _when(gpu, loaded) == "at idle")
 
-
-def model_without_nvlink(gpu: Gpu) -> bool:
-    """The GPU's model is built without NVLink (its reference row says none), so its GPUs talk over PCIe."""
-    ref = reference.by_id(gpu.reference) if gpu.reference else None
-    return ref is not None and ref.nvlink == "none"

@@ -9,14 +9,14 @@ is what the GPU moves data over (the seed's virtualised x8 behind an lspci x16).
 
 from __future__ import annotations
 
-from ..facts import Gpu, PcieLink
+from ..facts import DRIVER_SOURCES, Gpu, PcieLink
 from ..record import MEASURED, Finding
 from ..specs.reference import Reference
 from .common import PASS, SKIP, WARN, Context, finding, subject
 from .gpu_bench import check_pcie_bandwidth
 from .gpu_links import known_maximum, link_state, link_text, not_reported
 
-DRIVER_SOURCES, HOST_SOURCES = ("nvml", "nvidia-smi"), ("sysfs", "lspci")
+HOST_SOURCES = ("sysfs", "lspci")
 
 
 # -- gpu.pcie_under_load --------------------------------------------------------------------------
@@ -97,8 +97,8 @@ def _driver_view(gpu: Gpu, ref: Reference | None) -> Finding:
         return finding("gpu.pcie_driver_view", s, PASS, f"driver and {host.source} agree: max {_max_text(driver)}",
                        measured=measured, expected="the same maximum in both views",
                        source=f"the driver ({driver.source}) and the host's PCIe capability ({host.source})")
-    _, capability = known_maximum(PcieLink(source=driver.source), ref)  # the model's own link, from its reference
-    model = (int(ref.number("pcie_gen") or 0), int(ref.number("pcie_lanes") or 0)) if ref and capability else None
+    link, capability = known_maximum(PcieLink(source=driver.source), ref)  # the model's own link, from its reference
+    model = (link.max_gen, link.max_width) if capability else None
     if model and (driver.max_gen, driver.max_width) == model:
         return finding("gpu.pcie_driver_view", s, PASS,
                        f"the driver sees the model's full {_max_text(driver)} link (no host view to compare)",

@@ -207,14 +207,22 @@ def _older(key: tuple[str, str, int | str | None], events: list[KernelEvent], lo
     elif kind == "init_failed":
         label = "RmInitAdapter failed"
     else:
-        label = f"{'SXid' if kind == 'sxid' else 'Xid'} {code}" + (f" ({entry.name})" if entry else "")
+        label = _xid_label(kind, code) + (f" ({entry.name})" if entry else "")
     reference = "the log was read" if window.now_is == "read" else "the log's last line"
+    age = _age_text(min(ages))
     return finding("gpu.xid", _subject(bus, kind, gpu_of_bus), MEASURED,
-                   f"{label} at {when}, {_age_text(min(ages))} ago, before {window.text} "
-                   f"({count} time{'s' if count != 1 else ''}): history, not judged",
-                   measured=f"{len(events)} line(s) in {log.source}; latest {_age_text(min(ages))} before it was {reference}",
+                   f"{label} at {when}, {age} ago, before {window.text} ({_times_text(count)}): history, not judged",
+                   measured=f"{len(events)} line(s) in {log.source}; latest {age} before it was {reference}",
                    source=WINDOW_SOURCE,
                    remedy="none unless it comes back; `--xid-window boot` judges the whole boot")
+
+
+def _xid_label(kind: str, code: int | str | None) -> str:
+    return f"{'SXid' if kind == 'sxid' else 'Xid'} {code}"
+
+
+def _times_text(count: int) -> str:
+    return f"{count} time{'s' if count != 1 else ''}"
 
 
 def _subject(bus: str, kind: str, gpu_of_bus: dict[str, Gpu]) -> str:
@@ -247,7 +255,7 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
     bus, kind, code = key
     subj = _subject(bus, kind, gpu_of_bus)
     count, when = _times(events)
-    times = f"{count} time{'s' if count != 1 else ''}"
+    times = _times_text(count)
     example = events[0].line if len(events[0].line) <= 200 else events[0].line[:197] + "..."
     measured = f"{len(events)} line(s) in {log.source}, {when}; e.g. {example!r}"
     processes = sorted({e.process for e in events if e.process})
@@ -271,7 +279,7 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
     assert isinstance(code, int)
     entry = xid_table().get((kind, code))
     fatal = any(e.severity == "fatal" for e in events)
-    label = f"{'SXid' if kind == 'sxid' else 'Xid'} {code}"
+    label = _xid_label(kind, code)
     if entry is None:
         status = FAIL if fatal else WARN
         return finding("gpu.xid", subj, status,

@@ -8,11 +8,11 @@ schemas/, printed by `gpuvet schema KIND`). Nothing here touches the machine.
 """
 
 from .errors import RecordError
-from .run import (FAIL, MEASURED, PASS, SCHEMA, SKIP, STATUSES, WARN, Evidence, Finding, Measurement, RunOptions,
+from .run import (FAIL, MEASURED, PASS, SCHEMA, SEVERITY, SKIP, STATUSES, WARN, Evidence, Finding, Measurement, RunOptions,
                   RunRecord, Series, Valued, check_run, exit_code, has_value, parse_timestamp, timestamp, verdict_of)
 
 __all__ = [
-    "FAIL", "MEASURED", "PASS", "SCHEMA", "SKIP", "STATUSES", "WARN", "Evidence", "Finding", "Measurement", "RecordError",
+    "FAIL", "MEASURED", "PASS", "SCHEMA", "SEVERITY", "SKIP", "STATUSES", "WARN", "Evidence", "Finding", "Measurement", "RecordError",
     "RunOptions", "RunRecord", "Series", "Valued", "check_run", "exit_code", "has_value", "parse_timestamp", "timestamp",
     "verdict_of",
 ]

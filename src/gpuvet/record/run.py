@@ -26,7 +26,7 @@ PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 # reference for this workload, both ends of a network test on one machine). Never a PASS.
 MEASURED = "measured"
 STATUSES = (PASS, WARN, FAIL, SKIP, MEASURED)  # the one list: the validator and the JSON Schema read it
-_SEVERITY = {PASS: 0, SKIP: 0, MEASURED: 0, WARN: 1, FAIL: 2}
+SEVERITY = {PASS: 0, SKIP: 0, MEASURED: 0, WARN: 1, FAIL: 2}  # how bad: the worst of several decides
 
 
 def timestamp(when: datetime | None = None) -> str:
@@ -219,7 +219,7 @@ def verdict_of(findings: list[Finding]) -> str:
     """The worst status among pass/warn/fail (skips do not count)."""
     worst = PASS
     for f in findings:
-        if _SEVERITY.get(f.status, 0) > _SEVERITY[worst]:
+        if SEVERITY.get(f.status, 0) > SEVERITY[worst]:
             worst = f.status
     return worst
 
