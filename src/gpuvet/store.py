@@ -24,8 +24,10 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import sqlite3
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,11 +345,23 @@ class Store:
         return {"id", "record"} <= columns
 
     def _use_wal(self) -> None:
-        try:
-            self._db.execute("PRAGMA journal_mode = WAL")
-        except sqlite3.OperationalError as err:
-            if "readonly" not in str(err):  # a read-only store is still readable without WAL
-                raise
+        """Switching to WAL takes the file's exclusive lock. Where another process holds its read
+        lock and waits for ours, SQLite answers "locked" at once instead of waiting (its deadlock
+        rule; the busy timeout does not apply), so the switch is retried here up to that timeout.
+        Once one process has switched, the others' switch is a no-op."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.005
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "readonly" in str(err):  # a read-only store is still readable without WAL
+                    return
+                if "locked" not in str(err) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause * (0.5 + random.random()))  # jittered, so two retriers do not meet again
+            pause = min(pause * 2, 0.2)
 
     # -- migrations -----------------------------------------------------------------------
 
