@@ -75,6 +75,24 @@ def test_ctrl_c_stops_gpuvet_bench_at_once_and_leaves_no_worker(tmp_path):
     assert alive(children) == [], "the benchmark worker outlived gpuvet"
 
 
+def test_ctrl_c_the_moment_the_worker_is_forked_still_ends_it(monkeypatch):
+    """The signal lands inside Popen, after the fork: the worker exists but Popen has not
+    returned. (Under load this left a worker running after gpuvet 1 time in 3.)"""
+    from gpuvet.bench import session
+
+    forked, real_popen = [], subprocess.Popen
+
+    def popen_then_ctrl_c(*args, **kwargs):
+        forked.append(real_popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # handled before Popen's caller runs another line
+        return forked[-1]
+
+    monkeypatch.setattr(session.subprocess, "Popen", popen_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        Worker()
+    assert forked[0].poll() is not None, "the worker outlived the Ctrl-C"
+
+
 def test_interrupting_a_running_job_ends_the_worker_without_waiting_for_the_job():
     worker = Worker()
     started = threading.Event()

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import BenchContext, Skip, measurement, summary
-from .leftovers import scratch_dir
+from .leftovers import scratch_dir, signals_deferred
 
 MiB = 1024 * 1024
 LATENCY_BYTES = MiB
@@ -235,8 +235,9 @@ def run_ranks(backend: str, devices: list[str], timeout_s: float, max_bytes: int
                    for r, d in enumerate(devices)]
         procs: list[subprocess.Popen] = []
         try:
-            for c in configs:
-                procs.append(_start_rank(c))
+            with signals_deferred():  # a Ctrl-C inside a fork would leave a rank not in `procs`
+                for c in configs:
+                    procs.append(_start_rank(c))
             hung = _wait(procs, Limits(start_by, start_s, timeout_s), Path(workdir))
             result = _read_result(Path(workdir), len(devices))
             if hung:

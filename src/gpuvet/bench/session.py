@@ -20,6 +20,8 @@ import threading
 import time
 from typing import IO, Any, Callable
 
+from .leftovers import signals_deferred
+
 START_TIMEOUT_S = 120  # importing a CUDA build of torch on a slow disk can take a minute
 CLOSE_WAIT_S = 2.0  # an idle worker exits as soon as its input closes; a busy one is not waited for
 TERM_GRACE_S = 1.0  # after SIGTERM, this long before SIGKILL
@@ -48,6 +50,26 @@ class Worker:
             else:
                 environ[name] = value
         self.stderr = tempfile.TemporaryFile(mode="w+")
+        started = False
+        try:
+            # Held back while it forks: a Ctrl-C landing inside Popen would otherwise leave a
+            # worker that this object never learnt of, running on after gpuvet (seen: 3 in 8).
+            with signals_deferred():
+                self._start(environ)
+                started = True
+            hello = self._next_message(start_timeout_s, "starting the benchmark worker")
+        except BaseException as err:  # Ctrl-C while torch imports: the worker must not outlive us
+            if started:
+                self.close(interrupted=not isinstance(err, WorkerError))
+            else:
+                self.stderr.close()
+            raise
+        if not hello.get("ready"):
+            self.close()
+            raise WorkerError(hello.get("error") or "the benchmark worker did not start")
+        self.info = hello
+
+    def _start(self, environ: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuvet.bench.worker"],
             stdin=subprocess.PIPE,
@@ -64,15 +86,6 @@ class Worker:
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.next_id = 0
-        try:
-            hello = self._next_message(start_timeout_s, "starting the benchmark worker")
-        except BaseException as err:  # Ctrl-C while torch imports: the worker must not outlive us
-            self.close(interrupted=not isinstance(err, WorkerError))
-            raise
-        if not hello.get("ready"):
-            self.close()
-            raise WorkerError(hello.get("error") or "the benchmark worker did not start")
-        self.info = hello
 
     def _read(self) -> None:
         for line in self.from_worker:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from ..bench.leftovers import scratch_dir
+from ..bench.leftovers import scratch_dir, signals_deferred
 from .cross_rank import CHILD_GRACE_S, FINISHED, CrossRankConfig, run_rank, transfer_step
 from .launch import Launch, interface_towards
 from .options import Options
@@ -72,9 +72,11 @@ def run_cross_node(plan: Plan, member: int, rendezvous: Rendezvous, options: Opt
                                pause_at=TEST_PAUSES.get(options.test_pause_at or ""),
                                backend_env={} if in_processes else _gloo_env(env))
                    for local in range(plan.ranks_per_node)]
-        ranks = [_start_rank_process(c, env) if in_processes else RankThread(c) for c in configs]
+        ranks: list[Any] = []
         stopped: set[int] = set()
         try:
+            with signals_deferred():  # a Ctrl-C inside a fork would leave a rank not in `ranks`
+                ranks.extend(_start_rank_process(c, env) if in_processes else RankThread(c) for c in configs)
             aborted = _watch_ranks(ranks, Path(workdir), plan, start_by, should_abort)
         finally:  # also on Ctrl-C: no rank may outlive the node
             stopped = _stop_ranks(ranks)
