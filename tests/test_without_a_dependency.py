@@ -71,3 +71,45 @@ def test_the_nvml_replay_without_pynvml_is_one_line_and_exit_2(env_without_pynvm
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == ("gpuvet: GPUVET_NVML_REPLAY needs nvidia-ml-py (`pip install nvidia-ml-py`): "
                                    "No module named 'pynvml'")
+
+
+@pytest.fixture
+def env_without_rich(tmp_path):
+    return env_without(tmp_path, "rich")
+
+
+@pytest.mark.parametrize("capture", ["smi_xml/quadro-p400-418.43.xml", "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"])
+def test_inspect_without_rich_prints_the_report_as_plain_text(env_without_rich, tmp_path, capture):
+    done = gpuvet(env_without_rich, tmp_path, "inspect", str(FIXTURES / capture))
+    assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr
+    assert "GPUs:" in done.stdout and "Problems" in done.stdout or "passed" in done.stdout
+    assert "[/" not in done.stdout and "[bold" not in done.stdout  # rich's markup is taken out, not printed
+
+
+def test_run_quick_without_rich_ends_with_its_verdict(env_without_rich, tmp_path):
+    done = gpuvet(env_without_rich, tmp_path, "run", "--quick", "--no-save")
+    assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr
+    assert done.stdout.rstrip().splitlines()[-1].split(":")[0] in ("PASS", "WARN", "FAIL")
+
+
+def test_what_only_rich_can_draw_says_so_in_one_line(env_without_rich, tmp_path):
+    env = {**env_without_rich, "GPUVET_DB": str(tmp_path / "runs.sqlite3")}
+    assert gpuvet(env, tmp_path, "import", str(FIXTURES / "records/cpu-quick.json")).returncode == 0
+    assert gpuvet(env, tmp_path, "history", "--json").returncode == 0  # the JSON needs no rich
+    for argv in (["watch", "--once"], ["history"]):
+        done = gpuvet(env, tmp_path, *argv)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "rich" in done.stderr
+
+
+def test_a_watch_log_reports_without_psutil_or_rich(tmp_path):
+    log = tmp_path / "watch.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "GPUVET_DB": str(tmp_path / "runs.sqlite3")}
+    written = gpuvet(env, tmp_path, "watch", "--once", "--no-ui", "--log", str(log))
+    assert written.returncode == 0 and log.exists(), written.stderr
+    for module in ("psutil", "rich"):
+        blocked = env_without(tmp_path / module, module)
+        for fmt in ("terminal", "md"):
+            done = gpuvet(blocked, tmp_path, "report", str(log), "--format", fmt)
+            assert done.returncode in (0, 1) and "Traceback" not in done.stderr, (module, done.stderr)
+            assert "watch" in done.stdout.lower()

@@ -11,8 +11,8 @@ import sys
 from datetime import datetime, timezone
 
 import click
-from rich.console import Console
 
+from ..console import Console
 from .. import __version__
 from ..private_file import write_private
 from ..record import SCHEMA, RecordError, RunRecord, exit_code

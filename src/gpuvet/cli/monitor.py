@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from .base import cli
+from ..console import HAVE_RICH
+from .base import UsageProblem, cli
 
 
 @cli.command("watch")
@@ -21,6 +22,8 @@ from .base import cli
 def watch_cmd(interval: float, pid: int | None, once: bool, as_json: bool, log_path: str | None,
               prometheus: str | None, no_ui: bool) -> None:
     """Live view of a running job: GPUs, host, and why it is slow."""
+    if not HAVE_RICH:
+        raise UsageProblem("gpuvet watch draws with rich, which cannot be imported (a broken install: pip install 'rich>=13')")
     from .. import watch
 
     sys.exit(watch.watch(interval_s=interval, pid=pid, once=once, as_json=as_json, log_path=log_path,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.markup import escape
 
+from ..console import Console, escape
 from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Diagnosis
 from .symptoms import SYMPTOMS
 

@@ -15,9 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
 
+from ..console import Console, escape
 from ..record import FAIL, PASS, SKIP, WARN
 from .numbers import number
 from .redact import HOST, Redactor

@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
+from ..console import HAVE_RICH, Console, escape
 from ..compare import KEY_FIGURES, Comparison, FindingRow, Row, Trend
 from .numbers import number
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN
 from ..store import RunSummary
+
+if HAVE_RICH:  # the tables need it; without it the CLI offers --json and Markdown instead
+    from rich.table import Table
 
 SCHEMA = "gpuvet.compare/1"
 STATUS_STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim", MEASURED: "cyan"}

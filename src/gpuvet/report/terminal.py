@@ -10,10 +10,8 @@ import re
 import sys
 from itertools import groupby
 
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
 
+from ..console import Console, escape, Text
 from ..facts import CaptureEntry, Machine
 from ..judge.gpu_xid import duration_text
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord

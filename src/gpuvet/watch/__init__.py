@@ -20,14 +20,43 @@ table, the job tree), host (host samples), gpu_extras (PCIe/NVLink, GPU process 
 --log), keys (the terminal), loop (`watch()` and the tick loop).
 """
 
-from .gpu_extras import GpuExtrasReader
-from .host import WORKER_MIN_CPU_PCT, HostReader, cpu_shares
-from .log import HOST_COLUMNS, JOB_COLUMNS, LOG_SCHEMA, WatchLog, gpu_facts, gpu_to_dict, parse_log, read_log, snapshot_to_dict
-from .loop import EXIT_OK, EXIT_USAGE, ONCE_GAP_S, run_loop, watch
-from .monitor import HOST_KEEP_S, SLOW_EVERY_S, Monitor
-from .processes import ProcessTable, ProcStat, descendants, parse_proc_stat, same_process
-from .snapshot import GpuExtras, GpuView, HostReading, JobReading, ProcessView, Snapshot, WorkerView
-from .view import render
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each name loads its module when first used: reading a log (gpuvet report, inspect) needs
+# neither psutil (host, processes) nor rich (view, loop), which a broken install may lack.
+_MODULE_OF = {name: module for module, names in {
+    "gpu_extras": ["GpuExtrasReader"],
+    "host": ["WORKER_MIN_CPU_PCT", "HostReader", "cpu_shares"],
+    "log": ["HOST_COLUMNS", "JOB_COLUMNS", "LOG_SCHEMA", "WatchLog", "gpu_facts", "gpu_to_dict", "parse_log", "read_log",
+            "snapshot_to_dict"],
+    "monitor": ["HOST_KEEP_S", "SLOW_EVERY_S", "Monitor"],
+    "processes": ["ProcessTable", "ProcStat", "descendants", "parse_proc_stat", "same_process"],
+    "snapshot": ["GpuExtras", "GpuView", "HostReading", "JobReading", "ProcessView", "Snapshot", "WorkerView"],
+    "loop": ["EXIT_OK", "EXIT_USAGE", "ONCE_GAP_S", "run_loop", "watch"],
+    "view": ["render"],
+}.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .gpu_extras import GpuExtrasReader
+    from .host import WORKER_MIN_CPU_PCT, HostReader, cpu_shares
+    from .log import HOST_COLUMNS, JOB_COLUMNS, LOG_SCHEMA, WatchLog, gpu_facts, gpu_to_dict, parse_log, read_log, snapshot_to_dict
+    from .loop import EXIT_OK, EXIT_USAGE, ONCE_GAP_S, run_loop, watch
+    from .monitor import HOST_KEEP_S, SLOW_EVERY_S, Monitor
+    from .processes import ProcessTable, ProcStat, descendants, parse_proc_stat, same_process
+    from .snapshot import GpuExtras, GpuView, HostReading, JobReading, ProcessView, Snapshot, WorkerView
+    from .view import render
 
 __all__ = [
     "EXIT_OK", "EXIT_USAGE", "HOST_COLUMNS", "HOST_KEEP_S", "JOB_COLUMNS", "LOG_SCHEMA", "ONCE_GAP_S", "SLOW_EVERY_S",
