@@ -18,6 +18,8 @@ try:
 except ImportError:  # the plain stand-ins below take their names
     HAVE_RICH = False
 
+RICH_MISSING = "rich, which cannot be imported (a broken install: pip install 'rich>=13')"
+
 # rich's markup tag ("[bold]", "[/]", "[cyan]"), with the backslashes that may escape it.
 _TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
 
@@ -80,4 +82,4 @@ if not HAVE_RICH:
     Text = _PlainText  # type: ignore[assignment,misc]
     escape = _plain_escape  # type: ignore[assignment]
 
-__all__ = ["HAVE_RICH", "Console", "Text", "escape"]
+__all__ = ["HAVE_RICH", "RICH_MISSING", "Console", "Text", "escape"]

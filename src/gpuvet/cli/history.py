@@ -10,7 +10,7 @@ from datetime import datetime
 
 import click
 
-from ..console import HAVE_RICH, Console
+from ..console import HAVE_RICH, RICH_MISSING, Console
 from .. import runner
 from ..compare import compare as compare_runs
 from ..compare import entry, find_run, history_trend, with_prices
@@ -30,8 +30,7 @@ _redact = click.option("--redact", is_flag=True, help="Remove hostnames, serials
 def _console() -> Console:
     """The console the history and compare tables are drawn on (by rich)."""
     if not HAVE_RICH:
-        raise UsageProblem("this table is drawn by rich, which cannot be imported (a broken install: "
-                           "pip install 'rich>=13'); --json works without it")
+        raise UsageProblem(f"this table is drawn by {RICH_MISSING}; --json works without it")
     return terminal.stdout_console()
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..console import HAVE_RICH
+from ..console import HAVE_RICH, RICH_MISSING
 from .base import UsageProblem, cli
 
 
@@ -23,7 +23,7 @@ def watch_cmd(interval: float, pid: int | None, once: bool, as_json: bool, log_p
               prometheus: str | None, no_ui: bool) -> None:
     """Live view of a running job: GPUs, host, and why it is slow."""
     if not HAVE_RICH:
-        raise UsageProblem("gpuvet watch draws with rich, which cannot be imported (a broken install: pip install 'rich>=13')")
+        raise UsageProblem(f"gpuvet watch draws with {RICH_MISSING}")
     from .. import watch
 
     sys.exit(watch.watch(interval_s=interval, pid=pid, once=once, as_json=as_json, log_path=log_path,
