@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuvet import catalog, doctor, judge
-from gpuvet.report import checklist
+from gpuvet import actions, catalog, doctor, judge
+from gpuvet.report import catalog_view, checklist
 
 from cli_runner import gpuvet
 
@@ -79,27 +79,22 @@ def test_doctor_and_the_checklist_cite_only_catalogued_ids():
     assert all(any(i.startswith(f[:-1]) for i in catalog.BY_ID) for f in families)
 
 
-def _readme_ids() -> set[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## The checks", 1)[1].split("\n## ", 1)[0]
-    ids: set[str] = set()
-    for row in section.splitlines():
-        if not row.startswith("| `"):
-            continue
-        for cell_id in re.findall(r"`([a-z_]+\.[a-z0-9_*./<>]+)`", row.split("|")[1]):
-            area, names = cell_id.split(".", 1)
-            for name in names.split("/"):
-                if name == "*":
-                    ids |= {i for i in catalog.BY_ID if i.startswith(f"{area}.")}
-                elif name == "<state>":
-                    ids |= {c.id for c in catalog.CHECKS if c.rule == "diagnose.watch_findings" and c.id != "watch.diagnosis"}
-                else:
-                    ids.add(f"{area}.{name}")
-    return ids
+def test_the_readme_check_tables_are_the_catalogues():
+    # Made from the catalogue, never written twice: refresh with the command the marker names.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert catalog_view.README_BEGIN in readme and catalog_view.README_END in readme
+    assert catalog_view.with_readme_tables(readme, catalog.CHECKS) == readme, (
+        "README's check tables differ from the catalogue: python -m gpuvet.report.catalog_view --readme README.md")
+    for check in catalog.CHECKS:  # every check a row, with its levels and action
+        assert f"| `{check.id}` |" in readme and f"| `{check.action}` |" in readme
 
 
-def test_the_readme_check_tables_name_exactly_the_catalogue():
-    assert _readme_ids() == set(catalog.BY_ID)
+def test_every_check_names_its_levels_and_an_action_remediators_know():
+    assert {c.action for c in catalog.CHECKS} <= set(actions.NAMES)
+    assert catalog.at_level(catalog.HEALTH) == tuple(judge.HEALTH_RULES)
+    quick = set(catalog.at_level(catalog.QUICK))
+    assert "gpu.ecc" in quick and "gpu.gemm" not in quick  # facts at every level, benchmarks at run and soak
+    assert "gpu.gemm" in catalog.at_level(catalog.SOAK) and "gpu.isolation" not in catalog.at_level(catalog.HEALTH)
 
 
 def test_benchmark_lists_are_the_catalogue():

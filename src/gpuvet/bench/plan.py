@@ -112,7 +112,7 @@ def cannot_run(machine: Machine, device: str) -> str | None:
     """Why no GPU benchmark can run here (None: they can)."""
     torch = machine.stack.torch if machine.stack else None
     if torch is None or not torch.installed:
-        from ..judge.stack import torch_install
+        from ..specs.torch_wheels import torch_install
 
         pip = f"{sys.executable} -m pip"  # the environment gpuvet runs in, by path: it works when pasted
         return f"PyTorch is not installed: {torch_install(machine, pip)}; gpuvet never installs or replaces it for you"

@@ -10,7 +10,7 @@ import click
 
 from ..fleet import health as fleet_health
 from ..fleet import kubernetes, slurm
-from ..judge import HEALTH_RULES
+from .. import catalog
 from ..judge.health import EXIT_CODES, HEALTHY, PROBLEM
 from ..probe import live
 from ..probe.errors import CaptureError
@@ -34,7 +34,7 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
 @click.option("--gpu-deadline", type=click.FloatRange(min=0.1, max=60), default=live.HEALTH_BUDGETS_S["gpu"],
               show_default=True, metavar="S",
               help="Seconds NVML may take before the GPU probe counts as hung (a finding, exit 1).")
-@click.option("--skip", "skipped", multiple=True, type=click.Choice(sorted(HEALTH_RULES)), metavar="CHECK",
+@click.option("--skip", "skipped", multiple=True, type=click.Choice(sorted(catalog.at_level(catalog.HEALTH))), metavar="CHECK",
               help="Leave this check out (repeatable), e.g. gpu.power_limit on a fleet capped on purpose.")
 @xid_window_option(duration_text(HEALTH_WINDOW_S).replace(" ", ""),
                    f"{duration_text(HEALTH_WINDOW_S)}, as Azure's health checks judge Xids, so a reset GPU stops failing")

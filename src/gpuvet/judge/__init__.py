@@ -35,63 +35,33 @@ from . import (
     stack_runtime,
     workload,
 )
-from .common import Context, finding
+from .common import Context, finding, settled_action
 
 Rule = Callable[[Context], list[Finding]]
 
-# Check id -> rule, in the order a report lists them. Ids are stable: scripts depend on them.
-RULES: dict[str, Rule] = {
-    "gpu.model": gpu_identity.check_model,
-    "gpu.uniform": gpu_identity.check_uniform,
-    "gpu.isolation": gpu_health.check_isolation,
-    "gpu.power_limit": gpu_power.check_power_limit,
-    "gpu.pcie_link": gpu_links.check_pcie_link,
-    "gpu.pcie_under_load": gpu_pcie.check_pcie_under_load,
-    "gpu.pcie_driver_view": gpu_pcie.check_pcie_driver_view,
-    "gpu.nvlink": gpu_links.check_nvlink,
-    "gpu.throttle": gpu_power.check_throttle,
-    "gpu.temperature": gpu_power.check_temperature,
-    "gpu.ecc": gpu_health.check_ecc,
-    "gpu.xid": gpu_xid.check_xid,  # the kernel log since boot (live, or a dmesg/journalctl capture)
-    "gpu.link_errors": gpu_signals.check_link_errors,
-    "gpu.fabric": gpu_signals.check_fabric,
-    "gpu.recovery": gpu_signals.check_recovery,
-    "gpu.throttle_history": gpu_signals.check_throttle_history,
-    "gpu.persistence": gpu_signals.check_persistence,
-    "gpu.trend": gpu_trend.check_trend,  # monitoring loops given to `inspect` (dmon, --query-gpu -l)
-    # Benchmarks: only when the run planned them (record.options["benchmarks"]).
-    "gpu.gemm": gpu_bench.check_gemm,
-    "gpu.correctness": gpu_bench.check_correctness,
-    "gpu.memory_bandwidth": gpu_bench.check_memory_bandwidth,
-    "gpu.pcie_bandwidth": gpu_bench.check_pcie_bandwidth,
-    "gpu.context_init": gpu_bench.check_context_init,
-    "gpu.kernel_launch": gpu_bench.check_kernel_launch,
-    "gpu.sustained": gpu_sustained.check_sustained,
-    "gpu.p2p": gpu_multi.check_p2p,
-    "gpu.allreduce": gpu_multi.check_allreduce,
-    "cpu.benchmarks": cpu_bench.check_cpu_benchmarks,
-    "workload.throughput": workload.check_throughput,
-    "workload.checkpoint": workload.check_checkpoint,
-    "workload.resume": workload.check_resume,
-    "stack.driver_cuda": stack.check_driver_cuda,
-    "stack.arch_support": stack.check_arch_support,
-    "stack.peermem": stack_runtime.check_peermem,
-    "stack.nccl": stack_runtime.check_nccl,
-    "stack.container_runtime": stack_runtime.check_container_runtime,
-    "stack.toolkit": stack.check_toolkit,
-    "host.cpu": host.check_cpu,
-    "host.shm": host.check_shm,
-    "host.steal": host.check_steal,
-    "host.somaxconn": host.check_somaxconn,
-    "host.preemptible": host.check_preemptible,
-    "storage.workdir": host.check_workdir,
-    "storage.persistence": host.check_persistence,
-    "storage.io": host_io.check_storage,  # storage.write / read / random_read / small_files per path
-    "storage.shared": host_io.check_shared_storage,
-    "net": host_io.check_network,  # net.loopback, net.nics, net.rdma, net.node_to_node
-    "host.cpu_feed": feed.check_cpu_feed,
-    "env.audit": env.check_environment,  # env.exposed_servers, env.ssh_login, ... (gpuvet run only)
-}
+# Check id -> rule, in the catalogue's order (the order a report lists them), one entry per rule:
+# a rule that makes several ids (net.*, env.*, storage.*) is keyed by the first of them. Made from
+# the catalogue, where each check names its rule as "module.function" of this package.
+_MODULES = {module.__name__.rsplit(".", 1)[-1]: module for module in (
+    cpu_bench, env, feed, gpu_bench, gpu_health, gpu_identity, gpu_links, gpu_multi, gpu_pcie, gpu_power,
+    gpu_signals, gpu_sustained, gpu_xid, gpu_trend, health, host, host_io, stack, stack_runtime, workload)}
+
+
+def rule_of(check: catalog.Check) -> Rule:
+    """The function the catalogue names as the check's rule."""
+    module, _, name = check.rule.partition(".")
+    return getattr(_MODULES[module], name)
+
+
+def _rules(checks: list[catalog.Check]) -> dict[str, Rule]:
+    rules: dict[str, Rule] = {}
+    for check in checks:
+        if check.rule not in (catalog.BY_ID[key].rule for key in rules):
+            rules[check.id] = rule_of(check)
+    return rules
+
+
+RULES: dict[str, Rule] = _rules([c for c in catalog.CHECKS if catalog.RUN in c.levels])
 
 # Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks
 # explain their own absence (bench.<name> notes), so they are not in this set.
@@ -107,9 +77,8 @@ def judge(machine: Machine, measurements: list[Measurement] | None = None,
     return findings
 
 
-# `gpuvet health`: the passive checks that hold on a busy node, then its own two.
-HEALTH_RULES: dict[str, Rule] = {**{check: RULES[check] for check in health.HEALTH_CHECKS},
-                                 "gpu.reachable": health.check_reachable, "health.probe": health.check_probes}
+# `gpuvet health`: the passive checks that hold on a busy node (the catalogue marks them), then its own.
+HEALTH_RULES: dict[str, Rule] = {c.id: rule_of(c) for c in catalog.CHECKS if catalog.HEALTH in c.levels}
 
 
 def judge_health(machine: Machine, options: Mapping[str, Any] | None = None) -> list[Finding]:
@@ -162,6 +131,7 @@ def _judged_or_measured(f: Finding) -> Finding:
     if f.status == PASS and not (e.measured and e.expected and e.source):
         f.status = MEASURED
         f.summary += " (no expectation to judge it against: measured, not judged)"
+        f.action = settled_action(f.check, f.status, f.action)
     return f
 
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import actions, catalog
 from ..facts import Gpu, Machine
 from ..occupancy import NO_CONTEXT_MIB, holds_no_context  # noqa: F401 (whether a CUDA context is on a GPU: run's rule too)
 from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
@@ -38,8 +39,18 @@ def finding(
     expected: str | None = None,
     source: str | None = None,
     remedy: str | None = None,
+    action: str | None = None,
 ) -> Finding:
-    return Finding(check, subject, status, summary, Evidence(measured, expected, source), remedy)
+    """A finding, with the action a remediator takes: the rule's `action`, else the catalogue's
+    default for the check, kept only where it failed or warned (actions.for_status)."""
+    return Finding(check, subject, status, summary, Evidence(measured, expected, source), remedy,
+                   settled_action(check, status, action))
+
+
+def settled_action(check: str, status: str, action: str | None = None) -> str:
+    """The action a finding of this check and status carries (see finding())."""
+    entry = catalog.BY_ID.get(check)
+    return actions.for_status(action or (entry.action if entry else actions.NONE), status)
 
 
 def why_missing(obj: Any, path: str, default: str = "not reported") -> str:

@@ -1,4 +1,4 @@
-"""`gpuvet health`: which passive checks a fleet health check runs, the ones only it needs (are
+"""`gpuvet health`: the checks only a fleet health check needs (are
 all the GPUs still answering; did a probe hang), and what the whole answer is for a scheduler:
 healthy, a problem, or could not tell (node-problem-detector's OK / NonOK / Unknown)."""
 
@@ -7,15 +7,6 @@ from __future__ import annotations
 from ..facts import Gpu, Machine
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, Context, finding, subject
-
-# The checks of `gpuvet run --quick` that stay true on a node busy with someone's job. Left out:
-# gpu.isolation (a running job's processes and memory are the point of the node, not a fault),
-# gpu.uniform (a configuration difference is an acceptance question, not a reason to drain),
-# host.*, storage.*, net.*, stack.* and env.* (not GPU health, and some read for seconds).
-# gpu.xid judges the kernel log's last 2 h here (fleet/health.py passes gpu_xid.HEALTH_WINDOW_S;
-# `--xid-window`): the log keeps a fatal Xid until reboot, long after a GPU reset mended it.
-HEALTH_CHECKS = ("gpu.model", "gpu.power_limit", "gpu.pcie_link", "gpu.pcie_driver_view", "gpu.nvlink", "gpu.throttle",
-                 "gpu.temperature", "gpu.ecc", "gpu.xid")
 
 HEALTHY, PROBLEM, UNKNOWN = "healthy", "problem", "unknown"
 # node-problem-detector's custom plugin protocol (pkg/custompluginmonitor/types: OK 0, NonOK 1,

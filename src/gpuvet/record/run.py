@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict, TypeGuard
 
 from .. import __version__
+from ..actions import NAMES as ACTION_NAMES
 from ..facts import Machine, from_dict, to_dict
 from ..untrusted_text import clean_strings
 from .details import details_type
@@ -55,6 +56,9 @@ class Finding:
     summary: str  # one line a person reads
     evidence: Evidence = field(default_factory=Evidence)
     remedy: str | None = None  # the command that fixes or confirms it
+    # What a remediator does (gpuvet.actions): none unless it failed or warned; None in a record
+    # written before gpuvet named actions.
+    action: Annotated[str, OneOf(ACTION_NAMES)] | None = None
 
 
 @dataclass
