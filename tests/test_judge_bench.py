@@ -80,20 +80,28 @@ def synthetic_h100_pcie():
     return m
 
 
-@pytest.mark.parametrize("bf16, status", [(600.0, "pass"), (530.0, "warn"), (450.0, "fail")])
-def test_synthetic_model_without_a_best_is_judged_against_one_estimated_from_its_chip(bf16, status):
+@pytest.mark.parametrize("bf16, status", [(600.0, "measured"), (450.0, "measured"), (170.0, "fail")])
+def test_synthetic_model_nobody_measured_is_judged_as_measured_with_only_a_floor(bf16, status):
+    # Issue 24: the H100 PCIe (350 W) was held to the SXM's 0.80 best/peak ratio, which nobody
+    # measured on it. Now only a rate under a quarter of its 756 dense peak fails.
     f = results(synthetic_h100_pcie(), gemm("gpu0", bf16), "gpu.gemm", ["gemm"])["gpu0"]
-    assert f.status == status  # 450 is 60% of the 756 dense peak: a pass under the old loose rule
-    assert "estimated from H100-SXM5-80GB's measured best/peak ratio (794.5/989 = 0.80, same GH100 chip)" in f.summary
-    assert f.evidence.expected == "bf16 >= 90% of 607.3 TFLOPS"
-    assert f.evidence.source.startswith("estimated: ") and "bf16_tensor_tflops_dense" in f.evidence.source
+    assert f.status == status
+    assert "of the 756 dense peak (nobody published a measured figure for this model: judged as measured" in f.summary
+    assert f.evidence.expected == "bf16 >= 25% of the 756 TFLOPS dense peak"
+    assert (f.remedy is None) == (status == "measured")
 
 
-def test_gemm_without_a_measured_best_is_judged_loosely_against_the_peak():
+def test_gemm_of_a_model_with_a_published_figure_is_judged_loosely_against_it():
     m = machine("smi_text/q-8x-rtx4090-all-idle-535.154.05.txt")
-    figures = [x for i in range(8) for x in gemm(f"gpu{i}", 150.0)]  # ~91% of 165.2: healthy
+    # 150 TFLOPS: 88% of the 170.06 bf16 a torch test measured on an RTX 4090 (zzc0721, the
+    # row's other_measured_matmul_tflops), 91% of the 165.2 dense peak: healthy.
+    figures = [x for i in range(8) for x in gemm(f"gpu{i}", 150.0)]
     found = results(m, figures, "gpu.gemm", ["gemm"])
-    assert {f.status for f in found.values()} == {"pass"} and "dense peak" in found["gpu0"].summary
+    assert {f.status for f in found.values()} == {"pass"}
+    assert "88% of the 170.06 published for NVIDIA GeForce RTX 4090, judged loosely" in found["gpu0"].summary
+    assert "91% of the 165.2 dense peak" in found["gpu0"].evidence.measured
+    slow = [x for i in range(8) for x in gemm(f"gpu{i}", 100.0)]  # 59% of it: a slow box
+    assert {f.status for f in results(m, slow, "gpu.gemm", ["gemm"]).values()} == {"fail"}
 
 
 def test_one_gpu_well_below_its_box_fails_even_when_all_pass_the_spec():

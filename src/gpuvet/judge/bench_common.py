@@ -4,8 +4,12 @@ and comparing a GPU with the others in the same box."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
+from typing import Any
 
+from ..facts import Gpu
 from ..record import Finding, Measurement, Valued, has_value
+from ..specs.reference import Reference
 from .common import FAIL, SKIP, Context, finding
 
 # A failure reason that points at the machine (a hang, a CUDA or NCCL error), not at gpuvet.
@@ -64,3 +68,41 @@ def worst(*statuses: str | None) -> str:
     order = {"fail": 3, "warn": 2, "pass": 1, "measured": 0, "skip": 0}
     present = [s for s in statuses if s]
     return max(present, key=lambda s: order[s]) if present else "pass"
+
+
+MIG_MEMORY_SLICES = 8  # A100/H100/H200/B200 split their memory (and its bandwidth) in eighths
+
+
+@dataclass(frozen=True)
+class MigSlice:
+    """The share of the whole GPU a MIG slice holds: compute by its SMs, memory bandwidth by its
+    memory slices; None where it cannot be told (the slice is then judged as measured)."""
+
+    compute: float | None
+    memory: float | None
+    words: str
+
+
+def mig_slice(gpu: Gpu, ref: Reference | None, details: dict[str, Any]) -> MigSlice | None:
+    """None on a whole GPU. The benchmark records the CUDA device's SMs and memory (details
+    "device"); an older record falls back to the GPU's MIG devices when they are all one size."""
+    if not gpu.mig_enabled:
+        return None
+    recorded = details.get("device")
+    device: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    sizes = {(m.sm_count, m.memory_total_mib) for m in gpu.mig_devices}
+    only = next(iter(sizes)) if len(sizes) == 1 else (None, None)
+    sms, memory_mib = device.get("sm_count") or only[0], device.get("memory_total_mib") or only[1]
+    whole_sms = ref.number("sm_count") if ref else None
+    compute = min(1.0, sms / whole_sms) if sms and whole_sms else None
+    memory = None
+    if memory_mib and gpu.memory_total_mib:
+        eighths = max(1, min(MIG_MEMORY_SLICES, round(MIG_MEMORY_SLICES * memory_mib / gpu.memory_total_mib)))
+        memory = eighths / MIG_MEMORY_SLICES
+    if compute is None:
+        return MigSlice(None, memory, "a MIG slice of unknown size (several sizes on this GPU, the benchmark did not "
+                                      "record its device's SMs): judged as measured")
+    words = f"a MIG slice of {sms} of {whole_sms:.0f} SMs"
+    if memory is not None:
+        words += f" and {memory * MIG_MEMORY_SLICES:.0f}/{MIG_MEMORY_SLICES} of the memory"
+    return MigSlice(compute, memory, words)

@@ -4,15 +4,13 @@ gpu.kernel_launch."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from ..facts import Gpu
 from ..record import MEASURED, Finding, has_value
-from .bench_common import against_box, box_median, measured, not_measured, one, planned, worst
+from .bench_common import against_box, box_median, measured, mig_slice, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_links import GBS_PER_LANE
-from ..specs import reference
 from ..specs.reference import Reference
 
 DTYPE_PEAK = {"fp32": "fp32_tflops", "tf32": "tf32_tensor_tflops_dense", "fp16": "fp16_tensor_tflops_dense",
@@ -27,10 +25,15 @@ BEST_WARN, BEST_FAIL = 0.92, 0.80
 # CUBLAS_STATUS_NOT_SUPPORTED, out of memory) is a limit of the software, not the hardware.
 _GPU_FAULTS = ("illegal memory access", "illegal instruction", "ECC", "Xid", "unspecified launch failure",
                "misaligned address", "uncorrectable", "hardware", "launch timed out")
-# A model without a measured best gets one estimated from a model of the same chip that has one
-# (its best/peak ratio times this model's peak): an estimate, so judged with more room.
-ESTIMATE_WARN, ESTIMATE_FAIL = 0.90, 0.75
-PEAK_WARN, PEAK_FAIL = 0.60, 0.45
+# A model's own figure measured another way than mamf-finder (one shape, a hand kernel, a torch
+# test: the row's other_measured_matmul_tflops) is a floor more than a best: judged loosely. It is
+# what a SKU whose tensor rate firmware caps (H20: 89.5 of a 148 dense peak) really reaches.
+PUBLISHED_WARN, PUBLISHED_FAIL = 0.80, 0.65
+# A model nobody published a measured figure for is judged as measured, against this machine's
+# other GPUs; only a figure below this share of its dense peak fails: no healthy GPU lands there
+# (the lowest measured share in the table is the firmware-capped H20's 60%; power-capped T4 and L4
+# boards reach well over a third).
+PEAK_FLOOR = 0.25
 BOX_WARN, BOX_FAIL = 0.92, 0.85
 CONFIRM_GEMM = ("check gpu.power_limit and gpu.throttle; watch clocks while it runs: "
                 "`nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv -l 1`; rerun `gpuvet bench gemm`")
@@ -38,54 +41,34 @@ CONFIRM_GEMM = ("check gpu.power_limit and gpu.throttle; watch clocks while it r
 
 @dataclass(frozen=True)
 class Achievable:
-    """The best figure a healthy GPU of this model reaches for a dtype: measured, or estimated."""
+    """The figure a healthy GPU of this model reaches for a dtype, measured by mamf-finder or
+    published another way, scaled to a MIG slice's share of the SMs."""
 
     tflops: float
-    measured: bool
+    kind: str  # "best" (mamf-finder) or "published"
     words: str  # how the summary names it
     source: str
     warn_below: float
     fail_below: float
 
 
-def achievable(ref: Reference | None, dtype: str) -> Achievable | None:
+def achievable(ref: Reference | None, dtype: str, share: float = 1.0) -> Achievable | None:
     column = DTYPE_BEST.get(dtype)
-    if ref is None or column is None:
+    if ref is None or column is None and dtype not in DTYPE_PEAK:
         return None
-    best = ref.number(column)
-    if best:
-        return Achievable(best, True, f"the best measured for {ref.name} ({best:g})", ref.cite(column),
+    scaled = "" if share == 1.0 else f", x {100 * share:.0f}% for the slice"
+    best = ref.number(column) if column else None
+    if column and best:
+        return Achievable(best * share, "best", f"the best measured for {ref.name} ({best:g}{scaled})", ref.cite(column),
                           BEST_WARN, BEST_FAIL)
-    peak = ref.number(DTYPE_PEAK[dtype])
-    sibling = _same_chip_ratio(ref.id, dtype)
-    if not peak or sibling is None:
+    published = ref.published_matmul(dtype)
+    if published is None:
         return None
-    ratio, basis = sibling
-    estimate = peak * ratio
-    return Achievable(estimate, False, f"the ~{estimate:.0f} estimated from {basis}",
-                      f"estimated: {basis} times {ref.id}'s {peak:g} dense peak; {ref.cite(DTYPE_PEAK[dtype])}",
-                      ESTIMATE_WARN, ESTIMATE_FAIL)
-
-
-@functools.cache
-def _same_chip_ratio(ref_id: str, dtype: str) -> tuple[float, str] | None:
-    """The lowest measured best/peak ratio among models of the same chip (lowest: an estimate must
-    never call a healthy card slow), with the words that say where it comes from. Same chip, not
-    same architecture: GA102 boards (A10, A40) reach far less of their listed peak than GA100."""
-    this = reference.by_id(ref_id)
-    chip = (this.row.get("chip") or "").strip() if this else ""
-    if not chip:
-        return None
-    column, peak_column = DTYPE_BEST[dtype], DTYPE_PEAK[dtype]
-    ratios = []
-    for other in reference.all_references():
-        best, peak = other.number(column), other.number(peak_column)
-        if other.id != ref_id and best and peak and (other.row.get("chip") or "").strip() == chip:
-            ratios.append((best / peak, other.id, best, peak))
-    if not ratios:
-        return None
-    ratio, other_id, best, peak = min(ratios)
-    return ratio, f"{other_id}'s measured best/peak ratio ({best:g}/{peak:g} = {ratio:.2f}, same {chip} chip)"
+    stand_in = f" ({published.dtype}: the same tensor rate)" if published.dtype != dtype else ""
+    return Achievable(published.tflops * share, "published",
+                      f"the {published.tflops:g}{stand_in} published for {ref.name}{scaled}, judged loosely",
+                      f"{ref.cite('other_measured_matmul_tflops')}; the cell: {published.text}",
+                      PUBLISHED_WARN, PUBLISHED_FAIL)
 
 
 def check_gemm(ctx: Context) -> list[Finding]:
@@ -102,17 +85,18 @@ def _gemm(ctx: Context, gpu: Gpu) -> Finding:
         return not_measured(ctx, "gemm", "gpu.gemm", s)
     ref = ctx.ref(gpu)
     primary = next(d for d in PRIMARY + tuple(rates) if d in rates)
-    listing = "; ".join(f"{d} {m.value:.1f}" + _shares(ref, d, m.value) for d, m in rates.items())
+    mig = mig_slice(gpu, ref, rates[primary].details)
+    share = mig.compute if mig else 1.0
+    listing = "; ".join(f"{d} {m.value:.1f}" + _shares(ref, d, m.value, share or 1.0) for d, m in rates.items())
     measured_text = f"TFLOPS: {listing}; {primary} shape {rates[primary].details.get('shape')}"
-    # Every dtype with a best figure is judged against it, the primary one loosely against its peak
-    # when it has none; the worst decides.
-    judged = []
-    for dtype in sorted(rates, key=lambda d: d != primary):
-        best = achievable(ref, dtype)
-        if best:
-            judged.append(_against_best(dtype, rates[dtype].value, best))
-        elif dtype == primary:
-            judged.append(_against_peak(ref, gpu, dtype, rates[dtype].value))
+    if mig:
+        measured_text += f"; {mig.words}"
+    # Every dtype with a measured figure is judged against it, the primary one against its peak
+    # when it has none; the worst decides. A slice of unknown size is only measured.
+    judged = [_Judged(MEASURED, f"{primary} {rates[primary].value:.1f} TFLOPS on {mig.words if mig else 'a MIG slice'}")]
+    if share is not None:
+        judged = [j for j in (_judged_dtype(ref, gpu, dtype, rates[dtype].value, share, dtype == primary)
+                              for dtype in sorted(rates, key=lambda d: d != primary)) if j]
     status = worst(*(j.status for j in judged))
     words = "; ".join(j.words for j in judged)
     box, box_words = against_box(rates[primary].value, box_median(ctx, f"gemm.{primary}"), BOX_WARN, BOX_FAIL)
@@ -122,7 +106,14 @@ def _gemm(ctx: Context, gpu: Gpu) -> Finding:
     return finding("gpu.gemm", s, status, words, measured=measured_text,
                    expected="; ".join(j.expected for j in judged if j.expected) or None,
                    source=" | ".join(dict.fromkeys(j.source for j in judged if j.source)) or None,
-                   remedy=CONFIRM_GEMM if status != PASS else None)
+                   remedy=CONFIRM_GEMM if status in (WARN, FAIL) else None)
+
+
+def _judged_dtype(ref: Reference | None, gpu: Gpu, dtype: str, value: float, share: float, primary: bool) -> _Judged | None:
+    best = achievable(ref, dtype, share)
+    if best:
+        return _against_best(dtype, value, best)
+    return _against_peak(ref, gpu, dtype, value, share) if primary else None
 
 
 @dataclass(frozen=True)
@@ -140,26 +131,31 @@ def _against_best(dtype: str, value: float, best: Achievable) -> _Judged:
                    f"{dtype} >= {100 * best.warn_below:.0f}% of {best.tflops:.4g} TFLOPS", best.source)
 
 
-def _against_peak(ref: Reference | None, gpu: Gpu, dtype: str, value: float) -> _Judged:
-    peak = ref.number(DTYPE_PEAK[dtype]) if ref and dtype in DTYPE_PEAK else None
-    if ref is None or not peak:
-        return _Judged(PASS, f"{dtype} {value:.1f} TFLOPS (no reference figure for {gpu.name or 'this GPU'})")
-    share = value / peak
-    status = PASS if share >= PEAK_WARN else WARN if share >= PEAK_FAIL else FAIL
-    return _Judged(status, f"{dtype} {value:.1f} TFLOPS = {100 * share:.0f}% of the {peak:g} dense peak "
-                           "(no measured best for this model: judged loosely)",
-                   f"{dtype} >= {100 * PEAK_WARN:.0f}% of the {peak:g} TFLOPS dense peak", ref.cite(DTYPE_PEAK[dtype]))
+def _against_peak(ref: Reference | None, gpu: Gpu, dtype: str, value: float, share: float) -> _Judged:
+    """No measured figure for this model: what it reached of its dense peak, as measured; only a
+    rate no healthy GPU shows fails."""
+    whole = ref.number(DTYPE_PEAK[dtype]) if ref and dtype in DTYPE_PEAK else None
+    if ref is None or not whole:
+        return _Judged(MEASURED, f"{dtype} {value:.1f} TFLOPS (no reference figure for {gpu.name or 'this GPU'})")
+    peak = whole * share
+    of_peak = value / peak
+    status = FAIL if of_peak < PEAK_FLOOR else MEASURED
+    slice_words = "" if share == 1.0 else f" x {100 * share:.0f}% for the slice"
+    return _Judged(status, f"{dtype} {value:.1f} TFLOPS = {100 * of_peak:.0f}% of the {whole:g}{slice_words} dense peak "
+                           "(nobody published a measured figure for this model: judged as measured, against this "
+                           f"machine's other GPUs; under {100 * PEAK_FLOOR:.0f}% of the peak fails)",
+                   f"{dtype} >= {100 * PEAK_FLOOR:.0f}% of the {peak:.4g} TFLOPS dense peak", ref.cite(DTYPE_PEAK[dtype]))
 
 
-def _shares(ref, dtype: str, value: float) -> str:
+def _shares(ref, dtype: str, value: float, share: float) -> str:
     """" (79% of the 989 dense peak, 98% of best 794.5)": the figures a reader compares with."""
     parts = []
     peak = ref.number(DTYPE_PEAK[dtype]) if ref and dtype in DTYPE_PEAK else None
     if peak:
-        parts.append(f"{100 * value / peak:.0f}% of the {peak:g} dense peak")
-    a = achievable(ref, dtype)
+        parts.append(f"{100 * value / (peak * share):.0f}% of the {peak * share:.4g} dense peak")
+    a = achievable(ref, dtype, share)
     if a:
-        parts.append(f"{100 * value / a.tflops:.0f}% of {'best' if a.measured else 'estimated best'} {a.tflops:.4g}")
+        parts.append(f"{100 * value / a.tflops:.0f}% of {'best' if a.kind == 'best' else 'published'} {a.tflops:.4g}")
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -215,18 +211,25 @@ def check_memory_bandwidth(ctx: Context) -> list[Finding]:
         ref = ctx.ref(gpu)
         spec = ref.number("mem_bandwidth_gbs") if ref else None
         words, status, expected, source = f"device copy {m.value:.0f} GB/s (read + write counted)", PASS, None, None
+        mig = mig_slice(gpu, ref, m.details)
+        if mig and mig.memory is None:
+            spec, status = None, MEASURED
+            words += f"; {mig.words}"
         if ref is not None and spec:
-            share = m.value / spec
+            portion = mig.memory if mig and mig.memory else 1.0
+            share = m.value / (spec * portion)
             status = PASS if share >= 0.75 else WARN if share >= 0.55 else FAIL
-            words += f" = {100 * share:.0f}% of the {spec:g} GB/s spec"
-            expected, source = f">= 75% of {spec:g} GB/s (healthy HBM/GDDR copies reach 80-92%)", ref.cite("mem_bandwidth_gbs")
+            of = f"{spec:g} GB/s spec" if portion == 1.0 else f"{spec * portion:.0f} GB/s its slice holds ({mig.words if mig else ''} of {spec:g} GB/s)"
+            words += f" = {100 * share:.0f}% of the {of}"
+            expected, source = (f">= 75% of {spec * portion:.0f} GB/s (healthy HBM/GDDR copies reach 80-92%)",
+                                ref.cite("mem_bandwidth_gbs"))
         box, box_words = against_box(m.value, median, 0.90, 0.80)
         if box:
             words += f"; {box_words}"
         status = worst(status, box)
         findings.append(finding("gpu.memory_bandwidth", s, status, words, measured=f"{m.value:.0f} GB/s, {m.details.get('bytes_counted', '')}",
                                 expected=expected, source=source,
-                                remedy=None if status == PASS else "check clocks and throttling under load; rerun `gpuvet bench membw`"))
+                                remedy=None if status in (PASS, MEASURED) else "check clocks and throttling under load; rerun `gpuvet bench membw`"))
     return findings
 
 
@@ -251,7 +254,7 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
         if carry:
             share = min(h2d.value, d2h.value) / carry
             status = PASS if share >= 0.65 else WARN if share >= 0.40 else FAIL
-            words += f" = {100 * share:.0f}% of what {link} carries (~{carry:.0f} GB/s)"
+            words += f" = {100 * share:.0f}% of what {link}"
             expected = f">= 65% of ~{carry:.0f} GB/s (healthy links reach 80-90%)"
             ref = ctx.ref(gpu)
             if ref and "reference" in link:
@@ -273,19 +276,24 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
 
 
 def _expected_link(gen: int | None, width: int | None, under_load: bool, ref: Reference | None) -> tuple[str, float | None]:
-    """What the link should carry: the link as read, or the model's own link (reference gen and
-    lanes) when that is wider or faster. A link the slot or a virtualization layer cut to x8 is
-    judged against what the card was built to move, so a halved link cannot pass at 90% of x8."""
+    """What the link should carry: the generation as read (a Gen5 card in a Gen4 host moves Gen4
+    rates, healthy; the short slot is gpu.pcie_link's to say), over the model's own lanes when the
+    link as read is narrower: a link the slot or a virtualization layer cut to x8 is judged against
+    what the card was built to move, so a halved link cannot pass at 90% of x8."""
     read = GBS_PER_LANE[gen] * width if gen in GBS_PER_LANE and width else None
     ref_gen, ref_lanes = (ref.number("pcie_gen"), ref.number("pcie_lanes")) if ref else (None, None)
-    model = GBS_PER_LANE[int(ref_gen)] * ref_lanes if ref_gen and int(ref_gen) in GBS_PER_LANE and ref_lanes else None
-    if ref is not None and ref_gen and ref_lanes and model and (read is None or model > read * 1.01):
-        words = f"the {ref.id}'s own Gen{int(ref_gen)} x{int(ref_lanes)} link (reference)"
-        if read:
-            words += f"; the link as read, Gen{gen} x{width}, carries ~{read:.0f} GB/s"
-        return words, model
+    as_read = f"Gen{gen} x{width}" + (" as read under load" if under_load else "")
+    if ref is not None and ref_lanes and width and ref_lanes > width and gen in GBS_PER_LANE:
+        model = GBS_PER_LANE[gen] * ref_lanes
+        return (f"the {ref.id}'s own Gen{gen} x{int(ref_lanes)} link (reference) carries (~{model:.0f} GB/s); "
+                f"the link as read, Gen{gen} x{width}, carries ~{read:.0f} GB/s (gpu.pcie_link)"), model
     if read:
-        return f"Gen{gen} x{width}" + (" as read under load" if under_load else ""), read
+        short = (f"; the {ref.id} is a Gen{int(ref_gen)} card, the host gives Gen{gen} (gpu.pcie_link)"
+                 if ref is not None and ref_gen and gen and ref_gen > gen else "")
+        return f"{as_read} carries (~{read:.0f} GB/s){short}", read
+    if ref is not None and ref_gen and ref_lanes and int(ref_gen) in GBS_PER_LANE:  # nothing read: the card's own link
+        model = GBS_PER_LANE[int(ref_gen)] * ref_lanes
+        return f"the {ref.id}'s own Gen{int(ref_gen)} x{int(ref_lanes)} link (reference) carries (~{model:.0f} GB/s)", model
     return "", None
 
 

@@ -11,6 +11,9 @@ from .bench_common import measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding
 from .gpu_links import GBS_PER_LANE, nvlinks_per_gpu
 
+# Copies and all-reduce staged through host memory (no peer access): shares of half the PCIe line
+# rate. A healthy 8x RTX 4090 box gives ~9 GB/s all-reduce busbw on Gen4 x16 (57% of 15.75).
+STAGED_WARN, STAGED_FAIL = 0.35, 0.20
 # Per link and direction: NVLink 2.0-4.0 carry ~25 GB/s, NVLink 5 ~50 GB/s.
 _NVLINK_GBS = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
 
@@ -34,15 +37,31 @@ def _pcie_gbs(gpu: Gpu | None) -> float | None:
     return None
 
 
-def _pair_expectation(ctx: Context, src: int, dst: int) -> tuple[float | None, str]:
-    """What a copy from GPU src to GPU dst should reach, and over what."""
+def without_p2p(ctx: Context) -> str | None:
+    """The model name when the GPUs are a product with no peer access at all (RTX 4090, 5090):
+    their copies and all-reduce go through host memory by design, not because a provider turned
+    something off."""
+    refs = [ctx.ref(g) for g in ctx.machine.gpus]
+    lacking = [r for r in refs if r is not None and r.peer_to_peer is False]
+    return lacking[0].name if lacking else None
+
+
+NO_P2P_SOURCE = ("GeForce Ada and Blackwell cards have no P2P with NVIDIA's driver (NVIDIA/nccl#1127, "
+                 "tinygrad/open-gpu-kernel-modules#28 and #29); a host-staged copy crosses PCIe twice")
+
+
+def _pair_expectation(ctx: Context, src: int, dst: int, staged: bool = False) -> tuple[float | None, str]:
+    """What a copy from GPU src to GPU dst should reach, and over what. A copy staged through host
+    memory (no peer access) crosses the PCIe links twice: half their line rate."""
     topo = ctx.machine.topology
     code = topo.links.get(f"GPU{src}", {}).get(f"GPU{dst}", "") if topo else ""
     m = re.fullmatch(r"NV(\d+)", code)
     gpu = _gpu(ctx.machine, src)
-    if m:
+    if m and not staged:
         return int(m.group(1)) * _per_link_gbs(ctx, gpu), f"{code} (NVLink)"
     pcie = _pcie_gbs(gpu)
+    if pcie and staged:
+        return pcie / 2, f"PCIe through host memory ({code or 'topology unknown'})"
     return (pcie, f"PCIe ({code or 'topology unknown'})") if pcie else (None, code or "unknown link")
 
 
@@ -52,37 +71,56 @@ def check_p2p(ctx: Context) -> list[Finding]:
     pairs = [m for m in measured(ctx, "p2p.copy") if has_value(m)]
     if not pairs:
         return [not_measured(ctx, "p2p", "gpu.p2p", "machine")]
+    product = without_p2p(ctx)
     slow, no_peer, rows = [], [], []
     for m in pairs:
         src, dst = int(m.details.get("src", -1)), int(m.details.get("dst", -1))
-        expected, over = _pair_expectation(ctx, src, dst)
+        staged = m.details.get("peer_access") is False
+        expected, over = _pair_expectation(ctx, src, dst, staged=staged and product is not None)
         share = m.value / expected if expected else None
         rows.append(f"gpu{src}->gpu{dst} {m.value:.0f} GB/s" + (f" ({100 * share:.0f}% of ~{expected:.0f} over {over})" if share else ""))
-        if m.details.get("peer_access") is False:
+        if staged:
             no_peer.append(f"gpu{src}->gpu{dst}")
-        if share is not None and share < 0.6:
-            slow.append((share, f"gpu{src}->gpu{dst} {m.value:.0f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}"))
-    slow.sort()
+        # Host-staged copies vary with the host's memory and its root complex (a healthy 2x RTX 4090
+        # pair: 6.3 GB/s, tinygrad/open-gpu-kernel-modules#44): judged as loosely as the all-reduce.
+        warn_below, fail_below = (STAGED_WARN, STAGED_FAIL) if staged and product else (0.6, 0.3)
+        if share is not None and share < warn_below:
+            slow.append((share < fail_below, share,
+                         f"gpu{src}->gpu{dst} {m.value:.0f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}"))
+    slow.sort(key=lambda pair: pair[1])
     values = sorted(m.value for m in pairs)
     median = values[len(values) // 2]
     measured_text = "; ".join(rows[:12]) + (f"; ... {len(rows) - 12} more pairs" if len(rows) > 12 else "")
     remedy = "compare `nvidia-smi topo -m` and `nvidia-smi topo -p2p r`; ask the provider whether P2P is disabled (ACS, IOMMU, VM)"
+    source = "NVLink ~25 GB/s per link and direction (NVLink 5: 50); PCIe line rate"
+    if product:  # no peer access is the product's limit: nothing a provider can switch on
+        remedy = ("host-staged copies are bound by each GPU's PCIe link and the host's memory: compare gpu.pcie_bandwidth "
+                  "and `nvidia-smi topo -m` (GPUs behind one switch or CPU share its uplink)")
+        source += f"; {NO_P2P_SOURCE}"
     broken = _broken_pairs(ctx)
     if broken:  # a copy that hung after good pairs: the measured ones do not clear the machine
         status, words = broken
         return [finding("gpu.p2p", "machine", status, words, measured=measured_text,
                         expected="every pair copies and finishes", remedy=f"`sudo dmesg | grep -i xid`; {remedy}")]
     if slow:
-        status = FAIL if slow[0][0] < 0.3 else WARN
-        return [finding("gpu.p2p", "machine", status, f"{len(slow)} of {len(pairs)} GPU pairs copy slowly; slowest: {slow[0][1]}",
-                        measured=measured_text, expected=">= 60% of what the link between each pair carries",
-                        source="NVLink ~25 GB/s per link and direction (NVLink 5: 50); PCIe line rate", remedy=remedy)]
+        status = FAIL if any(failed for failed, _, _ in slow) else WARN
+        bar = (f">= {100 * STAGED_WARN:.0f}% of half the PCIe line rate (host-staged)" if product
+               else ">= 60% of what the link between each pair carries")
+        return [finding("gpu.p2p", "machine", status, f"{len(slow)} of {len(pairs)} GPU pairs copy slowly; slowest: {slow[0][2]}",
+                        measured=measured_text, expected=bar, source=source, remedy=remedy)]
+    if no_peer and product:
+        return [finding("gpu.p2p", "machine", PASS,
+                        f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction, staged through host memory: "
+                        f"the {product} has no peer-to-peer access (a limit of the product, not of this machine)",
+                        measured=measured_text,
+                        expected=f">= {100 * STAGED_WARN:.0f}% of half the PCIe line rate (a host-staged copy crosses it twice)",
+                        source=source)]
     if no_peer:
         return [finding("gpu.p2p", "machine", WARN, f"no peer access between {len(no_peer)} pairs (copies staged through host memory)",
                         measured=measured_text, remedy=remedy)]
     return [finding("gpu.p2p", "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text,
                     expected=">= 60% of what the link between each pair carries, peer access on every pair",
-                    source="NVLink ~25 GB/s per link and direction (NVLink 5: 50); PCIe line rate")]
+                    source=source)]
 
 
 def _broken_pairs(ctx: Context) -> tuple[str, str] | None:
@@ -134,15 +172,25 @@ def check_allreduce(ctx: Context) -> list[Finding]:
         return [finding("gpu.allreduce", "machine", status, words, measured=measured_text, expected=lat_expected,
                         source=LATENCY_SOURCE, remedy="check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose")]
     share = busbw.value / expected
-    status = PASS if share >= 0.6 else WARN if share >= 0.35 else FAIL
+    product = without_p2p(ctx) if over.startswith("PCIe") else None
+    # Through host memory (NCCL's SHM transport) each step is staged and copied again.
+    warn_below, fail_below = (STAGED_WARN, STAGED_FAIL) if product else (0.6, 0.35)
+    status = PASS if share >= warn_below else WARN if share >= fail_below else FAIL
+    if product:
+        over += f" (the {product} has no peer-to-peer access: a limit of the product, not of this machine)"
     if skipped and status == PASS:
         status = WARN  # a healthy figure at a small size does not prove the large ones
     words = f"bus bandwidth {busbw.value:.1f} GB/s = {100 * share:.0f}% of ~{expected:.0f} GB/s over {over}{skipped}" + lat_words
     status = worst(status, lat_status or PASS)
     source = "nccl-tests busbw = algbw x 2(n-1)/n, against the slowest link per GPU" + (f"; {LATENCY_SOURCE}" if lat_status else "")
+    remedy = "check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose"
+    if product:
+        source += f"; {NO_P2P_SOURCE}"
+        remedy = ("check gpu.pcie_bandwidth and `nvidia-smi topo -m` (GPUs behind one switch or CPU share its uplink); "
+                  "`NCCL_DEBUG=INFO` shows the SHM transport")
     return [finding("gpu.allreduce", "machine", status, words, measured=measured_text,
-                    expected=f">= 60% of ~{expected:.0f} GB/s" + (f"; {lat_expected}" if lat_expected else ""), source=source,
-                    remedy=None if status == PASS else "check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose")]
+                    expected=f">= {100 * warn_below:.0f}% of ~{expected:.0f} GB/s" + (f"; {lat_expected}" if lat_expected else ""),
+                    source=source, remedy=None if status == PASS else remedy)]
 
 
 # Seed 2, section 5: torch.distributed.all_reduce of a 1 MB tensor took 18 ms between two A100s
@@ -187,4 +235,6 @@ def _allreduce_expectation(ctx: Context) -> tuple[float | None, str]:
             per_link = _per_link_gbs(ctx, gpus[0] if gpus else None)
             return min(totals) * per_link, f"{min(totals)} NVLinks per GPU"
     pcie = [p for p in (_pcie_gbs(g) for g in gpus) if p]
+    if pcie and without_p2p(ctx):
+        return min(pcie) / 2, "PCIe through host memory"
     return (min(pcie), "PCIe") if pcie else (None, "")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..facts import Gpu
 from ..record import Finding
+from ..specs.reference import Reference
 from .bench_common import against_box, box_median, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_power import slowdown_threshold
@@ -63,7 +64,7 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
         problems.append((FAIL if decay.value >= DECAY_FAIL_PCT else WARN,
                          f"throughput fell {decay.value:.0f}% from the first to the last fifth"))
     problems += _reasons(telemetry)
-    problems += _clocks(gpu, telemetry)
+    problems += _clocks(gpu, ctx.ref(gpu), telemetry)
     problems += _heat(gpu, telemetry)
     box, box_words = against_box(rate.value, median, 0.95, 0.90)
     if box:
@@ -104,10 +105,22 @@ def _reasons(telemetry: dict) -> list[tuple[str, str]]:
     return [(FAIL, f"{FAULTS[name]} during {100 * share:.0f}% of the load") for name, share in bad]
 
 
-def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
-    """Clocks well below max under load: power-limited (normal at the limit), or held back by something else."""
-    sm = (telemetry.get("sm_mhz") or {}).get("mean")
+def rated_clock(gpu: Gpu, ref: Reference | None) -> tuple[float | None, str]:
+    """The SM clock a GPU under load should hold, and what it is: the model's boost clock where it
+    is below NVML's max (GeForce cards report an overclocking ceiling: 3105 MHz on an RTX 4090
+    rated 2520), else NVML's max."""
     top = gpu.clocks.max_sm_mhz
+    boost = ref.number("boost_clock_mhz") if ref else None
+    if ref is not None and boost and (not top or boost < top):
+        ceiling = f"; NVML's max {top} MHz is a ceiling, not a rating" if top else ""
+        return boost, f"the {boost:g} MHz boost clock of the {ref.id} (reference{ceiling})"
+    return (float(top), f"the {top} MHz max") if top else (None, "")
+
+
+def _clocks(gpu: Gpu, ref: Reference | None, telemetry: dict) -> list[tuple[str, str]]:
+    """Clocks well below the rated clock under load: power-limited (normal at the limit), or held back by something else."""
+    sm = (telemetry.get("sm_mhz") or {}).get("mean")
+    top, rated = rated_clock(gpu, ref)
     power_pct = (telemetry.get("power") or {}).get("mean_pct_of_limit")
     if not sm or not top or sm >= CLOCK_HELD_RATIO * top:
         return []
@@ -117,7 +130,7 @@ def _clocks(gpu: Gpu, telemetry: dict) -> list[tuple[str, str]]:
     held = {name: share for name, share in (shares or {}).items() if share and share > FAULT_SHARE}
     if power_pct is not None and power_pct >= 90 and set(held) <= {"sw_power_cap"}:
         return []  # at the power limit: the limit itself is judged by gpu.power_limit
-    clock = f"SM clock {sm:.0f} of {top} MHz under load"
+    clock = f"SM clock {sm:.0f} MHz under load, {100 * sm / top:.0f}% of {rated}"
     if held:
         return [(WARN, f"{clock}, with NVML reporting " + "; ".join(_hold_words(name, share, gpu.index) for name, share in held.items()))]
     if power_pct is None:

@@ -112,6 +112,14 @@ class P2pDetails(TypedDict, total=False):
     failed_pairs: list[Any]
 
 
+class P2pMatrixDetails(TypedDict, total=False):
+    """`p2p.matrix`: every pair at once, rows the source GPU, columns the destination."""
+
+    gpus: list[int]
+    peer_access: list[list[bool | None]]  # None: the same GPU, or the pair was not measured
+    failed_pairs: list[Any]
+
+
 # Measurement name prefix -> its details' type; the first that matches wins.
 DETAILS: tuple[tuple[str, Any], ...] = (
     ("bench.", BenchNote),
@@ -120,6 +128,7 @@ DETAILS: tuple[tuple[str, Any], ...] = (
     ("disk.", DiskDetails),
     ("net.", NetDetails),
     ("workload.", WorkloadDetails),
+    ("p2p.matrix", P2pMatrixDetails),
     ("p2p.", P2pDetails),
 )
 

@@ -54,9 +54,46 @@ class Reference:
             return "bridge"
         return "integral"
 
+    @property
+    def peer_to_peer(self) -> bool | None:
+        """False where the product has no GPU-to-GPU peer access at all (GeForce Ada and Blackwell:
+        the driver never enables it); True where it has; None: not recorded."""
+        cell = (self.row.get("peer_to_peer") or "").strip().lower()
+        return {"no": False, "yes": True}.get(cell)
+
+    def published_matmul(self, dtype: str) -> PublishedMatmul | None:
+        """The lowest matmul rate published for this model in `dtype` (other methods than
+        mamf-finder: a single shape, a hand kernel), or None. bf16 takes an fp16 figure where the
+        row gives both the same dense peak: the tensor cores run them at one rate."""
+        found = _published_rates(self.row.get("other_measured_matmul_tflops") or "")
+        same_rate = self.number("bf16_tensor_tflops_dense") == self.number("fp16_tensor_tflops_dense")
+        for wanted in (dtype, "fp16") if dtype == "bf16" and same_rate else (dtype,):
+            if wanted in found:
+                return PublishedMatmul(found[wanted], wanted, self.row["other_measured_matmul_tflops"].strip())
+        return None
+
     def cite(self, column: str) -> str:
         """Where a figure comes from, for a finding's evidence."""
         return f"{SOURCE_NOTE}, row {self.id}, column {column}; sources: {self.source}"
+
+
+@dataclass(frozen=True)
+class PublishedMatmul:
+    tflops: float
+    dtype: str  # the dtype the figure was published for (fp16 standing in for bf16)
+    text: str  # the cell, with who measured it and how
+
+
+# "bf16 170.06-173.31 / fp16 165-171 (zzc0721 torch test); fp16 hgemm 163.5 (xytpai/gpuk)"
+_RATE = re.compile(r"\b(bf16|fp16|fp8|tf32|fp32)\b[^0-9/;]*?(\d+(?:\.\d+)?)(?:-\d+(?:\.\d+)?)?")
+
+
+def _published_rates(cell: str) -> dict[str, float]:
+    """dtype -> the lowest figure the cell gives for it (a range counts by its low end)."""
+    rates: dict[str, float] = {}
+    for dtype, value in _RATE.findall(cell):
+        rates[dtype] = min(float(value), rates.get(dtype, float("inf")))
+    return rates
 
 
 def nvml_names(row: dict[str, str]) -> list[str]:
