@@ -16,6 +16,7 @@ from fake_clock import FakeClock  # noqa: E402
 from gpuvet.bench import common, gemm  # noqa: E402
 from gpuvet.bench.common import BenchContext, Budget, OutOfTime, Skip  # noqa: E402
 from gpuvet.bench.gemm import Shape  # noqa: E402
+from gpuvet.specs import reference  # noqa: E402
 
 SMALL_SHAPES = [[256, 256, 512], [384, 384, 512], [256, 256, 1024]]
 
@@ -586,17 +587,30 @@ def test_a_2_4_pre_release_with_the_old_fp8_api_is_named_by_the_probe(monkeypatc
     assert reason.endswith("fp8 needs torch >= 2.4") and "invalid combination of arguments" in reason
 
 
-def test_gpu_candidates_include_the_published_best_shapes_and_all_suit_fp8(monkeypatch):
-    """mamf-finder's best H100/H200 shapes (bf16 2048x2048x13312, the figure gpuvet judges bf16 against)
-    are scouted, and every default shape runs in fp8 (torch._scaled_mm: n and k multiples of 16)."""
-    props = types.SimpleNamespace(multi_processor_count=132)  # H100 / H200 SXM
+JUDGED = [ref for ref in reference.all_references() if ref.number("mamf_bf16_tflops") or ref.number("mamf_fp8_tflops")]
+
+
+@pytest.mark.parametrize("ref", JUDGED, ids=[ref.id for ref in JUDGED])
+def test_gpu_candidates_include_the_best_shapes_of_the_model_and_all_suit_fp8(monkeypatch, ref):
+    """Every model judged against a mamf-finder best scouts that best's shapes (A100 bf16
+    1024x10240x5120, B200 fp8 15360x4096x3072, ... stas00's MAMF tables), and every default shape
+    runs in fp8 (torch._scaled_mm: n and k multiples of 16)."""
+    props = types.SimpleNamespace(multi_processor_count=int(ref.number("sm_count")), name=ref.name)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
     candidates = gemm.default_candidates("cuda:0")
-    assert {Shape(2048, 2048, 13312), Shape(1024, 9216, 14336), Shape(1280, 4096, 12032)} <= set(candidates)
+    wanted = [ref.row[column] for column in ("mamf_bf16_shape", "mamf_fp8_shape")
+              if ref.number(column.replace("_shape", "_tflops"))]
+    assert wanted and {str(shape) for shape in candidates} >= set(wanted)
     assert all(gemm.shape_unfit_reason("fp8", shape) is None for shape in candidates)
     # Scouting gets half of a dtype's time: a few more candidates, each a fraction of a millisecond a
     # call on a Hopper GPU, keep within it.
     assert len(set(candidates)) <= 16
+
+
+def test_a_mig_slice_scouts_its_gpus_best_shapes(monkeypatch):
+    props = types.SimpleNamespace(multi_processor_count=14, name="NVIDIA A100-SXM4-80GB MIG 1g.10gb")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    assert Shape(1024, 10240, 5120) in gemm.default_candidates("cuda:0")
 
 
 def test_default_cpu_candidates_are_calls_of_10_to_60_ms():

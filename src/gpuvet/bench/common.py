@@ -71,6 +71,18 @@ def measurement(name: str, value: float | None, unit: str, subject: str, **detai
     return {"name": name, "value": value, "unit": unit, "subject": subject, "details": details}
 
 
+def device_details(device: str) -> dict[str, Any]:
+    """{"device": {...}}: the CUDA device's SMs and memory as the benchmark saw them (a MIG slice
+    shows its share, which the judge scales the model's figures by); {} on the CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    props = torch.cuda.get_device_properties(device)
+    return {"device": {"name": props.name, "sm_count": props.multi_processor_count,
+                       "memory_total_mib": props.total_memory // 2**20}}
+
+
 def synchronize(device: str) -> None:
     import torch
 

@@ -31,7 +31,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from .common import BenchContext, Budget, OutOfTime, Skip, free_memory_bytes, measurement, summary, synchronize, time_each
+from .common import (BenchContext, Budget, OutOfTime, Skip, device_details, free_memory_bytes, measurement, summary, synchronize,
+                     time_each)
+from ..specs import reference
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 # bf16 and fp8 are what training and inference run on, so they get the larger share of the time.
@@ -89,11 +91,10 @@ class Shape:
 # fed with fewer output tiles.
 CUDA_SQUARES = tuple(range(2048, 16384 + 1, 2048))
 CUDA_LONG_K = (Shape(4096, 4096, 16384), Shape(8192, 8192, 16384))
-# The best shapes mamf-finder published for the GPUs whose figures gpuvet judges against (stas00
-# ml-engineering, compute/accelerator: H100 SXM bf16, "H200 is the same"; H100 and H200 SXM fp8):
+# The shapes at which mamf-finder measured the best figures gpuvet judges a model against (the spec
+# table's mamf_*_shape columns, from stas00 ml-engineering's MAMF tables) are added for that model:
 # none of the shapes above is near them, and a figure meant to reach that best needs its shape. They
-# are small (0.1-0.3 TFLOP a call), so scouting them costs little of the time.
-PUBLISHED_BEST = (Shape(2048, 2048, 13312), Shape(1024, 9216, 14336), Shape(1280, 4096, 12032))
+# are small (0.1-0.4 TFLOP a call), so scouting them costs little of the time.
 # CPUs: calls of 10 ms and more. Shorter ones (512^3 takes ~1.5 ms on two cores) are bimodal on a
 # shared VM: when a co-tenant preempts one OpenMP thread, every call waits a scheduler slice (~16 ms).
 # Past ~768 the rate hardly depends on the shape (two-core AVX2 VM, MKL: every shape from 768^3 to
@@ -125,8 +126,9 @@ def wave_filling_shapes(sm_count: int, k: int = 16384) -> list[Shape]:
 def default_candidates(device: str) -> list[Shape]:
     if not device.startswith("cuda"):
         return [Shape(s, s, s) for s in CPU_SQUARES] + list(CPU_LONG_K)
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    return [Shape(s, s, s) for s in CUDA_SQUARES] + list(CUDA_LONG_K) + list(PUBLISHED_BEST) + wave_filling_shapes(sm_count)
+    props = torch.cuda.get_device_properties(device)
+    published = [Shape(*shape) for shape in reference.best_shapes(props.name)]
+    return [Shape(s, s, s) for s in CUDA_SQUARES] + list(CUDA_LONG_K) + published + wave_filling_shapes(props.multi_processor_count)
 
 
 @dataclass
@@ -963,6 +965,7 @@ def dtype_measurement(result: DtypeResult, subject: str, skipped: dict[str, str]
                + method_words(result.device),
         wall_s=result.wall_s,
         **noise_details(result),
+        **device_details(result.device),
         **extra,
     )
 

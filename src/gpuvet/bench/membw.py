@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .common import (BenchContext, OutOfTime, Skip, calibrate_repeats, free_memory_bytes, measurement, summary, synchronize,
-                     time_each)
+from .common import (BenchContext, OutOfTime, Skip, calibrate_repeats, device_details, free_memory_bytes, measurement, summary,
+                     synchronize, time_each)
 
 CUDA_BUFFER_BYTES = 2**30
 CPU_BUFFER_BYTES = 256 * 2**20
@@ -59,6 +59,7 @@ def run(ctx: BenchContext) -> list[dict]:
         memory="host RAM (CPU device)" if not ctx.is_cuda else "GPU memory",
         method="dst.copy_(src), uint8 buffers; value = median of the per-copy rates",
         timing="CUDA events around each copy" if ctx.is_cuda else "wall clock around each copy (synchronised)",
+        **device_details(ctx.device),
     )]
 
 

@@ -156,3 +156,21 @@ def by_id(ref_id: str | None) -> Reference | None:
 
 def all_references() -> list[Reference]:
     return list(_table().values())
+
+
+BEST_SHAPE_COLUMNS = ("mamf_bf16_shape", "mamf_fp8_shape")
+
+
+def best_shapes(name: str | None) -> list[tuple[int, int, int]]:
+    """The (m, n, k) at which mamf-finder measured the best figures the judge holds this model to
+    (a MIG slice's name, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", counts as its GPU's): a sweep meant
+    to reach those figures must try their shapes."""
+    ref = match(re.sub(r"\s+MIG\s+\S+$", "", name or ""))
+    if ref is None:
+        return []
+    shapes = []
+    for column in BEST_SHAPE_COLUMNS:
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)", (ref.row.get(column) or "").strip())
+        if m:
+            shapes.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return shapes
