@@ -386,7 +386,7 @@ class KernelEvent:
     """One NVIDIA-related event in the kernel log: an Xid, an NVSwitch SXid, a GPU that fell off
     the bus, a driver that could not start a GPU (RmInitAdapter), or a PCIe AER report."""
 
-    kind: str  # "xid", "sxid", "fallen_off_bus", "init_failed", "aer"
+    kind: str  # "xid", "sxid", "fallen_off_bus", "init_failed", "reset_required", "aer"
     bus_id: str | None = None  # normalised "0000:01:00.0"; None when the line names no device
     code: int | None = None  # the Xid or SXid number
     severity: str | None = None  # what the line itself says: "fatal", "nonfatal", "corrected", "uncorrected"
@@ -397,6 +397,7 @@ class KernelEvent:
     # The time as ISO 8601, when it is known: from the line's own date (with its zone when the line
     # gives one), or, read live, seconds since boot plus the boot time. None: seconds since boot only.
     at: str | None = None
+    line_number: int | None = None  # 1-based, in the text read: what an undated line is cited by
 
 
 @dataclass

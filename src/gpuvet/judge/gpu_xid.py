@@ -1,17 +1,21 @@
 """gpu.xid: what the NVIDIA driver logged in the kernel log since boot (Xid, NVSwitch SXid, a GPU
 fallen off the bus, a GPU the driver could not start, PCIe AER errors on a GPU's bus), judged
 against the Xid table in data/xid.csv (code, meaning, hardware or not, what to do; every row
-sourced from NVIDIA's Xid catalogue or the Fabric Manager guide's SXid list)."""
+sourced from NVIDIA's Xid catalogue or the Fabric Manager guide's SXid list). Each row keeps NVIDIA's
+resolution bucket and the gpuvet action it maps to (gpuvet.actions), so a remediator acts on it; a
+code the table lacks fails, as the catalogue's answer for an unknown code is CONTACT_SUPPORT."""
 
 from __future__ import annotations
 
 import csv
 import functools
 import io
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 
+from .. import actions
 from ..facts import Gpu, KernelEvent, KernelLog
 from ..record import MEASURED, Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
@@ -37,9 +41,16 @@ class XidEntry:
     name: str
     hardware: bool
     verdict: str  # fail, warn, pending (fail while a row or page waits for a reset), line (the line says fatal or not)
-    action: str
+    action: str  # what a person does, in words
     meaning: str
     source: str
+    resolution: str = ""  # NVIDIA's "Resolution Bucket (Immediate Action)"; "" where the catalogue gives none
+    remediation: str = actions.NONE  # the gpuvet action (gpuvet.actions) a remediator takes
+
+    @property
+    def unused(self) -> bool:
+        """A code NVIDIA's catalogue lists as unused on A100 and newer GPUs."""
+        return self.name.startswith("Unused")
 
 
 @functools.cache
@@ -48,7 +59,7 @@ def xid_table() -> dict[tuple[str, int], XidEntry]:
     table = {}
     for row in csv.DictReader(io.StringIO(text)):
         entry = XidEntry(row["kind"], int(row["code"]), row["name"], row["hardware"] == "yes", row["verdict"],
-                         row["action"], row["meaning"], row["source"])
+                         row["action"], row["meaning"], row["source"], row["resolution"], row["remediation"])
         table[(entry.kind, entry.code)] = entry
     return table
 
@@ -58,6 +69,9 @@ def check_xid(ctx: Context) -> list[Finding]:
     log = machine.kernel_log
     during_run = machine.nvml_xid_events
     findings: list[Finding] = []
+    if _no_gpu_here(ctx):
+        return [finding("gpu.xid", "machine", SKIP, f"no NVIDIA GPU on this machine ({machine.gpu_error}): "
+                        "no Xid to look for", remedy="`nvidia-smi -L` lists the GPUs the driver sees")]
     if log is None or not log.read:
         findings.append(_unread(log, machine.source))
         if not during_run:
@@ -90,6 +104,16 @@ def check_xid(ctx: Context) -> list[Finding]:
     elif clean:
         findings += [_clean(subject(g), log, "none for this GPU", window) for g in clean]
     return findings
+
+
+def _no_gpu_here(ctx: Context) -> bool:
+    """Live, NVML saw no GPU and the kernel log names none: a kernel log without Xid lines says
+    nothing about GPUs that are not there. A capture's log stands alone (no report beside it), and a
+    log with NVIDIA events (a GPU fallen off the bus is not seen by NVML) is always judged."""
+    machine, log = ctx.machine, ctx.machine.kernel_log
+    if machine.source == "capture" or machine.gpus or not machine.gpu_error or machine.nvml_xid_events:
+        return False
+    return log is None or not (log.events or log.gpu_buses)
 
 
 def duration_text(seconds: float) -> str:
@@ -172,6 +196,8 @@ def _key(event: KernelEvent) -> tuple[str, str, int | str | None]:
         return bus, "xid", 79  # the driver prints both; one event
     if event.kind == "aer":
         return bus, "aer", "corrected" if event.severity == "corrected" else "uncorrected"
+    if event.kind == "reset_required":
+        return bus, "reset_required", None
     return bus, event.kind, event.code
 
 
@@ -206,6 +232,8 @@ def _older(key: tuple[str, str, int | str | None], events: list[KernelEvent], lo
         label = f"{code} PCIe errors on this GPU's bus"
     elif kind == "init_failed":
         label = "RmInitAdapter failed"
+    elif kind == "reset_required":
+        label = "GPU reset required"
     else:
         label = _xid_label(kind, code) + (f" ({entry.name})" if entry else "")
     reference = "the log was read" if window.now_is == "read" else "the log's last line"
@@ -218,7 +246,7 @@ def _older(key: tuple[str, str, int | str | None], events: list[KernelEvent], lo
 
 
 def _xid_label(kind: str, code: int | str | None) -> str:
-    return f"{'SXid' if kind == 'sxid' else 'Xid'} {code}"
+    return f"{'SXid' if kind == 'sxid' else 'Xid'} {code if code is not None else '(number unreadable)'}"
 
 
 def _times_text(count: int) -> str:
@@ -226,6 +254,8 @@ def _times_text(count: int) -> str:
 
 
 def _subject(bus: str, kind: str, gpu_of_bus: dict[str, Gpu]) -> str:
+    if bus == "?":
+        return "machine"  # the line names no device ("NVRM: nvAssertOkFailedNoLog: ... Reset required")
     if kind == "sxid":
         return f"nvswitch {bus}"
     gpu = gpu_of_bus.get(bus)
@@ -237,9 +267,14 @@ def _times(events: list[KernelEvent]) -> tuple[int, str]:
     logged over several lines (its severity line, then "Severity ..." and "Data {...}")."""
     heads = [e for e in events if e.kind != "sxid" or e.severity is not None] or \
         [e for e in events if "Data {" in e.line] or events
-    instants = list(dict.fromkeys(_when(e) or f"line {i}" for i, e in enumerate(heads)))
+    instants = list(dict.fromkeys(_when(e) or _line_of(e) for e in heads))
     when = instants[0] if len(instants) == 1 else f"first {instants[0]}, last {instants[-1]}"
     return len(instants), when
+
+
+def _line_of(event: KernelEvent) -> str:
+    """An undated line, cited by its number in the log (1-based, as an editor shows it)."""
+    return f"line {event.line_number}" if event.line_number else "an undated line"
 
 
 def _when(event: KernelEvent) -> str | None:
@@ -247,6 +282,8 @@ def _when(event: KernelEvent) -> str | None:
     boot time dated it (read live)."""
     if event.at and (event.when or "[").startswith("["):
         return event.at.replace("+00:00", "Z")
+    if event.when and event.when.startswith("[+"):  # dmesg -H's seconds after the line before: no instant
+        return None
     return event.when
 
 
@@ -267,7 +304,16 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
     if kind == "init_failed":
         return finding("gpu.xid", subj, FAIL, f"the driver could not start this GPU (RmInitAdapter failed), {times} ({when})",
                        measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source})",
-                       remedy=f"reboot; if it repeats, ask the provider (the GPU, its power or its slot); `{READ_COMMAND}`")
+                       remedy=f"reboot; if it repeats, ask the provider (the GPU, its power or its slot); `{READ_COMMAND}`",
+                       action=actions.REBOOT_NODE)
+    if kind == "reset_required":
+        where = "this GPU" if gpu is not None else ("the GPU at " + bus if bus != "?" else "a GPU (the line names none)")
+        return finding("gpu.xid", subj, FAIL,
+                       f"the driver says {where} must be reset before it takes new work (NV_ERR_RESET_REQUIRED), {times} ({when})",
+                       measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source}); NVML's NVML_ERROR_RESET_REQUIRED",
+                       remedy=f"drain the GPU's work and reset it (`nvidia-smi -r`{f' -i {gpu.index}' if gpu else ''}), or reboot; "
+                              f"ask the provider if it comes back; `{READ_COMMAND}` shows the Xid before it",
+                       action=actions.RESET_GPU)
     if kind == "aer":
         corrected = code == "corrected"
         text = ("corrected PCIe errors on this GPU's bus (the link retried; many slow it down)" if corrected
@@ -275,26 +321,55 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
         return finding("gpu.xid", subj, WARN if corrected else FAIL, f"{text}, {times} ({when})", measured=measured,
                        expected=EXPECTED, source=f"the kernel log's PCIe AER lines ({log.source})",
                        remedy=f"`sudo lspci -vvv -s {bus}` (DevSta, AER counters); reseat or replace the riser or GPU, "
-                              "or ask the provider")
-    assert isinstance(code, int)
-    entry = xid_table().get((kind, code))
+                              "or ask the provider", action=actions.NONE if corrected else actions.ASK_PROVIDER)
+    entry = xid_table().get((kind, code)) if isinstance(code, int) else None
     fatal = any(e.severity == "fatal" for e in events)
     label = _xid_label(kind, code)
     if entry is None:
-        status = FAIL if fatal else WARN
-        return finding("gpu.xid", subj, status,
-                       f"{label} ({'fatal, ' if fatal else ''}not in gpuvet's table), {times} ({when}){hit}",
-                       measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source})",
-                       remedy="look the code up in NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors); "
-                              "reset the GPU if it repeats, and ask the provider")
+        # NVIDIA's catalogue answers a code it does not list with CONTACT_SUPPORT: a fault to drain
+        # the node for, not a warning a scheduler lets pass.
+        return finding("gpu.xid", subj, FAIL,
+                       f"{label} ({'fatal, ' if fatal else ''}not in NVIDIA's Xid catalogue as gpuvet holds it), {times} ({when}){hit}",
+                       measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source}) against {TABLE_NOTE}",
+                       remedy="drain the GPU and ask the provider (or NVIDIA support) with the log line; look the code up in "
+                              "NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)", action=actions.DRAIN_AND_REPAIR)
     status, why = _status(entry, fatal, gpu)
-    if entry.hardware:
+    cause = _stated_cause(events) if code == 45 and kind == "xid" else None
+    if cause is not None:
+        nature = cause
+    elif entry.unused:
+        nature = "a code NVIDIA lists as unused on A100 and newer GPUs"
+    elif entry.hardware:
         nature = "a hardware fault" if status == FAIL else "a hardware event"
     else:
         nature = "an NVSwitch event the switch recovers from" if kind == "sxid" else "usually the application, not the GPU"
+    remedy = entry.action.replace("-i N", f"-i {gpu.index}") if gpu is not None else entry.action
+    bucket = f" (NVIDIA's resolution: {entry.resolution})" if entry.resolution else ""
     return finding("gpu.xid", subj, status, f"{label} ({entry.name}), {times} ({when}): {nature}; {entry.meaning}{why}{hit}",
                    measured=measured, expected=EXPECTED, source=f"{entry.source}, via {TABLE_NOTE}",
-                   remedy=entry.action.replace("-i N", f"-i {gpu.index}") if gpu is not None else entry.action)
+                   remedy=remedy + bucket, action=_pending_action(entry, status))
+
+
+_CAUSED_BY = re.compile(r"caused by previous Xid (\d{1,9})")
+
+
+def _stated_cause(events: list[KernelEvent]) -> str | None:
+    """Xid 45 lines of newer drivers name the Xid that made the driver clean up ("... caused by
+    previous Xid 149"): that Xid, not the application, is the cause."""
+    causes = sorted({int(m.group(1)) for e in events if (m := _CAUSED_BY.search(e.line))})
+    if not causes:
+        return None
+    named = []
+    for code in causes:
+        entry = xid_table().get(("xid", code))
+        kind = "" if entry is None else (f" ({entry.name}, a hardware event)" if entry.hardware else f" ({entry.name})")
+        named.append(f"Xid {code}{kind}")
+    return f"caused by previous {' and '.join(named)}, as the line says; look for that Xid's own line"
+
+
+def _pending_action(entry: XidEntry, status: str) -> str:
+    """The row's action; a remap that waits for a reset (Xid 63 while pending) needs that reset."""
+    return actions.RESET_GPU if entry.verdict == "pending" and status == FAIL else entry.remediation
 
 
 def _status(entry: XidEntry, fatal: bool, gpu: Gpu | None) -> tuple[str, str]:

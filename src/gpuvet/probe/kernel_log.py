@@ -37,6 +37,12 @@ _PREFIXES = (
     ("uptime", re.compile(r"^(?:\w+\s*:\s*\w+\s*: )?\[\s*(?P<up>\d+\.\d+)\]\s?(?P<msg>.*)$")),
     # dmesg -T: "[Fri Aug 30 11:43:09 2024] message"
     ("ctime", re.compile(r"^\[(?P<when>\w{3} \w{3} +\d{1,2} \d\d:\d\d:\d\d \d{4})\]\s?(?P<msg>.*)$")),
+    # dmesg -H / -e (--reltime): "[Dec 3 10:01] message" when the minute changes, then "[  +0.000844] message"
+    # (seconds after the line before); strftime's "%b%e" runs the month into a two-digit day ("Dec13")
+    ("reltime", re.compile(r"^\[(?P<when>[A-Z][a-z]{2} ?\d{1,2} \d\d:\d\d)\]\s?(?P<msg>.*)$")),
+    ("delta", re.compile(r"^\[\s*[+<]\s*(?P<delta>\d{1,9}\.\d+)>?\]\s?(?P<msg>.*)$")),
+    # talosctl dmesg: "192.168.11.119: kern: warning: [2026-04-22T21:30:51.52643656Z]: message"
+    ("talos", re.compile(r"^(?:\S+: )?\w+:\s*\w+: \[(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d))\]: (?P<msg>.*)$")),
     # journalctl -k -o short-iso, syslog with ISO times: "2025-02-14T05:03:41+0000 host kernel: message"
     ("journal-iso", re.compile(r"^(?P<when>\d{4}-\d\d-\d\dT\S+) \S+ kernel: (?:\[\s*(?P<up>\d+\.\d+)\] )?(?P<msg>.*)$")),
     # journalctl -k, /var/log/syslog, kern.log: "Feb 09 15:47:06 debian kernel: [  885.2] message"
@@ -50,6 +56,10 @@ _FALLEN = re.compile(rf"(?:GPU at (?:PCI:)?(?P<bus1>{_BUS}) has fallen off the b
 # Newer drivers say it over three lines: "NVRM: The NVIDIA GPU 0000:b3:00.0" / "(PCI ID: ...) installed
 # in this system has" / "fallen off the bus and is not responding to commands."
 _FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU (?P<bus>{_BUS})\s*$")
+# The driver asking for a reset without an Xid of its own: "Reset required [NV_ERR_RESET_REQUIRED]" from
+# an RM call, "GPU marked for reset" after GSP timeouts; the GPU refuses new work until it is reset.
+_RESET_REQUIRED = re.compile(r"NVRM: .*(?:\[NV_ERR_RESET_REQUIRED\]|GPU marked for reset|GPU reset required)", re.I)
+_ANY_BUS = re.compile(rf"(?:PCI:|GPU )(?P<bus>{_BUS})")
 _INIT_FAILED = re.compile(rf"NVRM: GPU (?P<bus>{_BUS}): RmInitAdapter failed!?\s*(?P<rest>.*)")
 _AER = re.compile(rf"^\S+ (?P<bus>{_BUS}): (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+)")
 _GPU_AT = re.compile(rf"NVRM: GPU at PCI:(?P<bus>{_BUS}): GPU-")
@@ -86,12 +96,24 @@ def _split(line: str) -> tuple[str | None, str | None, float | None, str]:
             continue
         groups = m.groupdict()
         if form == "kmsg":
-            since_boot = int(groups["usec"]) / 1e6
-            return form, f"[{since_boot:.6f}]", since_boot, groups["msg"]
+            usec = bounded_int(groups["usec"], digits=18)
+            since_boot = usec / 1e6 if usec is not None else None
+            return form, f"[{since_boot:.6f}]" if since_boot is not None else None, since_boot, groups["msg"]
+        if form == "delta":
+            return form, f"[+{groups['delta']}]", None, groups["msg"]
         up = float(groups["up"]) if groups.get("up") else None
         when = groups.get("when") or (f"[{groups['up']}]" if groups.get("up") else None)
         return form, when, up, groups["msg"]
     return None, None, None, line
+
+
+_MAX_CODE_DIGITS = 9  # no Xid or SXid code is longer; a line with more is damaged or hostile
+
+
+def bounded_int(text: str, digits: int = _MAX_CODE_DIGITS) -> int | None:
+    """The number `text` spells, or None past `digits` digits: int() of thousands of digits raises
+    ("Exceeds the limit (4300 digits)") or takes quadratic time, and no real log holds one."""
+    return int(text) if text.isdigit() and len(text) <= digits else None
 
 
 _YEARLESS = 2000  # syslog's "Feb 09 15:47:06" has no year: a leap year, so Feb 29 parses; set right below
@@ -100,12 +122,16 @@ _YEARLESS = 2000  # syslog's "Feb 09 15:47:06" has no year: a leap year, so Feb 
 def _dated(form: str | None, when: str | None) -> datetime | None:
     """The line's own date and time: aware where the line gives its zone (iso, journalctl -o
     short-iso), naive where it does not (dmesg -T, syslog: the machine's local time)."""
-    if when is None or form in (None, "kmsg", "uptime"):
+    if when is None or form in (None, "kmsg", "uptime", "delta"):
         return None
     try:
-        if form in ("iso", "journal-iso"):
+        if form in ("iso", "journal-iso", "talos"):
             text = re.sub(r"([+-]\d\d)(\d\d)$", r"\1:\2", when.replace(",", "."))
+            text = re.sub(r"(\.\d{6})\d+", r"\1", text)  # talos prints nanoseconds; Python 3.10 reads up to 6 digits
             return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if form == "reltime":  # "Dec 3 10:01", "Dec13 10:01": no year, no seconds
+            month_day = re.sub(r"^([A-Za-z]{3}) ?(\d)", r"\1 \2", when)
+            return datetime.strptime(f"{_YEARLESS} {month_day}", "%Y %b %d %H:%M")
         if form == "ctime":
             return datetime.strptime(" ".join(when.split()), "%a %b %d %H:%M:%S %Y")
         if form == "syslog":
@@ -125,6 +151,7 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
     last_aer: tuple[KernelEvent, int] | None = None  # the latest port AER error, and its line number
     buses: dict[str, None] = {}
     first_uptime: float | None = None
+    minute: tuple[datetime | None, float] = (None, 0.0)  # dmesg -H: the last "[Dec 3 10:01]" and the seconds after it
     for number, raw in enumerate(text.splitlines()):
         line = raw.strip()
         if not line or (raw[:1] == " " and "=" in line.split(" ", 1)[0] and not line.startswith("NVRM")):
@@ -132,7 +159,7 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
         form, when, uptime, msg = _split(line)
         msg = msg.strip()
         log.lines += 1
-        if when is not None:
+        if when is not None and form != "delta":
             log.first = log.first or when
             log.last = when
         if uptime is not None and first_uptime is None:
@@ -140,6 +167,11 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
         if _BOOT_LINE.match(msg):
             log.since_boot = True
         dated = _dated(form, when)
+        if form == "reltime":
+            minute = (dated, 0.0)
+        elif form == "delta" and when is not None:
+            minute = (minute[0], minute[1] + float(when[2:-1]))
+            dated = minute[0] + timedelta(seconds=minute[1]) if minute[0] is not None else None
         if uptime is not None and boot_at is not None and (dated is None or dated.tzinfo is None):
             dated = _after_boot(boot_at, uptime)  # live: boot time + seconds since boot beats a zone-less date
         last_dated = dated or last_dated
@@ -160,9 +192,10 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
             last_aer = None
         if pending_fallen is not None:
             if "fallen off the bus" in msg:
-                bus, p_when, p_up, _ = pending_fallen
+                bus, p_when, p_up, start_line = pending_fallen
                 log.events.append(KernelEvent("fallen_off_bus", bus, 79, "fatal", None, p_when, p_up,
-                                              "NVRM: The NVIDIA GPU ... has fallen off the bus and is not responding to commands"))
+                                              "NVRM: The NVIDIA GPU ... has fallen off the bus and is not responding to commands",
+                                              line_number=start_line + 1))
                 pending_fallen = None
             elif number - pending_fallen[3] > 3:
                 pending_fallen = None
@@ -177,6 +210,7 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
                 buses[named] = None
         for added in log.events[count:]:  # this line's events (a multi-line one: a line or three before)
             added.at = at
+            added.line_number = added.line_number or number + 1
     if last_dated is not None:
         _mend_years(log.events, last_dated)
         log.now, log.now_is = last_dated.isoformat(timespec="seconds"), "last line"
@@ -213,11 +247,11 @@ def _event(msg: str, when: str | None, uptime: float | None) -> KernelEvent | No
         rest = m.group("rest")
         process = _PROCESS.search(rest)
         name = process.group("name").strip("'\"") if process else None
-        return KernelEvent("xid", normal_bus(m.group("bus")), int(m.group("code")), _severity_word(rest),
+        return KernelEvent("xid", normal_bus(m.group("bus")), bounded_int(m.group("code")), _severity_word(rest),
                            None if name in (None, "<unknown>") else name, when, uptime, msg)
     m = _SXID.search(msg)
     if m:
-        return KernelEvent("sxid", normal_bus(m.group("bus")), int(m.group("code")), _severity_word(m.group("rest")),
+        return KernelEvent("sxid", normal_bus(m.group("bus")), bounded_int(m.group("code")), _severity_word(m.group("rest")),
                            None, when, uptime, msg)
     m = _FALLEN.search(msg)
     if m:
@@ -225,6 +259,9 @@ def _event(msg: str, when: str | None, uptime: float | None) -> KernelEvent | No
     m = _INIT_FAILED.search(msg)
     if m:
         return KernelEvent("init_failed", normal_bus(m.group("bus")), None, "fatal", None, when, uptime, msg)
+    if _RESET_REQUIRED.search(msg):
+        m = _ANY_BUS.search(msg)
+        return KernelEvent("reset_required", normal_bus(m.group("bus")) if m else None, None, "fatal", None, when, uptime, msg)
     m = _AER.search(msg)
     if m:
         return KernelEvent("aer", normal_bus(m.group("bus")), None, _aer_severity(m.group("severity")), None, when, uptime, msg)
