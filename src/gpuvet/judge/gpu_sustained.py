@@ -59,7 +59,7 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     if rate is None:
         return not_measured(ctx, "sustained", "gpu.sustained", s)
     telemetry = next((m.details for m in ctx.measurements if m.name == "sustained.telemetry" and m.subject == s), {})
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, str]] = _wrong_products(rate.details.get("check"))
     if decay is not None and decay.value >= DECAY_WARN_PCT:
         problems.append((FAIL if decay.value >= DECAY_FAIL_PCT else WARN,
                          f"throughput fell {decay.value:.0f}% from the first to the last fifth"))
@@ -76,11 +76,29 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
                        + short_load_words(duration), measured=measured, expected=_STEADY,
                        source=f"the benchmark's throughput windows and NVML telemetry sampled {_sampling(telemetry)}")
     status = worst(*(st for st, _ in problems))
+    remedy = (f"run longer to confirm: `gpuvet run --soak 10`; watch `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE`; "
+              "check cooling and airflow, or ask for another node")
+    if any("wrong results" in text for _, text in problems):
+        remedy = (f"stop using GPU {gpu.index}: `sudo dmesg | grep -i xid`; `nvidia-smi -q -i {gpu.index} -d ECC`; "
+                  "if a rerun of `gpuvet bench sustained` repeats it, ask the provider to replace the GPU")
     return finding("gpu.sustained", s, status, "; ".join(text for _, text in problems), measured=measured,
                    expected=_STEADY,
                    source=f"NVML telemetry sampled {_sampling(telemetry)} during the load",
-                   remedy=f"run longer to confirm: `gpuvet run --soak 10`; watch `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE`; "
-                          "check cooling and airflow, or ask for another node")
+                   remedy=remedy)
+
+
+def _wrong_products(check: object) -> list[tuple[str, str]]:
+    """Products that changed under load, though their inputs did not: silent corruption, often
+    only once the card is hot (gpu-burn's check)."""
+    if not isinstance(check, dict):
+        return []
+    wrong, checked = check.get("windows_wrong"), check.get("windows_checked")
+    if not isinstance(wrong, int) or isinstance(wrong, bool) or wrong <= 0:
+        return []
+    when = check.get("first_wrong_at_s")
+    at = f", first {when:g} s into the load" if isinstance(when, (int, float)) else ""
+    return [(FAIL, f"wrong results under load: {wrong} of {checked} checked products differed from the first{at} "
+                   "(silent data corruption; the inputs never change, a healthy GPU repeats its product)")]
 
 
 def short_load_words(duration_s: object) -> str:
