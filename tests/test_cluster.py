@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpuvet import cluster
+from gpuvet.cli.cluster import command as cluster_command
 from gpuvet.cluster import (LaunchError, NodeState, Options, Plan, combine_rank_reports, cross_measurements,
                             expand_hostlist, launch_from_env, make_plan, print_launch, shuffled_rings, summarise_record)
 from gpuvet.cluster.launch import torchrun_command
@@ -70,7 +71,7 @@ def test_a_malformed_host_list_is_refused(text):
 def test_a_malformed_nodes_option_is_a_usage_error_not_an_endpoint():
     from click.testing import CliRunner
 
-    result = CliRunner().invoke(cluster.command, ["--print-launch", "--nodes", "node[1-4"])
+    result = CliRunner().invoke(cluster_command, ["--print-launch", "--nodes", "node[1-4"])
     assert result.exit_code == 2 and "unbalanced brackets" in result.output and "--rdzv-endpoint" not in result.output
 
 
@@ -152,11 +153,11 @@ def test_print_launch_passes_on_the_options_given_with_the_node_count_and_first_
 
     args = ["--print-launch", "--quick", "--device", "cpu", "--nodes", "n[1-4]", "--join-timeout", "120", "--node-name",
             "mine", "--on-demand"]
-    result = CliRunner().invoke(cluster.command, args)
+    result = CliRunner().invoke(cluster_command, args)
     assert result.exit_code == 0, result.output
     line = result.stdout.strip()  # the line alone on stdout; what to do with it on stderr
     assert "same line on every node" in result.stderr and "refused by torchrun" in result.stderr
-    assert result.stdout == CliRunner().invoke(cluster.command, args).stdout
+    assert result.stdout == CliRunner().invoke(cluster_command, args).stdout
     assert line.startswith(f"{torchrun_command()} --nnodes 1:4 ") and "--rdzv-endpoint n1:29400 " in line
     assert "last_call_timeout=120" in line
     assert line.endswith("-m gpuvet.cluster --quick --device cpu --on-demand --nodes 'n[1-4]' --join-timeout 120 "
@@ -180,7 +181,7 @@ def test_the_torchrun_agents_settings_are_read_from_its_command_line():
 def test_a_malformed_node_list_is_one_line_and_exit_2():
     from click.testing import CliRunner
 
-    result = CliRunner().invoke(cluster.command, ["--print-launch", "--nodes", "n[a-c]"])
+    result = CliRunner().invoke(cluster_command, ["--print-launch", "--nodes", "n[a-c]"])
     assert result.exit_code == 2 and "cannot read the host range" in result.output and "Traceback" not in result.output
 
 

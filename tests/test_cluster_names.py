@@ -9,7 +9,9 @@ import time
 
 from rich.console import Console
 
-from gpuvet.cluster import Launch, Node, Options, Roster, cluster_record, launch_from_env, node_entries
+from gpuvet.cluster import Launch, Node, Options, Outputs, Roster, cluster_record, launch_from_env, node_entries
+
+_NOWHERE = Outputs(save_run=lambda record, label: None, show=lambda record: None)  # a node that keeps and prints nothing
 from gpuvet.report import cluster_view
 
 from cluster_stubs import JoinedStore
@@ -44,8 +46,8 @@ def test_under_slurm_the_node_takes_slurms_name_and_its_index():
            "SLURMD_NODENAME": "gpu02"}
     launch = launch_from_env(env)
     assert (launch.node_name, launch.node_index) == ("gpu02", 1)
-    assert Node(launch, Options(), print).name == "gpu02"  # not the hostname, which Slurm's list may not use
-    assert Node(launch, Options(node_name="mine"), print).name == "mine"
+    assert Node(launch, Options(), print, _NOWHERE).name == "gpu02"  # not the hostname, which Slurm's list may not use
+    assert Node(launch, Options(node_name="mine"), print, _NOWHERE).name == "mine"
 
 
 def test_a_healthy_slurm_job_whose_hostnames_differ_from_the_node_list_has_no_missing_node():

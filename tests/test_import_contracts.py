@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,29 @@ def test_the_contract_sees_indirect_imports():
     # The checker itself: gpuvet.telemetry loads pynvml through probe.nvml, never by its own name.
     loaded = _load("gpuvet.telemetry")["loaded"]
     assert "pynvml" in _forbidden(loaded, ("pynvml",))
+
+
+# The same promises (and the README's whole Layout table) as import-linter contracts in
+# pyproject.toml: a static check of every import statement, function-local ones included, which a
+# run of the code only sees when the function runs.
+def _lint_imports(cwd: Path, src: Path) -> subprocess.CompletedProcess:
+    tool = Path(sys.executable).parent / "lint-imports"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run([str(tool), "--config", str(SRC.parent / "pyproject.toml"), "--no-cache"], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_every_import_keeps_the_layering():
+    done = _lint_imports(SRC.parent, SRC)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "BROKEN" not in done.stdout and " KEPT" in done.stdout
+
+
+def test_a_function_local_import_that_breaks_the_layering_fails(tmp_path):
+    # A probe import inside a judge rule: the import contracts of the first test above missed it.
+    shutil.copytree(SRC / "gpuvet", tmp_path / "gpuvet", ignore=shutil.ignore_patterns("__pycache__"))
+    rule = tmp_path / "gpuvet" / "judge" / "host.py"
+    rule.write_text(rule.read_text() + "\n\ndef _reads_the_machine():\n    from ..probe import host\n\n    return host\n")
+    done = _lint_imports(tmp_path, tmp_path)
+    assert done.returncode != 0
+    assert "gpuvet.judge.host -> gpuvet.probe.host" in done.stdout

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, TypeGuard
 
-from .judge.feed import LOW_CPU_SHARE
+from .specs.cpu_share import LOW_CPU_SHARE
 from .record import Measurement, RunRecord
 
 TOKENS = "workload.tokens_per_s"

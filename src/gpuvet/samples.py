@@ -130,3 +130,16 @@ def summarize(samples: list[Sample]) -> TelemetrySummary:
         },
         "pcie": {"max_gen": _max(_known(samples, "pcie_gen")), "max_width": _max(_known(samples, "pcie_width"))},
     }
+
+
+def quantile(values: list[float] | list[int], q: float) -> float:
+    """The q-quantile (0..1) of `values`, linear between the two nearest ranks: NumPy's default and
+    statistics.quantiles(method="inclusive"), so p10 of 1..10 is 1.9 and p50 is the median. The one
+    definition every benchmark's p10/p50/p90/p99 uses."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    position = min(max(q, 0.0), 1.0) * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return float(ordered[below] + (ordered[above] - ordered[below]) * (position - below))

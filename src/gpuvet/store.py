@@ -538,11 +538,6 @@ class Store:
         return self.get(row["id"]) if row else None
 
     @_guarded
-    def latest_id(self) -> int | None:
-        row = self._db.execute("SELECT id FROM runs ORDER BY started_at DESC, id DESC LIMIT 1").fetchone()
-        return row["id"] if row else None
-
-    @_guarded
     def runs(self, machine_key: str | None = None, limit: int | None = None, kind: str | None = None) -> list[RunSummary]:
         """Stored runs, newest first; `machine_key` may be a prefix of the key (as in `git log`);
         `kind`: only runs of that profile ("health": the fleet checks)."""

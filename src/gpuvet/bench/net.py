@@ -45,6 +45,7 @@ import threading
 import time
 from typing import IO, Any, Callable
 
+from ..samples import quantile
 from .common import measurement
 from .leftovers import die_with_parent
 
@@ -592,7 +593,7 @@ def _latency(name: str, subject: str, times_ns: list[int]) -> dict:
     ordered = sorted(times_ns)
 
     def at(pct: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(pct / 100 * len(ordered)))] / 1e3, 1)
+        return round(quantile(ordered, pct / 100) / 1e3, 1)
 
     return measurement(name, at(50), "us", subject, engine="builtin", p99_us=at(99), min_us=round(ordered[0] / 1e3, 1),
                        round_trips=len(ordered), message_bytes=PING_BYTES,

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..samples import quantile
 from .common import BenchContext, Budget, OutOfTime, free_memory_bytes, measurement
 from .leftovers import owned_prefix, register, remove, sweep_stale
 
@@ -487,11 +488,6 @@ def train_timed(trainer: Trainer, budget: Budget, progress) -> TrainingRun:
     return TrainingRun(torch.stack(losses).float().tolist(), boundaries, warmup, started, stopped)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def throughput_measurements(ctx: BenchContext, trainer: Trainer, run: TrainingRun, default_dims: bool) -> list[dict]:
     cfg = trainer.cfg
     times = run.timed_step_times
@@ -517,7 +513,7 @@ def throughput_measurements(ctx: BenchContext, trainer: Trainer, run: TrainingRu
                     loss_first=_rounded(run.losses[0], 4), loss_last=_rounded(run.losses[-1], 4),
                     how="tokens of the timed steps / their summed time (first step start to last step end)", **common),
         measurement("workload.step_time_ms", statistics.median(ms), "ms", ctx.subject,
-                    p10=round(_percentile(ms, 0.1), 3), p90=round(_percentile(ms, 0.9), 3),
+                    p10=round(quantile(ms, 0.1), 3), p90=round(quantile(ms, 0.9), 3),
                     min=round(min(ms), 3), max=round(max(ms), 3), **common),
     ]
     peak = _peak_tflops(ctx.params.get("peak_tflops"), cfg.dtype)

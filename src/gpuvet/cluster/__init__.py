@@ -44,11 +44,11 @@ Modules, one concern each:
   node.py          one node's steps
   coordinator.py   rank 0's part: plan, abort, gather, report
   flow.py          one node, start to end
-  command_line.py  the click command, main and finish
+The command that starts it (click options, main, finish; the store and the report it hands a
+node as Outputs) is gpuvet.cli.cluster; `python -m gpuvet.cluster` runs it.
 """
 
 
-from .command_line import command, finish, main
 from .coordinator import BYE_WAIT_S, GATHER_GRACE_S, Coordinator
 from .cross import ABORT_CHECK_S, RankThread, combine_rank_reports, run_cross_node
 from .cross_rank import CHILD_GRACE_S, CrossRankConfig, child_main, run_rank
@@ -56,7 +56,7 @@ from .flow import run_node
 from .launch import Launch, LaunchError, expand_hostlist, interface_towards, launch_from_env, launch_help, print_launch
 from .node import EXIT_FAIL, EXIT_LOST, EXIT_OK, EXIT_USAGE, Node
 from .options import (CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, RING_ROUNDS,
-                      Options)
+                      Options, Outputs)
 from .plan import RING_REPEATS, Plan, make_plan, shuffled_rings
 from .record import (CLUSTER_SCHEMA, check_out_path, cluster_record, cross_measurements, node_entries,
                      rejudge_cluster, summarise_record, summarise_series)
@@ -71,8 +71,8 @@ __all__ = [
     "POLL_S", "PREFIX", "RING_REPEATS", "RING_ROUNDS",
     "Agent", "Coordinator", "CrossRankConfig", "Heartbeat", "Launch", "LaunchError", "Node", "NodeState", "Options", "Plan",
     "RankThread", "Rendezvous", "Roster", "Settled", "VetOutcome", "agent_from_argv", "close_rendezvous",
-    "check_out_path", "child_main", "cluster_record", "combine_rank_reports", "command", "cross_measurements",
-    "expand_hostlist", "finish", "interface_towards", "launch_from_env", "launch_help", "main", "make_plan", "node_entries",
+    "check_out_path", "child_main", "cluster_record", "combine_rank_reports", "cross_measurements",
+    "expand_hostlist", "interface_towards", "launch_from_env", "launch_help", "make_plan", "node_entries", "Outputs",
     "print_launch", "rejudge_cluster", "run_cross_node", "run_node", "run_rank", "shuffled_rings",
     "summarise_record", "summarise_series", "unique_names", "vet_with_deadline",
 ]

@@ -9,13 +9,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-import click
-
 from ..judge.cluster import FAILED, MISSING
 from ..record import FAIL
 from .node import EXIT_FAIL, EXIT_OK, Node, verdict_words
 from .plan import Plan, make_plan
-from ..private_file import write_private
 from .record import cluster_record, cross_measurements, node_entries
 from .rendezvous import POLL_S
 from .roster import Roster, Settled, unique_names
@@ -142,9 +139,6 @@ class Coordinator:
     def _report(self, final: bool = True) -> int:
         """Write the cluster record and print the report. Not `final`: the run was stopped, and
         the store may be gone; what cannot be read from it is left out, not waited for."""
-        from ..report import cluster_view
-        from ..report.terminal import stdout_console
-
         o, nodes = self.options, self.roster.nodes
         records: dict[int, Any] = {}
         saved: dict[int, Any] = {}
@@ -172,15 +166,7 @@ class Coordinator:
         measurements = cross_measurements(self.plan, nodes, self.skipped if final else f"stopped: {self.stopped}")
         record = cluster_record(self.node.launch, o, self.node.started_at, time.monotonic() - self.node.started,
                                 entries, self.plan, measurements, stopped=self.stopped)
-        if o.out:
-            write_private(o.out, cluster_view.to_json(record) + "\n")
-            record["out"] = o.out
-        else:
-            self.node.say("the cluster record was not kept: give --out FILE (to every node: torchrun picks rank 0)")
-        if o.as_json:
-            click.echo(cluster_view.to_json(record))
-        else:
-            cluster_view.render(record, stdout_console(), verbose=o.verbose)
+        self.node.outputs.show(record)
         if final:
             self._say_goodbye(record)
         return EXIT_FAIL if record["verdict"] == FAIL else EXIT_OK

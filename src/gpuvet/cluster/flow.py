@@ -14,7 +14,7 @@ from .coordinator import GATHER_GRACE_S, Coordinator
 from .cross_rank import one_line
 from .launch import Launch
 from .node import EXIT_FAIL, EXIT_LOST, Node, verdict_words
-from .options import Options, pause
+from .options import Options, Outputs, pause
 from .plan import Plan
 
 
@@ -27,8 +27,8 @@ def _stop_on_signal(number: int, frame: Any) -> None:
     raise Stopped(f"{signal.Signals(number).name} received")
 
 
-def run_node(launch: Launch, options: Options, say: Callable[[str], None]) -> int:
-    node = Node(launch, options, say)
+def run_node(launch: Launch, options: Options, say: Callable[[str], None], outputs: Outputs) -> int:
+    node = Node(launch, options, say, outputs)
     try:
         node.join()
     except Exception as err:  # the master is unreachable: vet and keep the record here anyway

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from typing import Callable
 
@@ -14,7 +13,7 @@ from .. import runner
 from ..record import FAIL, RunRecord, timestamp
 from .cross import run_cross_node
 from .launch import Launch
-from .options import Options, hold_until
+from .options import Options, Outputs, hold_until
 from .plan import Plan
 from .record import summarise_record
 from .rendezvous import Heartbeat, Rendezvous
@@ -26,8 +25,8 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_LOST = 0, 1, 2, 3
 class Node:
     """The flow on one node; rank 0 also runs the meeting and writes the report."""
 
-    def __init__(self, launch: Launch, options: Options, say: Callable[[str], None]):
-        self.launch, self.options, self.say = launch, options, say
+    def __init__(self, launch: Launch, options: Options, say: Callable[[str], None], outputs: Outputs):
+        self.launch, self.options, self.say, self.outputs = launch, options, say, outputs
         # Under Slurm, Slurm's name for the node: the node list names it so, whatever its hostname.
         self.name = options.node_name or launch.node_name or socket.gethostname()
         self.started, self.started_at = time.monotonic(), timestamp()
@@ -96,15 +95,7 @@ class Node:
             record.options["price"] = o.price
         if o.no_save:
             return None
-        from ..store import Store, StoreError
-
-        label = o.label or f"cluster {self.launch.cluster_id}: {self.name}"
-        try:
-            with Store(o.db) as store:
-                return store.save(record, label=label, price_per_hour=o.price)
-        except StoreError as err:
-            print(f"gpuvet cluster: {self.name}: warning: run not saved: {err}", file=sys.stderr)
-            return None
+        return self.outputs.save_run(record, o.label or f"cluster {self.launch.cluster_id}: {self.name}")
 
     def post_vet(self, outcome: VetOutcome) -> None:
         rank = self.launch.rank

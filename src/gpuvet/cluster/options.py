@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 GPU_ALLREDUCE_MAX_MIB = 1024.0
 CPU_ALLREDUCE_MAX_MIB = 64.0
@@ -71,3 +72,13 @@ def pause(where: str) -> None:
     """Tests only: stand still here, as a hung node would, until killed."""
     print(f"gpuvet cluster: paused at {where} (test)", file=sys.stderr, flush=True)
     threading.Event().wait()
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a node hands to the command that started it (cli/cluster.py): keeping its own run in the
+    local history, and, on rank 0, keeping and printing the cluster record. The cluster package
+    neither opens the store nor renders a report itself."""
+
+    save_run: Callable[[Any, str], int | None]  # (run record, label) -> its id in the history, None if not kept
+    show: Callable[[dict[str, Any]], None]  # the cluster record: written to --out, printed

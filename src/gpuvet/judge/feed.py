@@ -15,6 +15,7 @@ from ..facts import Gpu
 from ..record import MEASURED, Finding, Measurement, Valued
 from .bench_common import measured, one, planned
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
+from ..specs.cpu_share import LOW_CPU_SHARE
 
 # The reference model: ResNet-50 training at 224x224, the standard image-training workload.
 # Its forward pass is 4.1 G multiply-adds (the "4.1 GFLOPs" usually quoted counts multiply-adds),
@@ -42,9 +43,6 @@ DTYPE_PEAK_COLUMN = {"bf16": "bf16_tensor_tflops_dense", "fp16": "fp16_tensor_tf
 # time (the seed's 8-core 4090 sat near two thirds of what it needed).
 WARN_BELOW = 1.0
 FAIL_BELOW = 1 / 3
-# Workers that got less CPU time than this per second of wall time shared their cores with
-# other load or a hypervisor: the figure understates what an idle machine does.
-LOW_CPU_SHARE = 0.8
 
 REMEDY = ("give the input pipeline more cores: DataLoader(num_workers=<cores - 1>, pin_memory=True, "
           "persistent_workers=True), or rent more vCPUs per GPU; or take decoding off the CPU: NVIDIA DALI "

@@ -7,16 +7,18 @@ import os
 import shlex
 import socket
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import click
 
-from .cross import RankThread
-from .flow import run_node
-from .launch import LaunchError, expand_hostlist, launch_from_env, launch_help, print_launch
-from .node import EXIT_USAGE
-from .options import CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, RING_ROUNDS, Options
-from .record import check_out_path
+from ..cluster.cross import RankThread
+from ..cluster.flow import run_node
+from ..cluster.launch import LaunchError, expand_hostlist, launch_from_env, launch_help, print_launch
+from ..cluster.node import EXIT_USAGE
+from ..cluster.options import CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, RING_ROUNDS, Options
+from ..cluster.options import Outputs
+from ..cluster.record import check_out_path
+from ..private_file import write_private
 
 
 def _benchmark_names() -> tuple[str, ...]:
@@ -147,4 +149,36 @@ def main(options: Options, env: dict[str, str] | os._Environ = os.environ) -> in
         if talk:
             click.echo(f"gpuvet cluster [{name}]: {message}", err=True)
 
-    return run_node(launch, options, say)
+    return run_node(launch, options, say, Outputs(save_run=_save_run(options, name), show=_show(options, say)))
+
+
+def _save_run(options: Options, name: str) -> Callable[[Any, str], int | None]:
+    """How a node keeps its own run in its local history (the store is the command's to open)."""
+    def save(record: Any, label: str) -> int | None:
+        from ..store import Store, StoreError
+
+        try:
+            with Store(options.db) as store:
+                return store.save(record, label=label, price_per_hour=options.price)
+        except StoreError as err:
+            print(f"gpuvet cluster: {name}: warning: run not saved: {err}", file=sys.stderr)
+            return None
+    return save
+
+
+def _show(options: Options, say: Callable[[str], None]) -> Callable[[dict[str, Any]], None]:
+    """How rank 0 keeps (--out) and prints the cluster record."""
+    def show(record: dict[str, Any]) -> None:
+        from ..report import cluster_view
+        from ..report.terminal import stdout_console
+
+        if options.out:
+            write_private(options.out, cluster_view.to_json(record) + "\n")
+            record["out"] = options.out
+        else:
+            say("the cluster record was not kept: give --out FILE (to every node: torchrun picks rank 0)")
+        if options.as_json:
+            click.echo(cluster_view.to_json(record))
+        else:
+            cluster_view.render(record, stdout_console(), verbose=options.verbose)
+    return show
