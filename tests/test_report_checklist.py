@@ -48,7 +48,8 @@ def test_8x_h100_power_brake_crosses_the_power_wall_and_the_process_warns_whole_
     # The snapshot flagged the brake while the SM clock read its max: said so, not "SM 1980 of 1980 MHz".
     assert wall.figure.startswith("gpu2: HW power brake flagged in the snapshot (SM clock at its full 1980 MHz then: "
                                   "watch it under load)") and "limit 700 W of 700 W default" in wall.figure
-    assert "SW thermal" not in wall.figure and "1980 of 1980" not in wall.figure
+    assert "SW thermal" not in wall.figure and "SM 1980 of 1980" not in wall.figure
+    assert wall.figure.endswith("; performance state P0 at SM 345-1980 of 1980 MHz: gpu0-7")  # the seeds' first look
     whole = found["whole_card"]
     assert whole.state == WARNED and whole.figure.startswith("gpu2: 9.0 GiB in use") and "python" in whole.figure
     assert found["power_limit"].state == TICKED and found["power_limit"].figure == "gpu0-7: 700 W, at the 700 W default"
@@ -68,7 +69,8 @@ def test_x1_riser_crosses_both_pcie_items_with_the_lane_count():
         # the other GPUs' own figures, where they differ from gpu0's, not a bare "(+5 more)"
         assert found[key].figure.startswith("gpu0: x1 of x16 lanes") and found[key].figure.endswith("; gpu1-5: ~0 GB/s … ~8 GB/s")
     assert found["power_wall"].state == TICKED
-    assert found["power_wall"].figure == "limit 180 W of 180 W default, settable to 200 W on all 6 GPUs"
+    assert found["power_wall"].figure == ("limit 180 W of 180 W default, settable to 200 W on all 6 GPUs; "
+                                          "performance state P2 at SM 1885-1936 of 1961 MHz: gpu0-5")
 
 
 def test_a_capture_leaves_host_items_unknown_and_says_why():
@@ -162,7 +164,8 @@ def test_a_power_brake_under_load_crosses_the_power_wall_even_when_the_snapshot_
     wall = lines(r)["power_wall"]
     assert wall.state == CROSSED
     assert wall.figure == ("gpu2: HW power brake during 56% of the load at 538 W (77% of its limit); "
-                           "limit 700 W of 700 W default, settable to 700 W on all 8 GPUs")
+                           "limit 700 W of 700 W default, settable to 700 W on all 8 GPUs; "
+                           "performance state P0 at SM 345-1980 of 1980 MHz: gpu0-7")
 
 
 def test_a_thermal_slowdown_alone_does_not_cross_the_power_wall():

@@ -209,6 +209,11 @@ class Gpu:
 class Topology:
     """`nvidia-smi topo -m`: how each pair of devices connects (X, NV#, PIX, PXB, PHB, NODE, SYS)."""
 
+# Gpu.unavailable key for memory-health fields nvidia-smi printed as "Unknown Error": a read that
+# failed (a GPU in trouble), which gpu.ecc fails rather than reading as "no errors".
+ECC_READ_FAILED = "ecc_read"
+
+
     devices: list[str] = field(default_factory=list)  # column order: GPU0.., NIC0.. / mlx5_0..
     links: dict[str, dict[str, str]] = field(default_factory=dict)
     cpu_affinity: dict[str, str] = field(default_factory=dict)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from .. import actions
 from .. import occupancy as occ
-from ..facts import Gpu
+from ..facts import ECC_READ_FAILED, Gpu
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject, why_missing
 
@@ -172,6 +173,15 @@ def check_ecc(ctx: Context) -> list[Finding]:
 
 def _ecc(gpu: Gpu) -> Finding:
     s, e = subject(gpu), gpu.ecc
+    if failed := gpu.unavailable.get(ECC_READ_FAILED):
+        # A counter that could not be read is not a zero: nvidia-smi says "Unknown Error" when NVML
+        # fails, which a GPU in trouble does. Never a pass.
+        return finding("gpu.ecc", s, FAIL, "the memory-health counters could not be read (\"Unknown Error\"): "
+                       "a GPU in trouble, whose errors cannot be ruled out", measured=failed, expected=_ECC_HEALTHY,
+                       source=_ECC_SOURCE + "; nvidia-smi prints Unknown Error where NVML returns an error",
+                       remedy=f"`nvidia-smi -q -i {gpu.index} -d ECC,ROW_REMAPPER` again; if it still fails, drain the GPU, "
+                              f"reset it (`sudo nvidia-smi -r -i {gpu.index}`) and check `dmesg` for Xids; then ask the provider",
+                       action=actions.RESET_GPU)
     counters = (e.volatile_uncorrected, e.aggregate_uncorrected, e.retired_pages_sbe, e.retired_pages_dbe,
                 e.remapped_rows_uncorrectable, e.remapped_rows_pending, e.remapped_rows_failure, e.retired_pages_pending)
     inforom = _inforom_warning(gpu)

@@ -8,6 +8,7 @@ its content (never its name), and several files of one machine merge into one `M
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import re
 import sys
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from datetime import datetime
 
 from ..facts import CaptureEntry, Driver, Gpu, KernelLog, Machine, PcieLink, Topology
 from ..untrusted_text import clean_document
-from . import kernel_log, lspci, nvlink_errors, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
+from . import failed_reads, kernel_log, lspci, nvlink_errors, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
 from . import values as v
 from .bounded_read import MAX_CAPTURE_BYTES, check_gpu_count, check_size, read_bounded
 from .errors import CaptureError
@@ -161,11 +162,13 @@ def _fill(capture: Capture, text: str) -> None:
         capture.attached = smi_xml.attached_gpus(text)
         capture.note = _fewer_than_attached(capture.attached, len(capture.gpus))
         capture.timestamp = _timestamp(text)
+        _mark_failed_reads(capture.gpus, failed_reads.in_xml(text))
     elif kind == "smi-text":
         capture.driver, capture.gpus = smi_text.parse_smi_text(text)
         capture.attached = smi_text.attached_gpus(text)
         capture.note = _fewer_than_attached(capture.attached, len(capture.gpus))
         capture.timestamp = _timestamp(text)
+        _mark_failed_reads(capture.gpus, failed_reads.in_text(text))
     elif kind == "smi-csv":
         capture.driver, capture.gpus, capture.series, capture.note = smi_csv.parse_smi_csv_loop(text)
         if capture.series:
@@ -203,6 +206,15 @@ def _fill(capture: Capture, text: str) -> None:
     check_gpu_count(len(capture.gpus), f"this {kind} capture")
     if not capture.gpus and kind in ("smi-xml", "smi-text", "smi-csv", "smi-table"):
         raise CaptureError(f"the {kind} capture lists no GPU")
+
+
+def _mark_failed_reads(gpus: list[Gpu], failed: dict[str, list[str]]) -> None:
+    """nvidia-smi's "Unknown Error" in a memory-health field is a read that failed (a GPU in
+    trouble), not a zero: kept where gpu.ecc finds it, so it never passes."""
+    for gpu in gpus:
+        fields = failed.get(gpu.pcie.bus_id or "")
+        if fields:
+            gpu.unavailable[failed_reads.ECC_KEY] = f"nvidia-smi printed \"{failed_reads.READ_FAILED}\" for {', '.join(fields)}"
 
 
 _TIMESTAMP = re.compile(r"^\s*(?:<timestamp>|Timestamp\s*:\s*)(?P<when>\w{3} \w{3} +\d{1,2} \d\d:\d\d:\d\d \d{4})", re.M)
@@ -405,10 +417,12 @@ def _find(machine: Machine, gpu: Gpu) -> Gpu | None:
 
 
 def _merge_report(machine: Machine, report: Capture) -> None:
-    """A second report of the same GPUs: keep its PCIe readings (a load capture's matter most)."""
+    """A second report of the same GPUs: its PCIe readings are added (a load capture's matter
+    most), and every fact the first report lacks is taken from it: `nvidia-smi -q -d POWER` and
+    `-q -d PERFORMANCE` print disjoint sections of one machine, whatever order they are given in."""
     if machine.driver.version is None and report.driver:
         machine.driver = report.driver
-    unmatched, loaded = [], False
+    unmatched, loaded, filled = [], False, 0
     for gpu in report.gpus:
         target = _find(machine, gpu)
         if target is None:
@@ -418,12 +432,48 @@ def _merge_report(machine: Machine, report: Capture) -> None:
             if report.phase == "load" or _working(gpu):
                 reading.under_load = loaded = True
             target.pcie.readings.append(reading)
+        # What ran on the GPU comes from the idler report only: a report taken under load fills
+        # no occupancy (isolation is about what runs before you start).
+        busy = report.phase == "load" or _working(gpu)
+        filled += len(_fill_missing(target, gpu, skip=_OCCUPANCY if busy else ()))
     if report.gpus and len(unmatched) < len(report.gpus):
-        _note(machine, report.path, "another report of these GPUs: only its PCIe link readings are used"
-                                    + (" (taken under load)" if loaded else "") + "; isolation and the rest come from the idler one")
+        under_load = " (taken under load)" if loaded else ""
+        if filled:
+            note = (f"another report of these GPUs: its PCIe link readings{under_load} and the facts the other report "
+                    "lacks are used; where both give a fact, the idler report's is kept")
+        else:
+            note = (f"another report of these GPUs: only its PCIe link readings are used{under_load}; "
+                    "isolation and the rest come from the idler one")
+        _note(machine, report.path, note)
     if unmatched:
         _note(machine, report.path, f"{', '.join(unmatched)} here match no GPU of the other report: "
                                     "not used; is this capture from the same machine?")
+
+
+_OCCUPANCY = ("processes", "utilization_pct", "memory_used_mib", "memory_reserved_mib")
+
+
+def _fill_missing(target: object, source: object, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
+    """Copy into `target` each field of `source` that `target` lacks (None, or an empty list),
+    nested facts field by field; returns the dotted names filled. PCIe readings are added by the
+    caller, not copied."""
+    filled: list[str] = []
+    for f in dataclasses.fields(target):  # type: ignore[arg-type]
+        mine, theirs = getattr(target, f.name), getattr(source, f.name)
+        name = f"{prefix}{f.name}"
+        if theirs is None or f.name in ("readings", "unavailable", "index") or name in skip:
+            continue
+        if dataclasses.is_dataclass(mine) and dataclasses.is_dataclass(theirs):
+            filled += _fill_missing(mine, theirs, f"{name}.", skip)
+        elif mine is None or (mine == [] and theirs != []):
+            setattr(target, f.name, theirs)
+            filled.append(name)
+    if isinstance(target, Gpu) and isinstance(source, Gpu):
+        for key in filled:
+            target.unavailable.pop(key, None)  # "not in the capture" no longer holds
+        for key, why in source.unavailable.items():
+            target.unavailable.setdefault(key, why)
+    return filled
 
 
 def _note(machine: Machine, path: str, note: str) -> None:

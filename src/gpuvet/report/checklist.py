@@ -274,6 +274,37 @@ def _power_wall_text(record: RunRecord, f: Finding) -> str:
 
 
 def _power_wall(record: RunRecord, item: Item) -> Line:
+    """Ticked only where the power limit was read (a `-q -d PERFORMANCE` report alone has none);
+    every state shows the performance state with the clocks, the seeds' first look at the wall."""
+    return _with_pstates(record, _power_wall_line(record, item))
+
+
+def _with_pstates(record: RunRecord, line: Line) -> Line:
+    states = _pstates(record)
+    return Line(line.item, line.state, _join(line.figure, states), line.findings) if states else line
+
+
+def _pstates(record: RunRecord) -> str:
+    """ "P2 at SM 2520-2640 of 3105 MHz: gpu1,4; P8 at SM 210 of 3105 MHz: gpu0,2-3,5-7": the
+    performance state each GPU was read in, with its SM clocks against the most they reach (a P0 GPU
+    under load whose clock does not rise is held back by the power limit)."""
+    groups: dict[int, list[Gpu]] = {}
+    for gpu in record.machine.gpus:
+        if gpu.pstate is not None:
+            groups.setdefault(gpu.pstate, []).append(gpu)
+    parts = []
+    for pstate, gpus in sorted(groups.items()):
+        clocks = sorted({g.clocks.sm_mhz for g in gpus if g.clocks.sm_mhz})
+        tops = sorted({g.clocks.max_sm_mhz for g in gpus if g.clocks.max_sm_mhz})
+        at = ""
+        if clocks and tops:
+            span = f"{clocks[0]}" if len(clocks) == 1 else f"{clocks[0]}-{clocks[-1]}"
+            at = f" at SM {span} of {tops[-1]} MHz"
+        parts.append(f"P{pstate}{at}: {subject_range([f'gpu{g.index}' for g in gpus])}")
+    return "performance state " + "; ".join(parts) if parts else ""
+
+
+def _power_wall_line(record: RunRecord, item: Item) -> Line:
     line = _from_findings(record, item)
     if line.state == TICKED:  # what a short load proved, and what it could not
         return Line(item, line.state, _join(line.figure, _short_load(record, line.findings)), line.findings)
@@ -363,7 +394,7 @@ ITEMS: tuple[Item, ...] = (
          ("gpu.pcie_driver_view", "gpu.pcie_link"), "gpuvet run", passing_figure="required", required=("gpu.pcie_driver_view",)),
     Item("power_wall", HIDDEN, "Power wall", "GPU功耗墙",
          ("gpu.power_limit", "gpu.throttle", "gpu.sustained"), "gpuvet run", passing_figure="extra", keep=_power_related,
-         extra=_power_range, decide=_power_wall),
+         extra=_power_range, decide=_power_wall, required=("gpu.power_limit",)),
     Item("nvlink", HIDDEN, "NVLink between the GPUs", "NVLink互联",
          ("gpu.nvlink", "gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce", measured_state=WARNED),
     Item("context_init", HIDDEN, "CUDA context start-up time", "CUDA Context初始化延迟",

@@ -1,0 +1,57 @@
+"""The seed documents' own nvidia-smi commands, in their order: `-q -d PERFORMANCE` then `-q -d
+POWER` (cut from a real `-q` the way `-q -d` prints them, tests/fixtures/edited/make_edited_seeds.py),
+judged together as one machine whatever their order; and memory-health fields nvidia-smi could not
+read, which are never a pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_runner import gpuvet
+
+EDITED = Path(__file__).parent / "fixtures" / "edited"
+PERFORMANCE = EDITED / "q-d-performance-8x-rtx4090-swpowercap-535.154.05-cut-d-performance.txt"
+POWER = EDITED / "q-d-power-8x-rtx4090-swpowercap-535.154.05-cut-d-power.txt"
+POWER_300W = EDITED / "q-d-power-8x-rtx4090-535.154.05-edited-limit-300w-cut-d-power.txt"
+ECC_UNKNOWN = EDITED / "q-8x-h100-sxm-vm-535.183.01-edited-ecc-unknown-error.txt"
+
+
+def _inspect(capsys, *paths: Path) -> tuple[int, dict]:
+    code, out, _ = gpuvet(capsys, "inspect", *map(str, paths), "--json")
+    return code, json.loads(out)
+
+
+def _statuses(record: dict, check: str) -> dict[str, str]:
+    return {f["subject"]: f["status"] for f in record["findings"] if f["check"] == check}
+
+
+@pytest.mark.parametrize("order", [(PERFORMANCE, POWER_300W), (POWER_300W, PERFORMANCE)])
+def test_a_300w_cap_fails_with_the_performance_report_beside_it_in_either_order(capsys, order):
+    alone_code, alone = _inspect(capsys, POWER_300W)
+    code, record = _inspect(capsys, *order)
+    assert alone_code == code == 1
+    assert set(_statuses(record, "gpu.power_limit").values()) == {"fail"} == set(_statuses(alone, "gpu.power_limit").values())
+    # The performance report's facts are kept too: its clock-event reasons are judged.
+    assert _statuses(record, "gpu.throttle") and "skip" not in _statuses(record, "gpu.throttle").values()
+
+
+def test_the_performance_report_alone_leaves_the_power_wall_open_and_shows_the_p_states(capsys):
+    code, out, _ = gpuvet(capsys, "inspect", str(PERFORMANCE))
+    wall = next(line for line in out.splitlines() if "Power wall" in line)
+    assert "✓" not in wall and "power limit not available" in wall
+    assert "P2" in wall and "P8" in wall  # the seeds' first check, shown where the wall is judged
+
+
+def test_an_ecc_field_that_reads_unknown_error_fails_the_gpu_and_the_node(capsys):
+    code, record = _inspect(capsys, ECC_UNKNOWN)
+    ecc = _statuses(record, "gpu.ecc")
+    assert ecc["gpu0"] == "fail" and set(ecc[f"gpu{i}"] for i in range(1, 8)) == {"pass"}
+    gpu0 = next(f for f in record["findings"] if f["check"] == "gpu.ecc" and f["subject"] == "gpu0")
+    assert "ECC Errors > Volatile > DRAM Uncorrectable" in gpu0["evidence"]["measured"]
+    assert "Remapped Rows > Uncorrectable Error" in gpu0["evidence"]["measured"]
+    assert code == 1
+    health_code, _, _ = gpuvet(capsys, "health", "--from", str(ECC_UNKNOWN))
+    assert health_code != 0
