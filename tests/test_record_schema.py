@@ -5,6 +5,7 @@ from the types the loader checks; every fixture record and every record the test
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from cli_runner import gpuvet
 from conftest import _WRITTEN
 from gpuvet.record import STATUSES
-from gpuvet.record.schema import KINDS, shipped, text
+from gpuvet.record.schema import DEFS, KINDS, files, shipped, shipped_file, text
 from record_schemas import problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,10 +27,22 @@ def test_the_shipped_schema_is_the_one_the_types_make(kind):
         "schemas with `PYTHONPATH=src python -m gpuvet.record.schema --write` and commit them")
 
 
+def test_the_package_ships_each_definition_once():
+    # One file of shared definitions and a small root per kind (three self-contained copies were
+    # 243 KB of the wheel); every file is the one the types make.
+    for name, content in files().items():
+        assert shipped_file(name) == content, f"{name}.schema.json is stale: python -m gpuvet.record.schema --write"
+    assert all(len(shipped_file(kind)) < 1000 for kind in KINDS)
+    assert sum(len(shipped_file(name)) for name in (*KINDS, DEFS)) < 120_000
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_gpuvet_schema_prints_it(capsys, kind):
     code, out, err = gpuvet(capsys, "schema", kind)
-    assert code == 0 and json.loads(out)["$id"].endswith(f"/{kind}.schema.json")
+    printed = json.loads(out)  # self-contained: every reference it holds is to its own definitions
+    assert code == 0 and printed["$id"].endswith(f"/{kind}.schema.json")
+    refs = {ref for ref in re.findall(r'"\$ref": "([^"]+)"', out)}
+    assert refs and all(ref.startswith("#/$defs/") and ref[8:] in printed["$defs"] for ref in refs)
 
 
 def test_an_unknown_kind_is_exit_2(capsys):

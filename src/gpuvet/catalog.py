@@ -169,6 +169,12 @@ CHECKS: tuple[Check, ...] = (
           "is the GPU near its slowdown temperature",
           per_gpu=True,
           health=True, action=ASK_PROVIDER),
+    Check("gpu.fan_failure", "gpu", "gpu_cooling.check_fan_failure", None,
+          "each fan's speed (NVML per fan; nvidia-smi's 'Fan Speed', and ERR! in its Fan column)",
+          "a fan whose reading fails (ERR!, Unknown Error), or a fan at 0% within 10 C of slowdown; a GPU that "
+          "reports no fan (passively cooled by the chassis) skips", "are the GPU's fans working",
+          per_gpu=True,
+          health=True, action=ASK_PROVIDER),
     Check("gpu.ecc", "gpu", "gpu_health.check_ecc", None,
           "ECC mode, uncorrectable errors, retired pages, remapped rows",
           "errors since reset, a pending retirement or remap, a failed remap", "is the memory healthy",

@@ -102,6 +102,10 @@ class Thermal:
     # Degrees left before the GPU slows itself down. Newer drivers on some GPUs report only
     # T.Limit-relative values; the backend computes the margin from whichever it has.
     slowdown_margin_c: float | None = None
+    # Each fan's speed in % of its maximum (NVML nvmlDeviceGetFanSpeed_v2, nvidia-smi 'Fan Speed'); an
+    # item None: that fan's reading failed (nvidia-smi's ERR!). None: no fan reported (passively
+    # cooled), or not read; unavailable["thermal.fan_pct"] says which.
+    fan_pct: list[int | None] | None = None
 
 
 @dataclass

@@ -5,6 +5,7 @@ Nothing here touches the machine, so a record captured anywhere can be judged (a
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -12,45 +13,15 @@ from .. import catalog
 from ..specs import reference
 from ..facts import Machine
 from ..record import MEASURED, PASS, SKIP, Finding, Measurement
-from . import (
-    bench_common,
-    cpu_bench,
-    env,
-    feed,
-    gpu_bench,
-    gpu_health,
-    gpu_identity,
-    gpu_links,
-    gpu_multi,
-    gpu_pcie,
-    gpu_power,
-    gpu_signals,
-    gpu_sustained,
-    gpu_xid,
-    gpu_trend,
-    health,
-    host,
-    host_io,
-    stack,
-    stack_runtime,
-    workload,
-)
+from . import bench_common
 from .common import Context, finding, settled_action
 
 Rule = Callable[[Context], list[Finding]]
 
-# Check id -> rule, in the catalogue's order (the order a report lists them), one entry per rule:
-# a rule that makes several ids (net.*, env.*, storage.*) is keyed by the first of them. Made from
-# the catalogue, where each check names its rule as "module.function" of this package.
-_MODULES = {module.__name__.rsplit(".", 1)[-1]: module for module in (
-    cpu_bench, env, feed, gpu_bench, gpu_health, gpu_identity, gpu_links, gpu_multi, gpu_pcie, gpu_power,
-    gpu_signals, gpu_sustained, gpu_xid, gpu_trend, health, host, host_io, stack, stack_runtime, workload)}
-
-
 def rule_of(check: catalog.Check) -> Rule:
     """The function the catalogue names as the check's rule."""
     module, _, name = check.rule.partition(".")
-    return getattr(_MODULES[module], name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def _rules(checks: list[catalog.Check]) -> dict[str, Rule]:
@@ -61,6 +32,9 @@ def _rules(checks: list[catalog.Check]) -> dict[str, Rule]:
     return rules
 
 
+# Check id -> rule, in the catalogue's order (the order a report lists them), one entry per rule:
+# a rule that makes several ids (net.*, env.*, storage.*) is keyed by the first of them. Made from
+# the catalogue, where each check names its rule as "module.function" of this package.
 RULES: dict[str, Rule] = _rules([c for c in catalog.CHECKS if catalog.RUN in c.levels])
 
 # Checks that need GPU facts; without any GPU they skip once, saying why. The benchmark checks

@@ -327,12 +327,30 @@ def _thermal(gpu: Gpu, h: Any, q: Query) -> None:
     values = _safe(pynvml.nvmlDeviceGetFieldValues, h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
     if values and values[0].nvmlReturn == pynvml.NVML_SUCCESS:
         t.memory_c = values[0].value.uiVal
+    t.fan_pct = _fans(gpu, h, q)
     if t.gpu_c is not None and t.slowdown_c is not None:
         t.slowdown_margin_c = t.slowdown_c - t.gpu_c
     elif hasattr(pynvml, "nvmlDeviceGetMarginTemperature"):
         # Newer GPUs give only T.Limit-relative values: degrees left below T.Limit (nvidia-smi's
         # "GPU T.Limit Temp"); slowdown starts a little past it, so this margin errs low.
         t.slowdown_margin_c = _safe(pynvml.nvmlDeviceGetMarginTemperature, h)
+
+
+def _fans(gpu: Gpu, h: Any, q: Query) -> list[int | None] | None:
+    """Each fan's speed in % of its maximum (nvidia-smi's 'Fan Speed'); None for a fan whose reading
+    failed, which nvidia-smi prints as ERR! (a stopped fan or a broken tachometer). None: the GPU
+    reports no fan (passively cooled, or a driver without the call)."""
+    count = q("thermal.fan_pct", pynvml.nvmlDeviceGetNumFans, h) if hasattr(pynvml, "nvmlDeviceGetNumFans") else None
+    if count is None:
+        return None
+    speeds: list[int | None] = []
+    for fan in range(count):
+        try:
+            speeds.append(int(pynvml.nvmlDeviceGetFanSpeed_v2(h, fan)))
+        except Exception as err:  # NVMLError: this fan's reading failed
+            gpu.unavailable.setdefault("thermal.fan_pct", f"fan {fan}: {error_reason(err)}")
+            speeds.append(None)
+    return speeds
 
 
 def _ecc(gpu: Gpu, h: Any, q: Query) -> None:
