@@ -55,3 +55,23 @@ def test_an_ecc_field_that_reads_unknown_error_fails_the_gpu_and_the_node(capsys
     assert code == 1
     health_code, _, _ = gpuvet(capsys, "health", "--from", str(ECC_UNKNOWN))
     assert health_code != 0
+
+
+LOOP = EDITED / "csv-h100-load-590.48.01-edited-indexed-loop-l5-heating.csv"
+DMON = EDITED / "dmon-h100-vm-load-590.48.01-edited-hot-clock-falling.txt"
+RTX4090_Q = Path(__file__).parent / "fixtures" / "smi_text" / "q-8x-rtx4090-swpowercap-535.154.05.txt"
+
+
+@pytest.mark.parametrize("loop", [LOOP, DMON])
+def test_a_monitoring_loop_taken_during_a_job_does_not_judge_isolation(capsys, loop):
+    _, record = _inspect(capsys, loop)
+    (isolation,) = [f for f in record["findings"] if f["check"] == "gpu.isolation"]
+    assert isolation["status"] == "skip" and "watches a running job" in isolation["summary"]
+    assert _statuses(record, "gpu.trend")  # the loop itself is judged as a time series
+
+
+def test_a_report_keeps_its_own_timestamp_and_says_how_old_it_is(capsys):
+    _, record = _inspect(capsys, RTX4090_Q)
+    (entry,) = record["machine"]["captures"]
+    assert entry["note"].startswith("taken Mon Jul 08 08:11:21 2024 by its own timestamp, ")
+    assert "years before this inspection" in entry["note"]

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..facts import CaptureEntry, Driver, Gpu, KernelLog, Machine, PcieLink, Topology
+from ..facts import ECC_READ_FAILED, CaptureEntry, Driver, Gpu, KernelLog, Machine, PcieLink, Topology
 from ..untrusted_text import clean_document
 from . import failed_reads, kernel_log, lspci, nvlink_errors, nvlink_status, proc_version, smi_csv, smi_series, smi_table, smi_text, smi_xml, topo
 from . import values as v
@@ -173,12 +173,14 @@ def _fill(capture: Capture, text: str) -> None:
         capture.driver, capture.gpus, capture.series, capture.note = smi_csv.parse_smi_csv_loop(text)
         if capture.series:
             capture.note = _loop_note("--query-gpu loop", capture.series, capture.note)
+            _watching_a_job(capture.gpus, "--query-gpu loop")
     elif kind == "smi-table":
         capture.driver, capture.gpus = smi_table.parse_smi_table(text)
     elif kind == "smi-dmon":
         samples = smi_table.parse_dmon(text)
         capture.gpus = _gpus_from_dmon(samples)
         capture.series = smi_table.dmon_series(samples)
+        _watching_a_job(capture.gpus, "nvidia-smi dmon")
         capture.note = _loop_note("nvidia-smi dmon", capture.series,
                                   "only power, temperature, clocks and utilization; each GPU's last sample gives its facts")
     elif kind == "topo":
@@ -214,7 +216,7 @@ def _mark_failed_reads(gpus: list[Gpu], failed: dict[str, list[str]]) -> None:
     for gpu in gpus:
         fields = failed.get(gpu.pcie.bus_id or "")
         if fields:
-            gpu.unavailable[failed_reads.ECC_KEY] = f"nvidia-smi printed \"{failed_reads.READ_FAILED}\" for {', '.join(fields)}"
+            gpu.unavailable[ECC_READ_FAILED] = f"nvidia-smi printed \"{failed_reads.READ_FAILED}\" for {', '.join(fields)}"
 
 
 _TIMESTAMP = re.compile(r"^\s*(?:<timestamp>|Timestamp\s*:\s*)(?P<when>\w{3} \w{3} +\d{1,2} \d\d:\d\d:\d\d \d{4})", re.M)
@@ -265,6 +267,17 @@ def _gpus_from_dmon(samples: list[dict]) -> list[Gpu]:
         gpu.utilization_pct = _int(sample.get("sm"))
         gpus.append(gpu)
     return gpus
+
+
+def _watching_a_job(gpus: list[Gpu], what: str) -> None:
+    """A monitoring loop is taken while a job runs, most often the user's own: its last sample's
+    utilization and memory are that job, not a neighbour found before you start. They are judged
+    as a time series (gpu.trend, as watch judges them), not by gpu.isolation."""
+    for gpu in gpus:
+        gpu.utilization_pct = gpu.memory_used_mib = None
+        gpu.processes = None
+        gpu.unavailable["processes"] = (f"this {what} watches a running job (yours, most often), not the GPU before you "
+                                        "start; take `nvidia-smi -q -x` before the job to see who else is on it")
 
 
 def _int(value: float | None) -> int | None:
@@ -396,13 +409,31 @@ def merge(captures: list[Capture]) -> Machine:
     return machine
 
 
-def _entry(c: Capture) -> CaptureEntry:
+def _entry(c: Capture, now: datetime | None = None) -> CaptureEntry:
     entry = CaptureEntry(path=c.path, kind=c.kind)
-    if c.note:
-        entry["note"] = c.note
+    taken = _taken_words(c.timestamp, now or datetime.now())
+    if c.note or taken:
+        entry["note"] = "; ".join(part for part in (taken, c.note) if part)
     if c.attached:  # "Attached GPUs: 4" of a `-i 0` report: the machine has more than it lists
         entry["attached"] = c.attached
     return entry
+
+
+def _taken_words(taken: datetime | None, now: datetime) -> str:
+    """ "taken Mon Jul  8 08:11:21 2024 by its own timestamp, 2.4 years before this inspection": the
+    record is dated when it was inspected; a provider's report may be months older than that."""
+    if taken is None:
+        return ""
+    days = (now - taken).total_seconds() / 86400  # both the machines' local time: within a day
+    if days < -1:
+        age = "dated after this inspection: check that machine's clock"
+    elif days < 2:
+        age = "within a day of this inspection"
+    elif days < 60:
+        age = f"{days:.0f} days before this inspection"
+    else:
+        age = f"{days / 365.25:.1f} years before this inspection" if days >= 365 else f"{days / 30.4:.0f} months before this inspection"
+    return f"taken {taken.strftime('%a %b %d %H:%M:%S %Y')} by its own timestamp, {age}"
 
 
 def _find(machine: Machine, gpu: Gpu) -> Gpu | None:

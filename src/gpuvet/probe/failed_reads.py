@@ -1,7 +1,7 @@
 """Fields nvidia-smi could not read: it prints "Unknown Error" where NVML answered with an error
 (NVML_ERROR_UNKNOWN, a GPU lost or in trouble). The parsers read such a field as not reported;
 in the memory-health sections (ECC counters, retired pages, remapped rows) that would read as "no
-errors", so they are listed here per GPU, by PCI bus id, for gpu.ecc to fail."""
+errors", so they are listed here per GPU, by PCI bus id, for gpu.ecc to fail (facts.ECC_READ_FAILED)."""
 
 from __future__ import annotations
 
