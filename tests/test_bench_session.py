@@ -14,12 +14,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cli_runner import restore_ctrl_c
 
 from gpuvet.bench import plan
 from gpuvet.bench.session import KILL_WAIT_S, TERM_GRACE_S, Worker, WorkerError
 from gpuvet.facts import Machine
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
+restore_ctrl_c()  # these tests press Ctrl-C: it must arrive under `nohup ./scripts/test &` too
 
 
 def cpu_load(subject: str, seconds: float) -> dict:
