@@ -75,3 +75,29 @@ def test_a_report_keeps_its_own_timestamp_and_says_how_old_it_is(capsys):
     (entry,) = record["machine"]["captures"]
     assert entry["note"].startswith("taken Mon Jul 08 08:11:21 2024 by its own timestamp, ")
     assert "years before this inspection" in entry["note"]
+
+
+HELD_320W = EDITED / "csv-seed-loop-l5-edited-rtx4090-held-320w.csv"
+INTERLEAVED = EDITED / "csv-seed-loop-l5-edited-two-gpus-interleaved.csv"
+
+
+def _trend(record: dict) -> dict:
+    (f,) = [f for f in record["findings"] if f["check"] == "gpu.trend"]
+    return f
+
+
+def test_the_seed_loop_of_a_card_held_at_320w_is_the_power_wall_once_the_model_is_known(capsys):
+    _, record = _inspect(capsys, HELD_320W)
+    alone = _trend(record)
+    assert alone["status"] == "measured" and "power wall is not judged" in alone["summary"]  # no model, no limit: not a pass
+    code, out, _ = gpuvet(capsys, "inspect", str(HELD_320W), "--expect", "RTX 4090", "--json")
+    f = _trend(json.loads(out))
+    assert f["status"] == "warn" and "318-322 W" in f["summary"] and "71% of 450 W" in f["summary"]
+    assert "power wall" in f["summary"]
+
+
+def test_a_loop_of_two_gpus_without_an_index_is_said_to_interleave(capsys):
+    _, record = _inspect(capsys, INTERLEAVED)
+    f = _trend(record)
+    assert f["status"] == "warn" and "rows of 2 GPUs interleaved" in f["summary"] and "2745 / 2235 MHz" in f["summary"]
+    assert "held steady" not in f["summary"] and "index" in f["remedy"]

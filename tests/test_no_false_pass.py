@@ -120,7 +120,7 @@ def test_a_pass_built_on_skips_says_how_little_was_judged():
     from gpuvet.report import terminal
 
     record = runner.inspect([str(FIXTURES / "smi_text/default-table-h100-vm-590.48.01.txt")])  # the plain table
-    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 6 of 30 findings could be judged")
+    assert terminal.verdict_text(record).startswith("PASS: nothing wrong found, but only 6 of 31 findings could be judged")
     topo_only = runner.inspect([str(FIXTURES / "topo/dgx1-8gpu-topo-mp-pcie-only.txt")])  # "8 x unknown GPU"
     assert terminal.verdict_text(topo_only).startswith("SKIP: nothing could be checked")
 
@@ -269,7 +269,8 @@ def test_a_capture_without_a_process_table_says_processes_unknown():
 
 def test_memory_not_reported_is_not_zero_gib_in_use():
     f = found(machine_from("smi_text/dmon-h100-vm-load-590.48.01.txt"), "gpu.isolation")["gpu0"]  # 100% SM, no memory column
-    assert "memory use not reported, 100% busy" in f.summary and "0.0 GiB" not in f.summary
+    # A dmon watches a running job: not judged as a neighbour, and never "0.0 GiB in use".
+    assert f.status == "skip" and "watches a running job" in f.summary and "0.0 GiB" not in f.summary
 
 
 def test_a_few_percent_on_an_idle_gpu_without_a_context_is_not_a_tenant__utilization_edited_in_the_test():

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from ..facts import Gpu
 from ..record import MEASURED, Finding
+from ..specs import reference
+from ..specs.reference import Reference
 from .bench_common import worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .diagnose import AT_LIMIT_PCT, IDLE_SHARE_PCT, TEMP_RISE_C
+from .gpu_identity import matches_expectation
 from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_FAIL_PCT, DECAY_WARN_PCT, heat_problems
 
 BUSY_PCT = 50.0  # a sample this busy (utilization, or power as a share of the limit) is "under load"
@@ -21,6 +24,16 @@ _SOURCE = ("gpuvet's sustained-load and watch rules (judge/gpu_sustained.py, jud
            "capture's samples: clock drop >= 7% WARN, >= 15% FAIL; heat rise >= 5 C; power >= 90% of the limit with "
            "SM clock < 85% of max; idle >= 25% of samples")
 _EXPECTED = "temperature steady and below slowdown, clocks held under load, no power-limit hold"
+# Power held this steady (max-min within 8% of the mean) this far under the model's default limit,
+# with the clock below the model's boost, is a lower limit holding the GPU: the first document's
+# node B "stuck at about 320 W" on a 450 W card, 15% slower.
+PLATEAU_SPREAD = 0.08
+PLATEAU_BELOW_DEFAULT = 0.90
+# Rows of several GPUs in one loop (a query without index on a multi-GPU machine) alternate: each
+# GPU's rows agree within 5% while the GPUs differ by 10% or more.
+INTERLEAVE_WITHIN = 0.05
+INTERLEAVE_BETWEEN = 0.10
+_MAX_INTERLEAVED = 8
 
 
 def check_trend(ctx: Context) -> list[Finding]:
@@ -41,13 +54,24 @@ def _trend(s: str, loop: dict, gpu: Gpu, ctx: Context) -> Finding:
     if len(samples) < 2:
         return finding("gpu.trend", s, MEASURED, f"one sample in {loop.get('source')}: no trend to judge",
                        measured=_evidence(samples, span), source=loop.get("source"))
-    limit, limit_words = _power_limit(gpu, samples, ctx)
-    top, top_words = _max_clock(gpu, ctx)
+    interleaved = _interleaved(samples)
+    if interleaved:
+        return finding("gpu.trend", s, WARN, f"{interleaved} ({span}): not one GPU's trend, so not judged as one",
+                       measured=_evidence(samples, span), expected="one GPU's rows, told apart by an index column",
+                       source=loop.get("source"),
+                       remedy="capture the loop with the GPU named: `nvidia-smi --query-gpu=index,timestamp,temperature.gpu,"
+                              "power.draw,power.limit,clocks.sm,clocks.max.sm,utilization.gpu --format=csv -l 5` "
+                              "(or `-i 0` for one GPU)")
+    ref = _reference(gpu, ctx)
+    limit, limit_words = _power_limit(gpu, samples, ref)
+    top, top_words = _max_clock(gpu, ref)
     loaded = _loaded(samples, limit, top)
     problems: list[tuple[str, str]] = []
     problems += _heat(gpu, samples)
     problems += _clock_fall(loaded)
     problems += _power_held(loaded, limit, limit_words, top, top_words)
+    if not _values(samples, "power_limit_w") and not gpu.power.enforced_limit_w:
+        problems += _power_plateau(loaded, limit, limit_words, top, top_words)
     problems += _idle_between(samples)
     measured = _evidence(samples, span)
     if problems:
@@ -61,6 +85,13 @@ def _trend(s: str, loop: dict, gpu: Gpu, ctx: Context) -> Finding:
                        source=loop.get("source"),
                        remedy=f"capture the loop while your job runs: `nvidia-smi -i {gpu.index} --query-gpu=index,timestamp,"
                               "utilization.gpu,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.max.sm --format=csv -l 5`")
+    if limit is None or top is None:
+        # Steady, but against nothing: a GPU held flat under a lowered limit looks just like this.
+        return finding("gpu.trend", s, MEASURED,
+                       f"steady over {len(samples)} samples ({span}); the power wall is not judged: the loop names no model "
+                       "and no limit", measured=measured, expected=_EXPECTED, source=_SOURCE,
+                       remedy="give the model (`gpuvet inspect LOOP --expect \"RTX 4090\"`) or the machine's `nvidia-smi -q` "
+                              "beside the loop, or add power.limit,clocks.max.sm to the query")
     return finding("gpu.trend", s, PASS, f"held steady under load over {len(loaded)} of {len(samples)} samples ({span})",
                    measured=measured, expected=_EXPECTED, source=_SOURCE)
 
@@ -87,23 +118,38 @@ def _fifths(values: list[float]) -> tuple[float | None, float | None]:
     return _mean(values[:n]), _mean(values[-n:])
 
 
-def _power_limit(gpu: Gpu, samples: list[dict], ctx: Context) -> tuple[float | None, str]:
+def _reference(gpu: Gpu, ctx: Context) -> Reference | None:
+    """The model's reference row: by the GPU's name (another capture of the machine gives it), else
+    by `--expect` when it names one model only (a three-column loop names no GPU)."""
+    ref = ctx.ref(gpu)
+    expect = (ctx.options.get("expect") or "").strip()
+    if ref is not None or not expect or gpu.name:
+        return ref
+    fits = [r for r in reference.all_references()
+            if matches_expectation(expect, Gpu(index=gpu.index, name=r.name,
+                                               memory_total_mib=_int(r.number("nvidia_smi_memory_total_mib"))))]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _power_limit(gpu: Gpu, samples: list[dict], ref: Reference | None) -> tuple[float | None, str]:
     in_loop = _values(samples, "power_limit_w")
     if in_loop:
         return max(in_loop), "the enforced limit in the capture"
     if gpu.power.enforced_limit_w:
         return gpu.power.enforced_limit_w, "the enforced limit the report gives"
-    ref = ctx.ref(gpu)
     default = ref.number("power_default_w") if ref else None
     if ref and default:
         return default, f"{ref.id}'s default limit ({ref.cite('power_default_w')})"
     return None, ""
 
 
-def _max_clock(gpu: Gpu, ctx: Context) -> tuple[float | None, str]:
+def _max_clock(gpu: Gpu, ref: Reference | None) -> tuple[float | None, str]:
     if gpu.clocks.max_sm_mhz:
         return float(gpu.clocks.max_sm_mhz), "the max SM clock the report gives"
-    ref = ctx.ref(gpu)
     boost = ref.number("boost_clock_mhz") if ref else None
     if ref and boost:
         return boost, f"{ref.id}'s boost clock ({ref.cite('boost_clock_mhz')})"
@@ -155,6 +201,45 @@ def _power_held(loaded: list[dict], limit: float | None, limit_words: str, top: 
     return [(WARN, f"held at the power limit: {power:.0f} W of {limit:.0f} W ({limit_words}) with the SM clock at "
                    f"{sm:.0f} MHz = {100 * sm / top:.0f}% of {top:.0f} MHz ({top_words}); compare the limit with the "
                    "default: `nvidia-smi -q -d POWER`")]
+
+
+def _power_plateau(loaded: list[dict], default: float | None, default_words: str, top: float | None,
+                   top_words: str) -> list[tuple[str, str]]:
+    """Power held flat well under the model's default limit with the clock below its boost: a lower
+    limit than the model's holds the GPU (the loop shows no limit column to say which)."""
+    power = _values(loaded, "power_w")
+    sm = _mean(_values(loaded, "sm_mhz"))
+    mean = _mean(power)
+    if len(power) < 3 or mean is None or not default or not top or sm is None:
+        return []
+    if (max(power) - min(power)) > PLATEAU_SPREAD * mean or mean >= PLATEAU_BELOW_DEFAULT * default or sm >= top:
+        return []
+    short = (default_words.split(" (")[0], top_words.split(" (")[0])  # the cited sources are in the evidence
+    return [(WARN, f"power held at {min(power):.0f}-{max(power):.0f} W under load, {100 * mean / default:.0f}% of "
+                   f"{default:.0f} W ({short[0]}), with the SM clock at {sm:.0f} MHz, below {top:.0f} MHz ({short[1]}): "
+                   "a power limit below the model's default (the power wall); `nvidia-smi -q -d POWER` shows the enforced one")]
+
+
+def _interleaved(samples: list[dict]) -> str | None:
+    """ "rows of 2 GPUs interleaved (SM clock 2745 / 2235 MHz alternating)": the smallest k for which
+    every k-th row agrees (within 5%) while the k series differ (10% or more)."""
+    for key, unit in (("sm_mhz", "MHz"), ("power_w", "W")):
+        values = _values(samples, key)
+        if len(values) != len(samples):
+            continue
+        for k in range(2, _MAX_INTERLEAVED + 1):
+            if len(values) < 2 * k:
+                break
+            series = [values[i::k] for i in range(k)]
+            means = [sum(x) / len(x) for x in series]
+            if min(means) <= 0:
+                break
+            agree = all(max(x) - min(x) <= INTERLEAVE_WITHIN * m for x, m in zip(series, means))
+            if agree and max(means) - min(means) >= INTERLEAVE_BETWEEN * max(means):
+                shown = " / ".join(f"{m:.0f}" for m in means)
+                label = "SM clock" if key == "sm_mhz" else "power"
+                return f"rows of {k} GPUs interleaved ({label} {shown} {unit} alternating): the query names no GPU"
+    return None
 
 
 def _idle_between(samples: list[dict]) -> list[tuple[str, str]]:
