@@ -101,3 +101,16 @@ def test_a_loop_of_two_gpus_without_an_index_is_said_to_interleave(capsys):
     f = _trend(record)
     assert f["status"] == "warn" and "rows of 2 GPUs interleaved" in f["summary"] and "2745 / 2235 MHz" in f["summary"]
     assert "held steady" not in f["summary"] and "index" in f["remedy"]
+
+
+BRIDGED = EDITED / "dgx-a100-8gpu-topo-m-edited-nv4-bridged-pairs.txt"
+DGX_A100 = Path(__file__).parent / "fixtures" / "topo" / "dgx-a100-8gpu-nv12-12nics-topo-m.txt"
+
+
+def test_nvlink_only_in_bridged_pairs_warns_and_names_what_the_all_reduce_crosses(capsys):
+    _, record = _inspect(capsys, BRIDGED)
+    nvlink = [f for f in record["findings"] if f["check"] == "gpu.nvlink"]
+    assert {f["status"] for f in nvlink} == {"warn"} and len(nvlink) == 8
+    assert "4 NVLink groups" in nvlink[0]["summary"] and "(SYS)" in nvlink[0]["summary"]
+    _, whole = _inspect(capsys, DGX_A100)  # the real NVSwitch box: one group, a pass
+    assert {f["status"] for f in whole["findings"] if f["check"] == "gpu.nvlink"} == {"pass"}

@@ -278,8 +278,47 @@ def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: 
                        remedy=f"check `nvidia-smi nvlink -s -i {gpu.index}`; ask for a replacement")
     linked = sum(1 for code in peers.values() if _nv_count(code))
     links = nvlinks_per_gpu(topology, label)
+    islands = nvlink_islands(topology)
+    if len(islands) > 1:
+        mine = next(island for island in islands if label in island)
+        crossed = _slowest_hop({o: code for o, code in peers.items() if o not in mine})
+        return finding("gpu.nvlink", s, WARN,
+                       f"NVLink only within {'-'.join(sorted(mine))} ({links} links); the {len(islands)} NVLink groups reach each "
+                       f"other over {crossed}: an all-reduce over all {len(topology.gpus)} GPUs runs at that speed, not NVLink's",
+                       measured=measured, expected="every GPU reachable from every other over NVLink (a switch or a mesh)",
+                       source="nvidia-smi topo -m; NCCL's ring crosses the slowest link between the groups",
+                       remedy=f"keep jobs within {len(mine)} GPUs of one group (`CUDA_VISIBLE_DEVICES`), or measure the "
+                              "8-GPU all-reduce: `gpuvet bench allreduce`; ask for an NVSwitch machine if the job needs all of them")
     return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured,
                    expected="NVLink to other GPUs, as many links as the best-connected GPU", source=source)
+
+
+def nvlink_islands(topology: Topology) -> list[set[str]]:
+    """The GPUs that reach each other over NVLink, hop by hop: one group behind NVSwitches or in a
+    mesh (DGX-1), several where bridges join pairs (NV4 between 0-1, 2-3, ...; SYS elsewhere)."""
+    left, islands = set(topology.gpus), []
+    while left:
+        stack, island = [left.pop()], set()
+        while stack:
+            gpu = stack.pop()
+            island.add(gpu)
+            near = {o for o, code in topology.links.get(gpu, {}).items() if o in left and _nv_count(code)}
+            left -= near
+            stack += near
+        islands.append(island)
+    return islands
+
+
+# What each topo code crosses, slowest last (nvidia-smi topo -m's legend).
+_HOPS = {"PIX": "a PCIe switch (PIX)", "PXB": "several PCIe switches (PXB)", "PHB": "the CPU's PCIe host bridge (PHB)",
+         "NODE": "the PCIe host bridges of one NUMA node (NODE)",
+         "SYS": "PCIe and the link between the CPU sockets (SYS)"}
+
+
+def _slowest_hop(peers: dict[str, str]) -> str:
+    codes = [code.strip() for code in peers.values() if code.strip() in _HOPS]
+    worst = max(codes, key=list(_HOPS).index, default=None)
+    return _HOPS[worst] if worst else "PCIe"
 
 
 # -- the PCIe rule's reading of a link, for the checklist, doctor and the cluster view ---------------
