@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,61 @@ def test_history_redact_hides_the_machine_keys_that_link_runs_to_a_machine(capsy
         code, out, _ = gpuvet(capsys, *argv, "--db", db)
         assert code == 0 and "MACHINE-REDACTED-" in out, argv
         assert not any(key[:12] in out for key in keys), argv
+
+
+# -- the first hour: a run's id, --json everywhere, one machine key (issue 29) ---------------------
+
+def test_report_takes_the_run_id_saved_as_run_n_gave(capsys, tmp_path):
+    """`gpuvet run --quick` on this (GPU-less) machine, then `gpuvet report 1` as its line says."""
+    db = str(tmp_path / "runs.sqlite3")
+    code, out, err = gpuvet(capsys, "run", "--quick", "--db", db)
+    assert "saved as run 1" in err
+    code, report, err = gpuvet(capsys, "report", "1", "--db", db)
+    assert code == 0, err
+    assert report.strip().splitlines()[-1].split(":")[0] in ("PASS", "WARN", "FAIL", "SKIP")
+    for argv in (("report", "#1", "--json"), ("show", "1", "--json")):
+        code, out, err = gpuvet(capsys, *argv, "--db", db)
+        assert json.loads(out)["schema"] == "gpuvet.run/1", (argv, err)
+    code, out, err = gpuvet(capsys, "report", "7", "--db", db)
+    assert code == 2 and "no run 7" in err
+
+
+def test_a_file_named_like_a_run_id_is_still_read_as_the_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "3").write_text((RECORDS / "cpu-quick.json").read_text())
+    code, out, err = gpuvet(capsys, "report", "3", "--json", "--db", str(tmp_path / "none.sqlite3"))
+    assert code == 0, err
+    assert json.loads(out)["machine"]["host"]["hostname"] == HOSTNAME
+
+
+def test_run_and_health_of_one_machine_are_one_machine_in_the_history(capsys, tmp_path):
+    """health reads no CPU model: a GPU-less machine was two machines, one per command."""
+    db = str(tmp_path / "runs.sqlite3")
+    gpuvet(capsys, "run", "--quick", "--db", db)
+    gpuvet(capsys, "health", "--db", db)
+    code, out, err = gpuvet(capsys, "history", "--machine", "--json", "--db", db)
+    machines = json.loads(out)
+    assert [m["runs"] for m in machines] == [2], machines
+
+
+def test_runs_keyed_by_an_earlier_gpuvet_join_their_machine_at_the_next_save(tmp_path):
+    """A GPU-less run as earlier versions keyed it (hostname + CPU model), rewritten here the way
+    they stored it, is found under the machine's key once a command that saves opens the store."""
+    db = tmp_path / "runs.sqlite3"
+    with Store(db) as store:
+        store.save(record("cpu-quick"))
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE runs SET machine_key = 'ff0a6cfecd59', machine_basis = ?",
+                    (f"hostname {HOSTNAME} + CPU model; no GPU",))
+    with Store(db) as store:
+        store.save(_health_of(record("cpu-quick")))
+        assert len(store.machines()) == 1
+        assert store.machines()[0][1].endswith(f"key from hostname {HOSTNAME}; no GPU")
+
+
+def _health_of(run: RunRecord) -> RunRecord:
+    """The same machine seen by `gpuvet health` (no CPU model read), a later run."""
+    health = copy.deepcopy(run)
+    health.started_at = "2099-01-01T00:00:00Z"
+    health.machine.host.cpu_model = None
+    return health

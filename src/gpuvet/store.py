@@ -131,8 +131,16 @@ def machine_identity(machine: Machine) -> MachineIdentity:
         why = "UUIDs masked or missing"
         basis = f"hostname {hostname} + GPU bus ids; {why}" if hostname else f"GPU models + bus ids only; {why}, no hostname"
         return MachineIdentity(_digest("bus", hostname or "", *parts), basis)
-    cpu = machine.host.cpu_model if machine.host else None
-    return MachineIdentity(_digest("host", hostname or "", cpu or ""), f"hostname {hostname or 'unknown'} + CPU model; no GPU")
+    return gpuless_identity(hostname)
+
+
+def gpuless_identity(hostname: str | None) -> MachineIdentity:
+    """A machine without GPUs is its hostname: `gpuvet health` reads no CPU model, and keying on it
+    gave one machine two keys, one from `run` and one from `health`."""
+    return MachineIdentity(_digest("host", hostname or "", ""), f"hostname {hostname or 'unknown'}; no GPU")
+
+
+_CPU_KEYED = "% + CPU model; no GPU"  # how earlier versions keyed a GPU-less machine
 
 
 def _digest(*parts: str) -> str:
@@ -321,6 +329,7 @@ class Store:
                 self._refuse_unknown(version, tables)
                 if version < SCHEMA_VERSION:
                     self._upgrade(version, tables)
+        self._rekey_gpuless_machines()
         self._use_wal()
         self._db.execute("PRAGMA synchronous = FULL")
 
@@ -364,6 +373,18 @@ class Store:
             pause = min(pause * 2, 0.2)
 
     # -- migrations -----------------------------------------------------------------------
+
+    def _rekey_gpuless_machines(self) -> None:
+        """Runs of a GPU-less machine that earlier versions keyed on hostname + CPU model get the
+        hostname key, so they join the machine's `health` runs (at the first writable open)."""
+        if not self._db.execute("SELECT 1 FROM runs WHERE machine_basis LIKE ? LIMIT 1", (_CPU_KEYED,)).fetchone():
+            return
+        with self._transaction():
+            for (hostname,) in self._db.execute("SELECT DISTINCT hostname FROM runs WHERE machine_basis LIKE ?",
+                                                (_CPU_KEYED,)).fetchall():
+                identity = gpuless_identity(hostname)
+                self._db.execute("UPDATE runs SET machine_key = ?, machine_basis = ? WHERE machine_basis LIKE ? AND hostname IS ?",
+                                 (identity.key, identity.basis, _CPU_KEYED, hostname))
 
     def _upgrade(self, version: int, tables: set[str]) -> None:
         steps = {0: self._migrate_0_to_1}

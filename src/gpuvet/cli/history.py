@@ -11,7 +11,6 @@ from datetime import datetime
 import click
 
 from ..console import HAVE_RICH, RICH_MISSING, Console
-from .. import runner
 from ..compare import compare as compare_runs
 from ..compare import entry, find_run, history_trend, with_prices
 from ..probe.errors import CaptureError
@@ -21,6 +20,7 @@ from ..report import compare_view, terminal
 from ..report.redact import Redactor
 from ..store import NoStoreYet, Store, StoreError, check_price
 from .base import PRICE, UsageProblem, check_out_path, cli, open_store, show_record
+from .stored import stored_run
 
 _db = click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
 _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -147,24 +147,16 @@ def _machine_key(store: Store, given: str, redactor: Redactor | None = None) -> 
 @cli.command()
 @click.argument("run_id", type=int)
 @click.option("--format", "fmt", type=click.Choice(["terminal", "md", "html", "json"]), default="terminal", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON (the same as --format json).")
 @click.option("--out", metavar="FILE", help="Write the report to FILE instead of printing it.")
 @click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @_db
-def show(run_id: int, fmt: str, out: str | None, redact: bool, verbose: bool, db: str | None) -> None:
+def show(run_id: int, fmt: str, as_json: bool, out: str | None, redact: bool, verbose: bool, db: str | None) -> None:
     """Print one stored run, judged again with this version's rules (any report format)."""
     check_out_path(out)
-    with open_store(db, read_only=True) as store:
-        try:
-            record = store.get(run_id)
-        except StoreError as err:
-            raise UsageProblem(str(err)) from None
-    stored_verdict = record.verdict  # from the findings saved with it
-    record = runner.rejudge(record)
-    if record.verdict != stored_verdict:
-        click.echo(f"gpuvet: run {run_id} was saved with verdict {stored_verdict.upper()}; this gpuvet's rules judge it "
-                   f"{record.verdict.upper()} (shown here)", err=True)
-    show_record(record, fmt, out, redact, verbose)
+    record = stored_run(db, run_id)
+    show_record(record, "json" if as_json else fmt, out, redact, verbose)
     sys.exit(exit_code(record.findings))
 
 

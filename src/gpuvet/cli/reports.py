@@ -15,18 +15,25 @@ from ..record.load import CLUSTER, WATCH, load
 from ..record.schema import KINDS as SCHEMA_KINDS
 from ..record.schema import shipped as shipped_schema
 from .base import UsageProblem, check_out_path, cli, first_run, load_run_file, show_record, write_atomically
+from .stored import stored_run, stored_run_id
 
 
 @cli.command()
-@click.argument("path", metavar="RUN.json")
+@click.argument("path", metavar="RUN")
 @click.option("--format", "fmt", type=click.Choice(["terminal", "md", "html", "json"]), default="terminal", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the same as --format json).")
 @click.option("--out", metavar="FILE", help="Write the report to FILE instead of printing it.")
 @click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
-def report(path: str, fmt: str, out: str | None, redact: bool, verbose: bool) -> None:
-    """Render a run record or `gpuvet export` file (judged again with this version's rules), or a
-    `gpuvet watch --log` file."""
+@click.option("--db", metavar="PATH", help="The history database a run id is read from.")
+def report(path: str, fmt: str, as_json: bool, out: str | None, redact: bool, verbose: bool, db: str | None) -> None:
+    """Render a stored run (its id, as "saved as run N" gave it), a run record or `gpuvet export`
+    file (judged again with this version's rules), a `gpuvet watch --log` file or a cluster record."""
+    fmt = "json" if as_json else fmt
     check_out_path(out)
+    if stored_run_id(path) is not None:
+        show_record(stored_run(db, path), fmt, out, redact, verbose)
+        return
     loaded = load(path)  # RecordError: one line, exit 2
     if loaded.kind == CLUSTER:
         _cluster_report(loaded.data, fmt, out, verbose, redact)
