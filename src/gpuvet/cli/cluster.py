@@ -21,6 +21,23 @@ from ..cluster.record import check_out_path
 from ..private_file import write_private
 
 
+def torch_missing() -> str | None:
+    """Said before the launch line on a machine whose gpuvet has no PyTorch: torchrun comes with
+    it, and every node's gpuvet measures with it, so the printed line would fail on each node."""
+    from ..facts import Machine
+    from ..probe import nvml
+    from ..probe.stack import find_torch
+    from ..specs.torch_wheels import torch_install
+
+    if find_torch().installed:
+        return None
+    driver, gpus, _, _ = nvml.collect()
+    pip = f"{shlex.quote(sys.executable)} -m pip"  # gpuvet's own environment, by path
+    return (f"# PyTorch is not installed in gpuvet's environment ({sys.executable}): the line below needs it on "
+            f"every node (torchrun comes with it, and each node measures with it). Install it first: "
+            f"{torch_install(Machine(driver=driver, gpus=gpus), pip)}")
+
+
 def _benchmark_names() -> tuple[str, ...]:
     from ..runner import ALL_BENCHMARKS
 
@@ -90,6 +107,9 @@ def command(show_launch: bool, nodes: str | None, benchmarks: tuple[str, ...], n
         click.echo(f"gpuvet cluster: --nodes {nodes}: {err}", err=True)
         sys.exit(EXIT_USAGE)
     if show_launch:
+        missing = torch_missing()
+        if missing:
+            click.echo(missing, err=True)
         click.echo(launch_help(join_timeout_s=values["join_timeout"]), err=True)
         click.echo(print_launch(options=given_options(click.get_current_context()), nodes=expected,
                                 join_timeout_s=values["join_timeout"], expect_nodes=values["expect_nodes"], run_id=run_id))
