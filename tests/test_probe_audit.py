@@ -205,6 +205,7 @@ def test_jupyter_command_line_options():
     ({"NotebookApp.token": EMPTY}, {}, {}, False, "NotebookApp.token on the command line"),
     ({}, {}, {"ServerApp.token": EXPRESSION}, None, "cannot tell"),
     ({}, {}, {}, True, "random one"),
+    ({}, {"JUPYTER_TOKEN": EMPTY}, {}, True, "random one"),  # empty is unset to Jupyter: it makes a token
 ])
 def test_jupyter_protection(cli, env, config, protected, words):
     verdict, how = audit_probe.jupyter_protection(cli, env, config, ["jupyter-lab"])
@@ -381,3 +382,43 @@ def test_an_audit_survives_the_run_record_round_trip(tmp_path):
     audit = audit_probe.collect_audit(str(home), str(etc), environ={"CUDA_MODULE_LOADING": "LAZY"})
     audit.listeners = listeners(sconn(3, 2, 1, addr("0.0.0.0", 8888), (), "LISTEN", 100))
     assert from_dict(Audit, to_dict(audit)) == audit
+
+
+def _venv(root: Path, packages: dict[str, str], enabled: str | None = None) -> Path:
+    """A server's own environment laid out as pip leaves it: dist-info folders and config.d files."""
+    site = root / "lib" / "python3.12" / "site-packages"
+    for name, version in packages.items():
+        (site / f"{name}-{version}.dist-info").mkdir(parents=True)
+    if enabled:
+        conf = root / "etc" / "jupyter" / "jupyter_server_config.d"
+        conf.mkdir(parents=True)
+        (conf / f"{enabled}.json").write_text('{"ServerApp": {"jpserver_extensions": {"%s": true}}}' % enabled)
+    return root
+
+
+def test_a_jupyter_server_2_ignores_the_notebook_app_rate_limit(tmp_path):
+    prefix = _venv(tmp_path / "venv", {"jupyter_server": "2.21.0", "jupyterlab": "4.4.0"})
+    view = ProcessView("jupyter-lab", [f"{prefix}/bin/python", f"{prefix}/bin/jupyter-lab"], "/root", {}, "/usr/bin/python3.12")
+    assert audit_probe.server_prefix(view) == str(prefix)
+    packages = audit_probe.installed_packages(str(prefix), lambda pattern: [str(p) for p in Path("/").glob(pattern.lstrip("/"))])
+    assert packages == {"jupyter_server": "2.21.0", "jupyterlab": "4.4.0"}
+    config = {"NotebookApp.iopub_data_rate_limit": "10000000", "NotebookApp.iopub_data_rate_limit.at": "/h/c.py:5"}
+    found = listeners(sconn(3, 2, 1, addr("0.0.0.0", 8888), (), "LISTEN", 100))
+    settings = audit_probe.jupyter_settings(config, [(found[0], view)], packages)
+    assert "iopub_data_rate_limit" not in settings and "ignores NotebookApp" in settings["notebook_app_ignored"]
+    classic = ProcessView("jupyter-notebook", [f"{prefix}/bin/jupyter-notebook"])
+    assert audit_probe.jupyter_settings(config, [(found[0], classic)], {"jupyter_server": "2.21.0", "notebook": "6.5.7"}
+                                        )["iopub_data_rate_limit"] == "10000000"  # the classic Notebook reads it
+
+
+def test_a_resource_monitor_in_the_servers_own_environment_is_found(tmp_path):
+    prefix = _venv(tmp_path / "venv", {"jupyter_server": "2.21.0", "jupyter_resource_usage": "1.1.1"},
+                   enabled="jupyter_resource_usage")
+    audit = Audit()
+
+    def read(path: str) -> str | None:
+        return Path(path).read_text() if Path(path).is_file() else None
+
+    audit_probe.server_resource_monitors(audit, str(prefix), {"jupyter_resource_usage": "1.1.1"},
+                                          lambda pattern: [str(p) for p in Path("/").glob(pattern.lstrip("/"))], read)
+    assert audit.jupyter["resource_monitors"].startswith("jupyter_resource_usage (")

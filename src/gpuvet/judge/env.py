@@ -19,7 +19,9 @@ SECURITY_SOURCE = ("GPU time is stolen through open notebook servers and SSH rev
                  "(PermitRootLogin, PasswordAuthentication, AllowTcpForwarding), authorized_keys options in sshd(8), "
                  "Jupyter Server's security docs (token or password)")
 _KEYS_EXPECTED = "keys restricted with no-port-forwarding,no-X11-forwarding, or sshd forbidding TCP forwarding"
-TUNING_SOURCE = "sshd_config(5) ClientAliveInterval/ClientAliveCountMax; Jupyter Server's ServerApp.iopub_data_rate_limit"
+# Each finding cites its own part of the seed's tuning advice.
+TUNING_SOURCE = "sshd_config(5) ClientAliveInterval/ClientAliveCountMax"
+JUPYTER_RATE_SOURCE = "Jupyter Server's ServerApp.iopub_data_rate_limit (classic Notebook < 7: NotebookApp.*)"
 
 
 def check_environment(ctx: Context) -> list[Finding]:
@@ -272,20 +274,23 @@ def check_ssh_keepalive(audit: Audit) -> list[Finding]:
                 f"sshd ClientAliveInterval {server_interval or '?'} ({server_where})")
     remedy = ("on the computer you connect from, add to ~/.ssh/config: " + " / ".join(line.strip() for line in CLIENT_KEEPALIVE)
               + "; or on this machine (root) add `ClientAliveInterval 30` and `ClientAliveCountMax 3` to /etc/ssh/sshd_config")
-    if server or client:
-        side = "this machine's sshd probes idle sessions" if server else "ssh from this machine sends keep-alives"
-        return [finding("env.ssh_keepalive", "host", PASS, f"SSH keep-alive is on: {side}", measured=measured,
-                        expected="ServerAliveInterval 30 on the client, or ClientAliveInterval > 0 in sshd",
-                        source=TUNING_SOURCE + ": TCPKeepAlive yes, ServerAliveInterval 30")]
+    expected = "ClientAliveInterval > 0 in this machine's sshd (or ServerAliveInterval 30 on the computer you connect from)"
+    if server:
+        return [finding("env.ssh_keepalive", "host", PASS, "SSH keep-alive is on: this machine's sshd probes idle sessions",
+                        measured=measured, expected=expected, source=TUNING_SOURCE + ": TCPKeepAlive yes, ServerAliveInterval 30")]
     listening = _ssh_listening(audit)
     if listening is False or (not _has_sshd(audit) and listening is None):
         return [finding("env.ssh_keepalive", "host", SKIP,
                         "no SSH server running here; if you reach this machine with ssh, keep idle sessions alive from your side",
                         measured=measured, source=TUNING_SOURCE, remedy=remedy)]
+    # ~/.ssh/config here sets what ssh *from* this machine sends: it keeps no session *to* it alive.
+    own_client = ("; this machine's own ~/.ssh/config sets ServerAliveInterval, which only keeps ssh sessions from it "
+                  "to other machines alive") if client else ""
     return [finding("env.ssh_keepalive", "host", WARN,
-                    "no SSH keep-alive: idle sessions (a long training run in the foreground, an rsync, a tunnel to "
-                    "Jupyter) are dropped by NAT and cloud firewalls after minutes of silence",
-                    measured=measured, expected="ServerAliveInterval 30 on the client, or ClientAliveInterval > 0 in sshd",
+                    "no SSH keep-alive on the server side: idle sessions to this machine (a long training run in the "
+                    "foreground, an rsync, a tunnel to Jupyter) are dropped by NAT and cloud firewalls after minutes of "
+                    f"silence unless the computer you connect from sends keep-alives{own_client}",
+                    measured=measured, expected=expected,
                     source=TUNING_SOURCE + ": TCPKeepAlive yes, ServerAliveInterval 30", remedy=remedy)]
 
 
@@ -355,7 +360,7 @@ def _iopub(settings: dict[str, str], where: str) -> Finding:
     if settings.get("limit_rate", "").lower() == "false":
         return finding("env.jupyter", "host", PASS, "Jupyter's output rate limit is off (limit_rate False)",
                        measured=f"limit_rate False ({settings.get('limit_rate.at')}); {where}",
-                       expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE)
+                       expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=JUPYTER_RATE_SOURCE)
     raw = settings.get("iopub_data_rate_limit")
     try:
         limit = float(raw) if raw is not None else IOPUB_DEFAULT
@@ -363,16 +368,18 @@ def _iopub(settings: dict[str, str], where: str) -> Finding:
         return finding("env.jupyter", "host", SKIP, f"iopub_data_rate_limit is {raw}: not a number gpuvet can read")
     measured = (f"iopub_data_rate_limit {limit:.3g} bytes/s ({settings.get('iopub_data_rate_limit.at', 'not set: Jupyter default')}); "
                 f"{where}")
+    if settings.get("notebook_app_ignored"):  # the seed's NotebookApp line, which this server does not read
+        measured += f"; {settings['notebook_app_ignored']} ({settings.get('server_packages')})"
     if limit > 0 and limit < IOPUB_MIN:
         return finding("env.jupyter", "host", WARN,
                        f"Jupyter limits cell output to {limit:.3g} bytes/s: large outputs (big plots, printed tensors, "
                        "progress bars) stop with 'IOPub data rate exceeded'",
-                       measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE,
+                       measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=JUPYTER_RATE_SOURCE,
                        remedy=f"in ~/.jupyter/jupyter_server_config.py: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} "
                               f"(classic Notebook < 7: c.NotebookApp.iopub_data_rate_limit), or start it with "
                               f"--ServerApp.iopub_data_rate_limit={IOPUB_MIN:.0f}; restart Jupyter")
     return finding("env.jupyter", "host", PASS, f"Jupyter's output rate limit is {limit:.3g} bytes/s", measured=measured,
-                   expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=TUNING_SOURCE)
+                   expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=JUPYTER_RATE_SOURCE)
 
 
 def _network_root(settings: dict[str, str]) -> Finding | None:
@@ -385,7 +392,7 @@ def _network_root(settings: dict[str, str]) -> Finding | None:
         "every file a notebook opens is a network round trip (the seed: loading a model from a notebook took 4.3 s "
         "against 1.8 s)",
         measured=f"root_dir {root} ({settings.get('root_dir.at')}) on {settings.get('root_dir.fs_type')}",
-        expected="notebooks and the data they read on local disk", source=TUNING_SOURCE,
+        expected="notebooks and the data they read on local disk", source=JUPYTER_TUNING_SOURCE,
         remedy="c.ServerApp.root_dir = '/home/<you>/notebooks' (a local disk) in ~/.jupyter/jupyter_server_config.py; "
                "copy hot data to local NVMe, or pack many small files into tar / WebDataset shards")
 

@@ -364,7 +364,9 @@ def jupyter_protection(cli: Mapping[str, str], env: Mapping[str, str], config: M
     token = _first(cli, "token")
     if token:
         return _token_verdict(token[0], f"{token[1]}.token on the command line")
-    if "JUPYTER_TOKEN" in env:
+    # An empty JUPYTER_TOKEN is unset to Jupyter (`os.getenv("JUPYTER_TOKEN")` is falsy: it makes a
+    # random token), not a disabled one; only `--ServerApp.token=''` or a config's '' disables it.
+    if env.get("JUPYTER_TOKEN") not in (None, EMPTY):
         return _token_verdict(env["JUPYTER_TOKEN"], "JUPYTER_TOKEN in the server's environment")
     token = _first(config, "token")
     if token:
@@ -394,6 +396,7 @@ class ProcessView:
     cmdline: list[str] = field(default_factory=list)
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # JUPYTER_TOKEN etc. as (set) / (empty)
+    exe: str | None = None  # /proc/PID/exe: the interpreter it runs (resolved: a venv's is its base)
 
 
 JUPYTER_PORTS = range(8888, 8900)
@@ -604,11 +607,59 @@ def autosave_setting(config: Mapping[str, str], lab_settings: str | None) -> str
     return "on (JupyterLab's default: every 120 s)"
 
 
+# -- the running server's own installation -------------------------------------------------------
+
+# What decides which config a server reads and which extensions it loads: the packages installed
+# where the server runs from, not where gpuvet runs.
+SERVER_PACKAGES = ("jupyter_server", "notebook", "nbclassic", "jupyterlab", *RESOURCE_MONITORS)
+_DIST_INFO = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[0-9][^-]*)\.dist-info$")
+
+
+def server_prefix(view: ProcessView) -> str | None:
+    """The environment a server runs from: the `bin/` of its script or interpreter on the command line
+    (a venv's `bin/jupyter-lab`), else of /proc/PID/exe (a conda or system Python)."""
+    for arg in [*view.cmdline[:2], view.exe or ""]:
+        if os.path.isabs(arg) and os.path.basename(os.path.dirname(arg)) == "bin":
+            base = os.path.basename(arg)
+            if base.startswith(("python", "jupyter")):
+                return os.path.dirname(os.path.dirname(arg))
+    return None
+
+
+def installed_packages(prefix: str, glob: Glob) -> dict[str, str]:
+    """SERVER_PACKAGES installed in `prefix` -> version, from their .dist-info folder names."""
+    found: dict[str, str] = {}
+    for path in sorted(glob(f"{prefix}/lib/python3*/site-packages/*.dist-info")):
+        m = _DIST_INFO.match(os.path.basename(path))
+        if m and m.group("name").lower().replace("-", "_") in SERVER_PACKAGES:
+            found.setdefault(m.group("name").lower().replace("-", "_"), m.group("version"))
+    return found
+
+
+def _major(version: str | None) -> int | None:
+    m = re.match(r"(\d+)", version or "")
+    return int(m.group(1)) if m else None
+
+
+def reads_notebook_app(view: ProcessView | None, packages: Mapping[str, str]) -> bool:
+    """Whether the server reads NotebookApp.* options: the classic Notebook (< 7, or nbclassic)
+    does; a jupyter-server 2 application (JupyterLab, Notebook 7) ignores them and
+    jupyter_notebook_config.py. Unknown packages: assumed to read them, as before."""
+    server = _major(packages.get("jupyter_server"))
+    if server is None or server < 2:
+        return True
+    classic = " ".join(view.cmdline) if view else ""
+    return "nbclassic" in classic or (re.search(r"\bnotebook\b", classic) is not None
+                                      and (_major(packages.get("notebook")) or 7) < 7)
+
+
 # -- effective Jupyter settings -----------------------------------------------------------------
 
-def jupyter_settings(config: Mapping[str, str], servers: list[tuple[Listener, ProcessView | None]]) -> dict[str, str]:
+def jupyter_settings(config: Mapping[str, str], servers: list[tuple[Listener, ProcessView | None]],
+                     packages: Mapping[str, str] | None = None) -> dict[str, str]:
     """iopub rate limit and notebook directory as the running server (first found) uses them:
-    its command line over the config files; its working directory when neither sets a root."""
+    its command line over the config files; its working directory when neither sets a root.
+    `packages`: what is installed where the server runs (installed_packages)."""
     settings: dict[str, str] = {"running": "yes" if servers else "no"}
     cli: Mapping[str, str] = {}
     view = None
@@ -616,9 +667,16 @@ def jupyter_settings(config: Mapping[str, str], servers: list[tuple[Listener, Pr
         listener, view = servers[0]
         settings["server"] = f"{listener.process or 'jupyter'} pid {listener.pid} on {listener.address}:{listener.port}"
         cli = jupyter_cli_options(view.cmdline) if view else {}
+    classes: tuple[str, ...] = ("ZMQChannelsWebsocketConnection", "ServerApp", "NotebookApp")
+    if packages:
+        settings["server_packages"] = ", ".join(f"{name} {version}" for name, version in sorted(packages.items()))
+        if not reads_notebook_app(view, packages):
+            classes = classes[:2]
+            settings["notebook_app_ignored"] = (f"jupyter_server {packages['jupyter_server']} ignores NotebookApp.* options "
+                                                "and jupyter_notebook_config.py (use ServerApp.* in jupyter_server_config.py)")
     for option in ("iopub_data_rate_limit", "limit_rate"):
         for source in (cli, config):
-            found = _first(source, option, ("ZMQChannelsWebsocketConnection", "ServerApp", "NotebookApp"))
+            found = _first(source, option, classes)
             if found:
                 settings[option] = found[0]
                 settings[f"{option}.at"] = source.get(f"{found[1]}.{option}.at", "command line")
@@ -721,7 +779,7 @@ def collect_audit(home: str | None = None, etc: str = "/etc", *, environ: Mappin
         audit.listeners = listeners_from(_net_connections(), _remembered(_process_view), config,
                                          parse_code_server_auth(code_server) if code_server else None)
     with _isolated(notes, "jupyter.settings"):
-        _fill_jupyter_settings(audit, config)
+        _fill_jupyter_settings(audit, config, glob, read)
     return audit
 
 
@@ -778,11 +836,16 @@ def _fill_jupyter_extensions(audit: Audit, config: Mapping[str, str], home: str,
         audit.jupyter["autosave"] = autosave_setting(config, read(f"{user_dir}/{_LAB_AUTOSAVE}"))
 
 
-def _fill_jupyter_settings(audit: Audit, config: Mapping[str, str]) -> None:
+def _fill_jupyter_settings(audit: Audit, config: Mapping[str, str], glob: Glob, read: Read) -> None:
     from .host import storage_for
 
     servers = [(item, _process_view(item.pid) if item.pid else None) for item in audit.listeners if item.kind == "jupyter"]
-    settings = jupyter_settings(config, servers)
+    view = servers[0][1] if servers else None
+    prefix = server_prefix(view) if view else None
+    packages = installed_packages(prefix, glob) if prefix else {}
+    settings = jupyter_settings(config, servers, packages)
+    if prefix and not audit.jupyter.get("resource_monitors"):
+        server_resource_monitors(audit, prefix, packages, glob, read)
     root = settings.get("root_dir")
     if root and not root.startswith("("):
         storage = storage_for(os.path.expanduser(root))
@@ -791,6 +854,22 @@ def _fill_jupyter_settings(audit: Audit, config: Mapping[str, str]) -> None:
         if storage.ephemeral:
             settings["root_dir.ephemeral"] = storage.ephemeral_reason or "ephemeral"
     audit.jupyter.update(settings)
+
+
+def server_resource_monitors(audit: Audit, prefix: str, packages: Mapping[str, str], glob: Glob, read: Read) -> None:
+    """A resource monitor installed and enabled in the server's own environment (pip puts its
+    enabling file in <prefix>/etc/jupyter/jupyter_server_config.d), which gpuvet's own does not see."""
+    if not any(name in packages for name in RESOURCE_MONITORS):
+        return
+    files = []
+    for sub in ("jupyter_notebook_config.d", "jupyter_server_config.d"):
+        for path in sorted(glob(f"{prefix}/etc/jupyter/{sub}/*.json")):
+            text = read(path)
+            if text is not None:
+                files.append((path, text))
+    monitors = enabled_extensions(files)
+    if monitors:
+        audit.jupyter["resource_monitors"] = ", ".join(f"{name} ({path})" for name, path in monitors.items())
 
 
 def _remembered(look_up: Callable[[int], ProcessView | None]) -> Callable[[int], ProcessView | None]:
@@ -819,7 +898,7 @@ def _process_view(pid: int) -> ProcessView | None:
     except psutil.Error:
         return None
     view = ProcessView()
-    for attribute, read in (("name", process.name), ("cmdline", process.cmdline), ("cwd", process.cwd)):
+    for attribute, read in (("name", process.name), ("cmdline", process.cmdline), ("cwd", process.cwd), ("exe", process.exe)):
         with contextlib.suppress(psutil.Error, OSError):
             setattr(view, attribute, read())
     with contextlib.suppress(psutil.Error, OSError):
