@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import BenchContext, Skip, measurement, summary
+from .common import ASSUMED_GPU_CLOCK_HZ, BenchContext, Skip, measurement, summary
 from .leftovers import scratch_dir, signals_deferred
 
 MiB = 1024 * 1024
@@ -69,7 +69,6 @@ DTYPE = "float32"  # nccl-tests' default; sums of small integers are exact in it
 HOST_AHEAD_BASE_S = 0.5e-3
 LAUNCH_ALLOWANCE_S = 50e-6  # per all-reduce enqueued from Python (~10-30 us in practice)
 HOST_AHEAD_MAX_S = 0.05
-ASSUMED_GPU_CLOCK_HZ = 2.0e9  # about the fastest boost clock: a slower GPU only sleeps longer
 
 
 @dataclass

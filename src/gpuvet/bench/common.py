@@ -78,7 +78,10 @@ def device_details(device: str) -> dict[str, Any]:
 
     if not device.startswith("cuda"):
         return {}
-    props = torch.cuda.get_device_properties(device)
+    try:
+        props = torch.cuda.get_device_properties(device)
+    except (RuntimeError, AssertionError):  # no CUDA in this build: nothing to describe
+        return {}
     return {"device": {"name": props.name, "sm_count": props.multi_processor_count,
                        "memory_total_mib": props.total_memory // 2**20}}
 
@@ -90,6 +93,33 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+# A GPU's timed calls are queued in chunks, each behind a GPU-side wait (torch.cuda._sleep) long
+# enough for the host to enqueue the whole chunk first: the CUDA events then time the GPU, not the
+# host. Without it, eight GPUs' threads sharing one interpreter lock can take longer to launch a
+# call than a small shape takes to run (H100 bf16 2048x2048x13312: ~141 us), and the gaps between
+# launches were timed as GPU time.
+ASSUMED_GPU_CLOCK_HZ = 2.0e9  # about the fastest boost clock: a slower GPU only waits longer
+TIMED_CHUNK = 32  # calls per wait: ~130 queue entries with the flush and the events
+HOST_AHEAD_MARGIN = 3.0  # the wait covers this many times the host's last enqueue time
+FIRST_ENQUEUE_GUESS_S = 100e-6  # per call, before one has been measured
+MAX_HOST_AHEAD_S = 0.25
+
+
+def host_ahead_wait(device: str) -> Callable[[float], None] | None:
+    """A function that queues a GPU-side wait of about `seconds` on `device`'s current stream;
+    None on the CPU or where this PyTorch lacks the (private) torch.cuda._sleep."""
+    import torch
+
+    sleep = getattr(torch.cuda, "_sleep", None) if device.startswith("cuda") else None
+    if sleep is None:
+        return None
+
+    def wait(seconds: float) -> None:
+        with torch.cuda.device(device):
+            sleep(int(min(seconds, MAX_HOST_AHEAD_S) * ASSUMED_GPU_CLOCK_HZ))
+    return wait
+
+
 def time_each(device: str, fn: Callable[[], Any], repeats: int, before: Callable[[], Any] | None = None) -> list[float]:
     """Seconds taken by each of `repeats` calls of `fn`. `before` runs ahead of every call, outside
     the timed region (e.g. flushing the L2 cache so each call starts cold)."""
@@ -98,15 +128,23 @@ def time_each(device: str, fn: Callable[[], Any], repeats: int, before: Callable
     times = []
     if device.startswith("cuda"):
         stream = torch.cuda.current_stream(device)
-        pairs = []
-        for _ in range(repeats):
-            if before is not None:
-                before()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            fn()
-            end.record(stream)
-            pairs.append((start, end))
+        wait = host_ahead_wait(device)
+        pairs: list[tuple[Any, Any]] = []
+        per_call_s = FIRST_ENQUEUE_GUESS_S
+        while len(pairs) < repeats:
+            chunk = min(TIMED_CHUNK, repeats - len(pairs))
+            if wait is not None:
+                wait(HOST_AHEAD_MARGIN * per_call_s * chunk)
+            queued = time.perf_counter()
+            for _ in range(chunk):
+                if before is not None:
+                    before()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                fn()
+                end.record(stream)
+                pairs.append((start, end))
+            per_call_s = (time.perf_counter() - queued) / chunk
         torch.cuda.synchronize(device)
         return [s.elapsed_time(e) / 1000.0 for s, e in pairs]
     for _ in range(repeats):

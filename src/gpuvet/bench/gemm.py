@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from .common import (BenchContext, Budget, OutOfTime, Skip, device_details, free_memory_bytes, measurement, summary, synchronize,
+from .common import (TIMED_CHUNK, BenchContext, Budget, OutOfTime, Skip, device_details, free_memory_bytes, measurement, summary, synchronize,
                      time_each)
 from ..specs import reference
 
@@ -931,7 +931,8 @@ def measure_in_turn(ctx: BenchContext, dtype: str, dtypes_left: list[str], candi
 
 def timing_words(device: str) -> str:
     if device.startswith("cuda"):
-        return "CUDA events around each call; the L2 cache flushed (256 MiB zeroed) before each"
+        return ("CUDA events around each call; the L2 cache flushed (256 MiB zeroed) before each; calls queued "
+                f"{TIMED_CHUNK} at a time behind a GPU-side wait (torch.cuda._sleep), so host delays are not timed")
     return "wall clock around each call (synchronised); nothing flushed"
 
 
