@@ -178,6 +178,13 @@ def test_ten_gbe_without_rdma_warns_only_for_multi_node():
     assert single.status == "measured" and "ens5 (ena, up, 10 Gbit/s)" in single.summary
 
 
+def test_a_nic_of_unknown_speed_is_measured_not_passed_for_multi_node():
+    # A cloud VM's virtio NIC reports no link speed: nothing says it is fast enough.
+    f = network(nics=[Nic("eth0", None, "up", 1500, "virtio_net")], rdma=[], gpus=8, multi_node=True)[("net.nics", "host")]
+    assert f.status == "measured" and "not judged for multi-node training until measured" in f.summary
+    assert "gpuvet net test" in f.remedy
+
+
 def test_no_rdma_is_a_note_unless_multi_node():
     multi = network(nics=TEN_GBE, rdma=[], gpus=8, multi_node=True)[("net.rdma", "host")]
     assert multi.status == "warn" and "TCP sockets" in multi.summary and "NCCL_DEBUG" in multi.remedy

@@ -345,6 +345,12 @@ def _nics(ctx: Context) -> list[Finding]:
     hint = "" if speeds else " (virtual NICs do not report a speed: measure with `gpuvet net serve` / `gpuvet net test HOST`)"
     if not ctx.options.get("multi_node"):  # one machine: nothing to hold the links against
         return [finding("net.nics", "host", MEASURED, f"{listing}{hint}", measured=listing)]
+    if fastest is None and not _active_rdma(host):
+        # A speed nobody reported is not a fast one: measured, never a pass for multi-node training.
+        return [finding("net.nics", "host", MEASURED, f"{listing}{hint}: not judged for multi-node training until measured",
+                        measured=listing, expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE",
+                        source=MULTI_NODE_SOURCE,
+                        remedy="measure between two nodes: `gpuvet net serve` on one, `gpuvet net test HOST` on the other")]
     return [finding("net.nics", "host", PASS, f"{listing}{hint}", measured=listing,
                     expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE", source=MULTI_NODE_SOURCE)]
 
