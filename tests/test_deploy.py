@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gpuvet.fleet import kubernetes
+from gpuvet import judge
 from gpuvet.probe import capture
 from gpuvet.record import RunRecord
 from gpuvet.report.health import SUMMARY_MAX
@@ -112,6 +113,15 @@ def test_node_labels_are_valid_label_values(fixture):
     assert labels["gpuvet.dev/kind"] == "health" and labels["gpuvet.dev/checked-at"] == "2026-12-01T23-16-55Z"
     if "h100" in fixture:
         assert labels["gpuvet.dev/model"] == "NVIDIA-H100-80GB-HBM3" and labels["gpuvet.dev/power-cap-w"] == "700"
+
+
+def test_node_labels_carry_the_action_a_remediator_takes():
+    # The H100 report's gpu2 is power-braked: a limit outside the machine, the provider's to lift.
+    machine = capture.merge(capture.read_captures(str(FIXTURES / "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt")))
+    record = RunRecord(machine=machine, started_at="2026-12-01T23:16:55Z", options={"profile": "quick"},
+                       findings=judge.judge(machine))
+    labels = node_labels(record)
+    assert labels["gpuvet.dev/verdict"] == "fail" and labels["gpuvet.dev/action"] == "ask_provider"
 
 
 class _ApiServer(BaseHTTPRequestHandler):

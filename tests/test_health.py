@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,14 +39,15 @@ def _summary_fits(line: str) -> None:
 
 
 def test_this_machine_answers_fast_with_a_scheduler_exit_code(tmp_path):
-    done = gpuvet("--json", db=tmp_path / "runs.sqlite3")
-    record = json.loads(done.stdout)
-    assert done.returncode in (0, 1, 2)
+    done = gpuvet("--json", "--out", str(tmp_path / "health.json"), db=tmp_path / "runs.sqlite3")
+    verdict, record = json.loads(done.stdout), json.loads((tmp_path / "health.json").read_text())
+    assert done.returncode == verdict["exit_code"] in (0, 1, 2)
     assert record["duration_s"] < 5 and record["options"]["profile"] == "health"
     if not record["machine"]["gpus"]:  # like CI: no GPU, so it cannot tell, and says why
-        assert done.returncode == 2
-        assert record["options"]["summary"].startswith("gpuvet: cannot tell: no GPU to check")
-    _summary_fits(record["options"]["summary"])
+        assert done.returncode == 2 and verdict["status"] == "unknown"
+        assert verdict["summary"].startswith("gpuvet: cannot tell: no GPU to check")
+        assert any(u["check"] == "gpu.reachable" for u in verdict["unread"])  # never a silent pass
+    _summary_fits(verdict["summary"])
 
 
 def test_a_failing_gpu_exits_1_with_the_reason_on_the_first_line():
@@ -53,7 +55,8 @@ def test_a_failing_gpu_exits_1_with_the_reason_on_the_first_line():
     assert done.returncode == 1
     first, *rest = done.stdout.splitlines()
     _summary_fits(first)
-    assert first.startswith("gpuvet: gpu2 gpu.throttle: slowdown flagged in the snapshot: HW power brake")
+    # The check and the action first (`sinfo -R` shows 20 characters of a drain reason), then the GPU.
+    assert first.startswith("gpuvet: gpu.throttle ask_provider gpu2: slowdown flagged in the snapshot: HW")
     assert any(line.split()[:3] == ["FAIL", "gpu.throttle", "gpu2"] for line in rest)
 
 
@@ -71,7 +74,7 @@ def test_a_running_job_is_not_a_problem():
 
 def test_fewer_gpus_than_the_node_has_is_a_problem():
     done = gpuvet("--from", str(FOUR_K80), "--expect-gpus", "8", "--brief")
-    assert done.returncode == 1 and done.stdout == "gpuvet: gpu.reachable: 4 of 8 GPUs visible\n"
+    assert done.returncode == 1 and done.stdout == "gpuvet: gpu.reachable reboot_node: 4 of 8 GPUs visible\n"
 
 
 def test_a_gpu_fallen_off_the_bus_is_named():
@@ -81,7 +84,7 @@ def test_a_gpu_fallen_off_the_bus_is_named():
     machine.gpus[3].unavailable["power.draw_w"] = "the GPU has fallen off the bus"
     record = health.check(machine=machine)
     assert health.outcome(record) == PROBLEM
-    assert summary_line(record, PROBLEM) == "gpuvet: gpu3 gpu.reachable: fallen off the bus (NVML reports the GPU lost)"
+    assert summary_line(record, PROBLEM) == "gpuvet: gpu.reachable reboot_node gpu3: fallen off the bus (NVML reports the..."
 
 
 def test_a_hung_gpu_probe_is_cut_at_its_deadline_and_is_itself_a_problem():
@@ -99,7 +102,7 @@ def test_a_hung_gpu_probe_is_cut_at_its_deadline_and_is_itself_a_problem():
         stuck.set()
     assert time.monotonic() - t0 < 5  # cut at the deadline, not after the reader's 30 s
     assert health.outcome(record) == PROBLEM
-    assert summary_line(record, PROBLEM)== "gpuvet: health.probe: NVML hung past its 0.2 s deadline: GPU or driver wedged"
+    assert summary_line(record, PROBLEM) == "gpuvet: health.probe reboot_node: NVML hung past its 0.2 s deadline: GPU or d..."
 
 
 def test_no_gpu_facts_is_could_not_tell_not_healthy():
@@ -109,9 +112,8 @@ def test_no_gpu_facts_is_could_not_tell_not_healthy():
 
 
 def test_a_health_record_judged_again_keeps_the_health_rules(tmp_path):
-    done = gpuvet("--from", str(BUSY_RTX), "--json")
     saved = tmp_path / "health.json"
-    saved.write_text(done.stdout)
+    gpuvet("--from", str(BUSY_RTX), "--out", str(saved))
     again = subprocess.run([sys.executable, "-m", "gpuvet", "inspect", str(saved), "--json"], check=False, capture_output=True,
                            text=True, timeout=60)
     checks = {f["check"] for f in json.loads(again.stdout)["findings"]}
@@ -125,7 +127,7 @@ def test_history_lists_health_runs_as_their_own_kind(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--db", str(db)], check=False, capture_output=True, text=True,
                             timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert listed.stdout.count("│ health ") == 2  # the kind column of each row (the header is ┃ health)
-    assert "gpu2 gpu.throttle: slowdown" in listed.stdout and "healthy, 8 GPU(s)" in listed.stdout  # what each said
+    assert "gpu.throttle ask_provider gpu2: slowdown" in listed.stdout and "healthy, 8 GPU(s)" in listed.stdout  # what each said
     only = subprocess.run([sys.executable, "-m", "gpuvet", "history", "--kind", "quick", "--json", "--db", str(db)],
                           check=False, capture_output=True, text=True, timeout=60)
     assert json.loads(only.stdout) == []
@@ -165,7 +167,7 @@ def test_gpus_on_the_bus_with_the_driver_not_loaded_are_a_problem():
 
     record = health.check(machine=live.collect_passive(read_gpus=driver_not_loaded))
     assert health.outcome(record) == PROBLEM
-    assert summary_line(record, PROBLEM).startswith("gpuvet: gpu0 gpu.reachable (+1 more): not answering: NVML does not")
+    assert summary_line(record, PROBLEM).startswith("gpuvet: gpu.reachable reboot_node gpu0 (+1 more): not answering: NVML")
 
 
 XID79_ON_GPU3 = FIXTURES / "edited" / "dmesg-tesla-k40m-xid79-390.30-edited-bus-86-as-h100-gpu3.txt"
@@ -177,7 +179,7 @@ def test_an_xid_in_the_kernel_log_names_the_gpu_first():
     done = gpuvet("--from", str(POWER_BRAKE), "--from", str(XID79_ON_GPU3), "--brief")
     assert done.returncode == 1
     _summary_fits(done.stdout.strip())
-    assert done.stdout.startswith("gpuvet: gpu3 gpu.xid (+2 more): Xid 79 (GPU has fallen off the bus)")
+    assert done.stdout.startswith("gpuvet: gpu.xid reboot_node gpu3 (+2 more): Xid 79 (GPU has fallen off the bu")
 
 
 def test_a_skipped_check_is_said_and_not_judged():
@@ -189,10 +191,14 @@ def test_a_skipped_check_is_said_and_not_judged():
 def test_a_health_record_matches_the_shipped_run_schema():
     from record_schemas import problems
 
-    done = gpuvet("--from", str(POWER_BRAKE), "--from", str(XID79_ON_GPU3), "--skip", "gpu.temperature",
-                  "--expect-gpus", "8", "--json")
-    record = json.loads(done.stdout)
-    assert record["options"]["skip"] == ["gpu.temperature"] and record["options"]["summary"].startswith("gpuvet: gpu3")
+    def run(out: Path) -> dict:
+        gpuvet("--from", str(POWER_BRAKE), "--from", str(XID79_ON_GPU3), "--skip", "gpu.temperature",
+               "--expect-gpus", "8", "--out", str(out))
+        return json.loads(out.read_text())
+
+    record = run(Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuvet-health-{os.getpid()}.json")
+    assert record["options"]["skip"] == ["gpu.temperature"] and record["options"]["summary"].startswith("gpuvet: gpu.xid")
+    assert record["action"] == "reboot_node"  # Xid 79: NVIDIA's RESTART_BM
     assert problems("run", record) == []
 
 
@@ -200,9 +206,48 @@ def test_the_live_nvml_path_under_replay_judges_a_riser_at_x1():
     """GPUVET_NVML_REPLAY: NVML answers from a real capture (six GTX 1070 on x1 risers), so the
     live probe health runs on a node is the one exercised, deadline and all."""
     riser = FIXTURES / "smi_xml" / "gtx-1070-x6-riser-pcie-x1-384.66-v9.xml"
-    done = subprocess.run([sys.executable, "-m", "gpuvet", "health", "--no-save", "--json"], check=False,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "GPUVET_NVML_REPLAY": str(riser)})
-    record = json.loads(done.stdout)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "health.json"
+        done = subprocess.run([sys.executable, "-m", "gpuvet", "health", "--no-save", "--out", str(out)], check=False,
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "GPUVET_NVML_REPLAY": str(riser)})
+        record = json.loads(out.read_text())
     assert done.returncode == 1 and len(record["machine"]["gpus"]) == 6 and record["duration_s"] < 5
     assert record["machine"]["probe_errors"] == {}
-    assert record["options"]["summary"].startswith("gpuvet: gpu0 gpu.pcie_link (+5 more): x1 of x16 lanes")
+    assert record["options"]["summary"].startswith("gpuvet: gpu.pcie_link ask_provider gpu0 (+5 more): x1 of x16")
+
+
+# -- the verdict object: what a remediator acts on without parsing text -------------------------
+
+def _verdict(*args: str) -> tuple[int, dict]:
+    done = gpuvet(*args, "--json")
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_verdict_names_the_action_and_the_gpu_by_index_and_uuid():
+    from record_schemas import problems
+
+    code, verdict = _verdict("--from", str(POWER_BRAKE), "--from", str(XID79_ON_GPU3))
+    assert problems("health", verdict) == []
+    assert code == verdict["exit_code"] == 1 and verdict["status"] == "problem"
+    assert verdict["action"] == "reboot_node"  # the worst asked for: Xid 79 (RESTART_BM) over a power brake
+    affected = {g["index"]: g for g in verdict["gpus"]}
+    assert set(affected) == {2, 3}
+    assert affected[3]["action"] == "reboot_node" and affected[3]["uuid"].startswith("GPU-")
+    assert affected[2]["action"] == "ask_provider" and affected[2]["checks"] == ["gpu.throttle"]
+    assert all(f["action"] == "none" for f in verdict["findings"] if f["status"] == "pass")
+
+
+def test_a_healthy_node_asks_for_nothing_and_lists_what_it_could_not_read():
+    code, verdict = _verdict("--from", str(HEALTHY))
+    assert code == 0 and verdict["status"] == "healthy" and verdict["action"] == "none" and verdict["gpus"] == []
+    # No kernel log among the captures: gpu.xid is listed as not read, never counted as passed.
+    assert any(u["check"] == "gpu.xid" for u in verdict["unread"])
+    assert not any(f["check"] == "gpu.xid" and f["status"] == "pass" for f in verdict["findings"])
+
+
+def test_a_warning_never_asks_for_a_reset_or_a_reboot():
+    from gpuvet.actions import WARN_CEILING, rank
+
+    for capture in (POWER_BRAKE, BUSY_RTX, FOUR_K80, HEALTHY):
+        _, verdict = _verdict("--from", str(capture))
+        assert all(rank(f["action"]) <= rank(WARN_CEILING) for f in verdict["findings"] if f["status"] == "warn")

@@ -177,9 +177,11 @@ def test_a_failing_gpu_drains_the_node_with_the_summary_as_reason_and_health_res
     bad = _healthcheck(resumed, tmp_path, FAILING)
     assert bad.returncode == 1, bad.stderr
     summary = bad.stdout.strip()
-    assert summary.startswith("gpuvet: gpu2 gpu.throttle") and "\n" not in summary
+    assert summary.startswith("gpuvet: gpu.throttle ask_provider gpu2") and "\n" not in summary
     state, reason = resumed.show()
-    assert "DRAIN" in state and reason == summary
+    # The check and the action first: `sinfo -R` shows 20 characters; gpuvet's mark last.
+    assert "DRAIN" in state and reason == summary.removeprefix("gpuvet: ") + " (gpuvet)"
+    assert reason[:20] == "gpu.throttle ask_pro"
     assert f"drained {resumed.node}" in bad.stderr
 
     again = _healthcheck(resumed, tmp_path, FAILING)  # idempotent: the same drain, said so
@@ -200,6 +202,14 @@ def test_an_admins_drain_is_never_undone(resumed, tmp_path):
     assert bad.returncode == 1 and "drained or down by someone else" in bad.stderr
     state, reason = resumed.show()
     assert "DRAIN" in state and reason == "admin: PSU swap ticket 42"
+
+
+def test_a_drain_an_older_gpuvet_made_is_still_resumed(resumed, tmp_path):
+    # Before actions were named, gpuvet's drain reasons started with "gpuvet:".
+    resumed.scontrol("update", f"NodeName={resumed.node}", "State=DRAIN", "Reason=gpuvet: gpu2 gpu.throttle: HW power brake")
+    good = _healthcheck(resumed, tmp_path, HEALTHY)
+    assert good.returncode == 0 and f"resumed {resumed.node}" in good.stderr
+    assert "DRAIN" not in resumed.show()[0]
 
 
 def test_scontrol_refusing_is_one_clear_line_and_the_health_answer_stands(resumed, tmp_path):
@@ -248,7 +258,7 @@ def test_slurmd_itself_runs_the_health_check_and_drains_then_resumes(resumed, tm
     try:
         resumed.scontrol("reconfigure")
         resumed.wait_for(lambda: "DRAIN" in resumed.show()[0], "slurmd's health check to drain the node")
-        assert resumed.show()[1].startswith("gpuvet: gpu2 gpu.throttle")
+        assert resumed.show()[1].startswith("gpu.throttle ask_provider gpu2")
         _replace(capture, HEALTHY)  # the GPU is fixed
         resumed.wait_for(lambda: "DRAIN" not in resumed.show()[0], "slurmd's health check to resume the node")
     finally:

@@ -3,6 +3,7 @@ Kubernetes node-problem-detector). Exit 0 healthy, 1 a problem, 2 could not tell
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 
@@ -11,15 +12,15 @@ import click
 from ..fleet import health as fleet_health
 from ..fleet import kubernetes, slurm
 from .. import catalog
-from ..judge.health import EXIT_CODES, HEALTHY, PROBLEM
+from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM
 from ..probe import live
 from ..probe.errors import CaptureError
 from ..record import RunRecord
 from ..store import Store, StoreError
-from ..report.health import detail_lines, summary_line
+from ..report.health import detail_lines, summary_line, verdict
 from ..report.node_labels import node_labels
 from ..judge.gpu_xid import HEALTH_WINDOW_S, duration_text
-from .base import UsageProblem, cli, load_run_file, save, xid_window_option
+from .base import UsageProblem, check_out_path, cli, load_run_file, save, write_atomically, xid_window_option
 
 SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuvet may hold the store)
 
@@ -41,17 +42,22 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
 @click.option("--from", "captures", multiple=True, metavar="FILE",
               help="Judge these captures (nvidia-smi -q -x, -q, ...) instead of this node's GPUs (repeatable).")
 @click.option("--brief", is_flag=True, help="Print the summary line only (node-problem-detector keeps 80 bytes).")
-@click.option("--json", "as_json", is_flag=True, help="Print the run record as JSON instead.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the verdict as one JSON object instead (schema gpuvet.health/1: `gpuvet schema health`): "
+                   "status, action, the GPUs affected, every finding with its action, what could not be read.")
+@click.option("--out", metavar="FILE", help="Also write the whole run record (facts and findings) to FILE.")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @click.option("--keep", type=click.Choice(["every", "changes"]), default="every", show_default=True,
               help="changes: keep a run in the history only when its summary changed, or hourly (for schedulers).")
 @click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
 @click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
 def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadline: float, skipped: tuple[str, ...],
-           xid_window: float, captures: tuple[str, ...], brief: bool, as_json: bool, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
+           xid_window: float, captures: tuple[str, ...], brief: bool, as_json: bool, out: str | None, verbose: bool, keep: str,
+           no_save: bool, db: str | None) -> None:
     """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
     history row. First line: a summary short enough for a drain reason. Exit 0 healthy, 1 a
     problem, 2 could not tell (node-problem-detector's OK / NonOK / Unknown)."""
+    check_out_path(out)
     try:
         record = fleet_health.check(captures=list(captures) or None, expect_gpus=expect_gpus,
                                     budgets_s={"gpu": gpu_deadline}, skip=list(skipped), xid_window_s=xid_window or None)
@@ -62,8 +68,10 @@ def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadl
     record.options["summary"] = summary
     if not no_save:
         _save_bounded(record, db, only_changes=keep == "changes")
+    if out:
+        write_atomically(out, record.to_json() + "\n")
     if as_json:
-        click.echo(record.to_json())
+        click.echo(json.dumps(verdict(record, outcome), indent=2))
     else:
         click.echo(summary)
         if not brief:
@@ -115,8 +123,6 @@ def node_labels_command(record_file: str, node: str | None, as_json: bool) -> No
     except CaptureError as err:
         raise UsageProblem(str(err)) from None
     if as_json:
-        import json
-
         click.echo(json.dumps(labels, indent=2))
     else:
         for key, value in labels.items():

@@ -4,30 +4,16 @@ shuffled ring rounds)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..bench.allreduce import MiB
+from ..record.cluster import ClusterPlan
 from .options import CPU_ALLREDUCE_MAX_MIB, CPU_RING_MIB, GPU_ALLREDUCE_MAX_MIB, GPU_RING_MIB, Options
 
 RING_REPEATS = 5
 
 
-@dataclass
-class Plan:
-    members: list[int]  # ranks taking part, in member order
-    names: list[str]  # their node names
-    ranks_per_node: int
-    backend: str  # nccl / gloo
-    device: str  # cuda / cpu
-    allreduce_max_bytes: int
-    ring_bytes: int
-    ring_repeats: int
-    rounds: list[list[int]]  # per round: member indices in ring order (each sends to the next)
-    timeout_s: float  # the measurements, from when every rank has started
-    notes: list[str] = field(default_factory=list)
-    without_gpu: list[str] = field(default_factory=list)  # GPUs were asked for; these nodes had none usable
-    start_timeout_s: float = 180.0  # every rank's start-up (Python, import torch), before timeout_s runs
+Plan = ClusterPlan  # the record's type: what is decided is what is recorded
 
 
 def shuffled_rings(members: int, rounds: int, rng: random.Random) -> list[list[int]]:

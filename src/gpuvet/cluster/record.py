@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .. import __version__
@@ -101,40 +101,81 @@ def _ring_measurement(plan: Plan, receiver: str, entry: dict[str, Any]) -> Measu
                        {**details, "bytes": entry["bytes"], "seconds": entry["seconds"], "wrong": entry["wrong"]})
 
 
-def _cross_problem(plan: Plan, members: list[NodeState]) -> tuple[str, str, list[str], dict[str, Any]] | None:
+Problem = tuple[str, str, list[str], dict[str, Any]]  # (outcome, reason, nodes named, details)
+
+
+@dataclass
+class _Trouble:
+    """What went wrong in the cross-node step, gathered from the members' reports."""
+
+    silent: list[str]  # members that sent no result
+    aborted: str | None  # why rank 0 stopped everyone (or the deadline passed)
+    errors: list[tuple[str, dict[str, Any]]]  # (member, rank error)
+    behind: dict[str, str]  # members whose slowest rank stopped earlier than the others -> that step
+    reached: str | None  # the step the others reached
+
+    @property
+    def behind_words(self) -> str:
+        if not self.behind:
+            return ""
+        others = "finished" if self.reached == FINISHED else f"reached {self.reached}"
+        stops = ", ".join(f"{name} stopped at {step}" for name, step in list(self.behind.items())[:8])
+        return f"; {stops} while the others {others}"
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return {"behind": self.behind, "others_reached": self.reached} if self.behind else {}
+
+    @property
+    def named(self) -> list[str]:
+        return self.silent + [name for name in self.behind if name not in self.silent]
+
+
+def _cross_problem(plan: Plan, members: list[NodeState]) -> Problem | None:
+    trouble = _trouble(members)
+    if trouble is None:
+        return None
+    return (_only_slow_to_start(plan, trouble)
+            or (("aborted", f"aborted: {trouble.aborted}{trouble.behind_words}", trouble.named, trouble.extra)
+                if trouble.aborted else None)  # who was behind says who held the others up
+            or _failed(members, trouble))
+
+
+def _trouble(members: list[NodeState]) -> _Trouble | None:
     silent = [m.name for m in members if m.cross is None]
     aborted = next((m.cross["aborted"] for m in members if m.cross and m.cross.get("aborted")), None)
     errors = [(m.name, e) for m in members if m.cross for e in m.cross.get("errors") or []]
     if not (silent or aborted or errors):
         return None
-    behind, reached = members_behind(members)
-    named = silent + [name for name in behind if name not in silent]
-    extra = {"behind": behind, "others_reached": reached} if behind else {}
-    others = "finished" if reached == FINISHED else f"reached {reached}"
-    behind_words = (f"; {', '.join(f'{name} stopped at {step}' for name, step in list(behind.items())[:8])}"
-                    f" while the others {others}") if behind else ""
-    broken = [e for _, e in errors if not e.get("stopped")]
+    return _Trouble(silent, aborted, errors, *members_behind(members))
+
+
+def _only_slow_to_start(plan: Plan, trouble: _Trouble) -> Problem | None:
+    """Held up only by ranks still starting (Python, import torch): a loaded node, not a broken one.
+    Not measured (skipped), never failed; the slow nodes named (all, if none was behind)."""
+    broken = [e for _, e in trouble.errors if not e.get("stopped")]
     # Who held the others up: the nodes behind, or (all at one step) every stopped rank.
-    held_at = list(behind.values()) if behind else [e.get("step") for _, e in errors]
-    if aborted and held_at and not silent and not broken and all(starting_up(step) for step in held_at):
-        # Held up only by ranks still starting (Python, import torch): a loaded node, not a broken
-        # one. Not measured (skipped), never failed; the slow nodes named (all, if none was behind).
-        slow = behind or {name: e.get("step") or "starting" for name, e in errors}
-        who = name_list(list(slow))
-        return ("skipped", f"not measured: the cross-node ranks of {who} did not start within {plan.start_timeout_s:.0f} s"
-                           f"{behind_words} (a loaded machine? see `uptime` there); rerun on idle nodes or with a longer "
-                           "--start-timeout", list(slow), {**extra, "behind": slow, "start_timeout_s": plan.start_timeout_s})
-    if aborted:  # rank 0 stopped everyone, or the deadline passed: who was behind says who held it up
-        return "aborted", f"aborted: {aborted}{behind_words}", named, extra
+    held_at = list(trouble.behind.values()) if trouble.behind else [e.get("step") for _, e in trouble.errors]
+    if not (trouble.aborted and held_at and not trouble.silent and not broken and all(starting_up(s) for s in held_at)):
+        return None
+    slow = trouble.behind or {name: e.get("step") or "starting" for name, e in trouble.errors}
+    return ("skipped", f"not measured: the cross-node ranks of {name_list(list(slow))} did not start within "
+                       f"{plan.start_timeout_s:.0f} s{trouble.behind_words} (a loaded machine? see `uptime` there); rerun "
+                       "on idle nodes or with a longer --start-timeout", list(slow),
+            {**trouble.extra, "behind": slow, "start_timeout_s": plan.start_timeout_s})
+
+
+def _failed(members: list[NodeState], trouble: _Trouble) -> Problem:
     parts = []
-    if silent:
+    if trouble.silent:
         why = "; ".join(f"{m.name}: {m.reason}" for m in members if m.cross is None and m.reason)
-        parts.append(f"no result from {', '.join(silent[:8])}" + (f" ({why})" if why else ""))
-    if errors:
-        name, error = errors[0]
+        parts.append(f"no result from {', '.join(trouble.silent[:8])}" + (f" ({why})" if why else ""))
+    if trouble.errors:
+        name, error = trouble.errors[0]
+        more = len(trouble.errors) - 1
         parts.append(f"on {name} during {error.get('step')}: {error.get('error')}"
-                     + (f" (and {len(errors) - 1} more rank errors)" if len(errors) > 1 else ""))
-    return "failed", "; ".join(parts) + behind_words, named, extra
+                     + (f" (and {more} more rank errors)" if more else ""))
+    return "failed", "; ".join(parts) + trouble.behind_words, trouble.named, trouble.extra
 
 
 def members_behind(members: list[NodeState]) -> tuple[dict[str, str], str | None]:

@@ -12,8 +12,8 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from ..judge.health import HEALTHY, PROBLEM
-from ..report.health import PREFIX
+from ..record.verdict import HEALTHY, PROBLEM
+from ..report.health import drain_reason, is_gpuvet_reason
 
 SCONTROL_TIMEOUT_S = 5.0  # each call; slurmctld answers in milliseconds when it is up
 
@@ -36,11 +36,11 @@ class NodeState:
 
     @property
     def reason_by_other(self) -> bool:
-        return bool(self.reason) and not (self.reason or "").startswith(PREFIX)
+        return bool(self.reason) and not is_gpuvet_reason(self.reason)
 
     @property
     def drained_by_gpuvet(self) -> bool:
-        return self.drained and (self.reason or "").startswith(PREFIX)
+        return self.drained and is_gpuvet_reason(self.reason)
 
 
 class SlurmError(Exception):
@@ -88,10 +88,11 @@ def apply(outcome: str, summary: str, name: str) -> str:
             # An admin's drain, or Slurm's own DOWN with its reason: gpuvet's drain would replace
             # that reason, and its later resume would undo what it did not do.
             return f"slurm: {name} already drained or down by someone else ({node.reason or 'no reason'}): left as is"
-        if node.drained_by_gpuvet and node.reason == summary:
+        reason = drain_reason(summary)
+        if node.drained_by_gpuvet and node.reason == reason:
             return f"slurm: {name} already drained by gpuvet for this reason"
-        _scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={summary}")
-        return f"slurm: drained {name}: {summary}"
+        _scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
+        return f"slurm: drained {name}: {reason}"
     if outcome == HEALTHY:
         if node.drained_by_gpuvet:
             _scontrol("update", f"NodeName={name}", "State=RESUME")

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from ..facts import Gpu, Machine
 from ..record import Finding
+from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM, UNKNOWN  # noqa: F401 (health's answer: its words live in record)
 from .common import FAIL, PASS, SKIP, Context, finding, subject
 
-HEALTHY, PROBLEM, UNKNOWN = "healthy", "problem", "unknown"
-# node-problem-detector's custom plugin protocol (pkg/custompluginmonitor/types: OK 0, NonOK 1,
-# Unknown 2); Slurm's HealthCheckProgram gets the same codes from `gpuvet health`.
-EXIT_CODES = {HEALTHY: 0, PROBLEM: 1, UNKNOWN: 2}
 
 # Probes whose hang means the GPU or its driver is stuck (NVML blocks in the kernel on a GPU
 # that fell off the bus); a cut probe of anything else only means that part was not read.

@@ -347,6 +347,8 @@ def _fans(gpu: Gpu, h: Any, q: Query) -> list[int | None] | None:
     for fan in range(count):
         try:
             speeds.append(int(pynvml.nvmlDeviceGetFanSpeed_v2(h, fan)))
+        except pynvml.NVMLError_NotSupported:
+            continue  # a fan the driver does not report on (nvidia-smi prints N/A): no reading, no fault
         except Exception as err:  # NVMLError: this fan's reading failed
             gpu.unavailable.setdefault("thermal.fan_pct", f"fan {fan}: {error_reason(err)}")
             speeds.append(None)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 from .errors import RecordError
@@ -26,8 +27,27 @@ class ClusterNode(TypedDict, total=False):
     unnamed: bool
 
 
+@dataclass
+class ClusterPlan:
+    """What rank 0 decided for the meeting (the cluster's cross-node step): cluster/plan.py makes it."""
+
+    members: list[int]  # ranks taking part, in member order
+    names: list[str]  # their node names
+    ranks_per_node: int
+    backend: str  # nccl / gloo
+    device: str  # cuda / cpu
+    allreduce_max_bytes: int
+    ring_bytes: int
+    ring_repeats: int
+    rounds: list[list[int]]  # per round: member indices in ring order (each sends to the next)
+    timeout_s: float  # the measurements, from when every rank has started
+    notes: list[str] = field(default_factory=list)
+    without_gpu: list[str] = field(default_factory=list)  # GPUs were asked for; these nodes had none usable
+    start_timeout_s: float = 180.0  # every rank's start-up (Python, import torch), before timeout_s runs
+
+
 class CrossNode(TypedDict, total=False):
-    plan: dict[str, Any] | None
+    plan: ClusterPlan | None
     measurements: list[Measurement]
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict, TypeGuard
 
 from .. import __version__
 from ..actions import NAMES as ACTION_NAMES
+from ..actions import worst
 from ..facts import Machine, from_dict, to_dict
 from ..untrusted_text import clean_strings
 from .details import details_type
@@ -101,6 +102,16 @@ class Series(_SeriesBase, total=False):
     pid: int | None  # a watch log's job series: the followed process
 
 
+class ClusterPlace(TypedDict, total=False):
+    """A cluster node's place in its multi-node run (gpuvet cluster)."""
+
+    id: str
+    node: str
+    rank: int
+    world_size: int
+    launcher: str
+
+
 class RunOptions(TypedDict, total=False):
     """What the user asked for, as the run recorded it; the judge weighs some of it."""
 
@@ -119,7 +130,7 @@ class RunOptions(TypedDict, total=False):
     price: float | None  # USD per hour
     log: str  # a watch log's file
     redacted: bool
-    cluster: dict[str, Any]  # a cluster node's run: its cluster id, name and rank
+    cluster: ClusterPlace  # a cluster node's run: its cluster id, name and rank
     step_wall_s: dict[str, float]  # each benchmark's wall time, held against `run --plan`'s forecast
     probe_budgets_s: dict[str, float]  # gpuvet health: each passive probe's deadline
     expect_gpus: int | None  # gpuvet health --expect-gpus
@@ -151,6 +162,12 @@ class RunRecord:
     def verdict(self) -> str:
         return verdict_of(self.findings)
 
+    @property
+    def action(self) -> str:
+        """The most disruptive action any finding asks for (gpuvet.actions): what a remediator does
+        about this run as a whole."""
+        return worst_action(self.findings)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
@@ -164,6 +181,7 @@ class RunRecord:
             "findings": [to_dict(f) for f in self.findings],
             "series": self.series,
             "verdict": self.verdict,
+            "action": self.action,
         }
 
     def to_json(self) -> str:
@@ -200,6 +218,7 @@ class RunRecordDict(TypedDict, total=False):
     findings: list[Finding]
     series: list[Series]
     verdict: Annotated[str, OneOf(STATUSES)]
+    action: Annotated[str, OneOf(ACTION_NAMES)]  # the worst of the findings' actions
 
 
 def check_run(data: Any, path: str = "") -> dict[str, Any]:
@@ -226,6 +245,12 @@ def verdict_of(findings: list[Finding]) -> str:
         if SEVERITY.get(f.status, 0) > SEVERITY[worst]:
             worst = f.status
     return worst
+
+
+def worst_action(findings: list[Finding]) -> str:
+    """The most disruptive action of the findings' (none when none asks for one; a finding of a
+    record written before actions were named counts as none)."""
+    return worst([f.action for f in findings if f.action])
 
 
 def exit_code(findings: list[Finding]) -> int:

@@ -21,9 +21,10 @@ from .cluster import CLUSTER_SCHEMA, ClusterRecord
 from .details import DETAILS
 from .run import SCHEMA, Measurement, RunRecordDict
 from .validate import MAX_INT, OneOf
+from .verdict import HEALTH_SCHEMA, HealthVerdict
 from .watch import WATCH_SCHEMA, WatchHeader, WatchLine
 
-KINDS = ("run", "export", "watch", "cluster")
+KINDS = ("run", "export", "watch", "cluster", "health")
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 _ID = "https://gpuvet.dev/schemas/{kind}.schema.json"
 
@@ -116,6 +117,8 @@ def _built() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     builder.of(ClusterRecord)
     builder.defs["ClusterRecord"]["properties"]["schema"] = {"const": CLUSTER_SCHEMA}
     builder.defs["ClusterNode"]["properties"]["record"] = {"anyOf": [{"$ref": "#/$defs/RunRecordDict"}, {"type": "null"}]}
+    builder.of(HealthVerdict)
+    builder.defs["HealthVerdict"]["properties"]["schema"] = {"const": HEALTH_SCHEMA}
     header, line = builder.of(WatchHeader), builder.of(WatchLine)
     builder.defs["WatchHeader"]["properties"]["schema"] = {"const": WATCH_SCHEMA}
     builder.defs["WatchHeader"]["properties"]["kind"] = {"const": "header"}
@@ -124,6 +127,7 @@ def _built() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         "export": {"title": "gpuvet export (gpuvet export ID...): a list of run records",
                    "type": "array", "minItems": 1, "items": {"$ref": "#/$defs/RunRecordDict"}},
         "cluster": {"$ref": "#/$defs/ClusterRecord", "title": "gpuvet cluster record (gpuvet cluster --out)"},
+        "health": {"$ref": "#/$defs/HealthVerdict", "title": "gpuvet health verdict (gpuvet health --json): one node's answer"},
         "watch": {"title": "one line of a gpuvet watch log (gpuvet watch --log: JSON lines, a header per session)",
                   "type": "object", "if": {"properties": {"kind": {"const": "header"}}, "required": ["kind"]},
                   "then": header, "else": line},

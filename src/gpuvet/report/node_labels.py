@@ -27,6 +27,7 @@ def node_labels(record: RunRecord) -> dict[str, str]:
     caps = [g.power.enforced_limit_w for g in gpus if g.power.enforced_limit_w]
     labels = {
         "verdict": record.verdict,
+        "action": record.action,  # what a remediator does about the node (gpuvet.actions)
         "kind": str(record.options.get("profile") or "default"),
         "gpus": str(len(gpus)),
         "model": models[0] if len(models) == 1 else ("mixed" if models else "none"),
