@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuvet.bench import disk, net
-from gpuvet.facts import Gpu, Host, Machine, Nic, RdmaPort
+from gpuvet.facts import Gpu, Host, Machine, Nic, RdmaPort, Storage
 from gpuvet.judge import host_io
 from gpuvet.judge.common import Context
 from gpuvet.probe.host import collect_host
@@ -107,6 +107,30 @@ def test_small_files_without_mb_s_say_what_is_missing_instead_of_a_question_mark
 def test_slow_checkpoint_writes_warn():
     f = storage(synthetic_disk("unknown", write=40, read=800, iops=20000, files=5000), checkpoint_gb=20)["storage.write"]
     assert f.status == "warn" and "20 GB checkpoint takes 8 min" in f.summary
+
+
+def test_a_checkpoint_is_predicted_from_the_slower_of_direct_and_buffered_plus_fsync():
+    # The figures on one directory: 1,740 MB/s with O_DIRECT, 93 MB/s as torch.save + fsync writes.
+    measurements = synthetic_disk("nvme", write=1740, read=3000, iops=200_000, files=20_000)
+    measurements[0].details["checkpoint_mb_s"] = 93.0
+    f = storage(measurements, checkpoint_gb=10)["storage.write"]
+    assert f.status == "warn" and "10 GB checkpoint takes 108 s" in f.summary  # 5.7 s by the direct figure
+    assert "93 MB/s" in f.summary and "1,740 MB/s with O_DIRECT" in f.summary
+
+
+def test_a_tmpfs_path_is_not_shared_storage_tested():
+    measurements = synthetic_disk("tmpfs", write=4000, read=9000, iops=900_000, files=90_000, path="/dev/shm")
+    for m in measurements:
+        m.details.update(fs_type="tmpfs", mount_point="/dev/shm")
+    machine = Machine(gpus=[Gpu(index=0)], host=Host(memory_total_bytes=16 * 2**30, workdir=Storage(path="/tmp", mount_point="/")))
+    (f,) = host_io.check_shared_storage(Context(machine, measurements, {"benchmarks": ["disk"], "paths": ["/dev/shm"]}))
+    assert f.status == "skip" and "no shared or network storage tested" in f.summary
+
+
+def test_this_machines_checkpoint_write_is_timed_through_the_page_cache(tmp_path):
+    target = disk.Target(str(tmp_path), str(tmp_path), str(tmp_path / "seq.bin"), 64 * 2**20, 0, False, Storage())
+    result = disk.checkpoint_write(target, 2.0)
+    assert result is not None and result.bytes > 0 and result.mb_s > 0 and "fsync_s" in result.extra
 
 
 def test_tmpfs_is_ram_not_a_disk():
