@@ -173,3 +173,33 @@ def test_a_window_in_the_options_line_reads_as_a_duration():
     r = record("cpu-sustained")
     r.options["xid_window_s"] = 7200.0  # as `gpuvet health` records its default window
     assert "xid_window 2 h" in text(r) and "7200" not in text(r)
+
+
+def test_the_pytorch_pip_line_is_said_once_in_the_header():
+    """A full run without PyTorch: every GPU benchmark, and three checklist items, skip for it."""
+    out = text(record("cpu-full-no-torch"))
+    assert out.count("pip install torch --index-url https://download.pytorch.org/whl/cpu") == 1
+    header = out.splitlines()[:5]
+    assert any(line.startswith("  PyTorch: not installed; to add one this machine runs: `") for line in header)
+    assert out.count("PyTorch is not installed (see PyTorch above)") == 4  # three checklist items, one SKIP line
+
+
+def test_the_saved_run_is_named_by_the_verdict():
+    console = Console(record=True, width=400, force_terminal=False)
+    terminal.render(record("h100-8x-throttle"), console, saved_as=7)
+    last = console.export_text().rstrip().splitlines()[-2:]
+    assert last[0].startswith("FAIL: something is wrong with this machine")
+    assert last[1] == "saved as run 7: gpuvet report 7 --for-provider writes the evidence to send the provider"
+
+
+def test_the_catalogue_of_checks_wraps_to_the_terminal_under_its_text_column():
+    from gpuvet import catalog
+    from gpuvet.report.catalog_view import catalog_lines
+
+    console = Console(record=True, width=100, force_terminal=True, color_system=None)
+    terminal.print_columns(console, list(catalog_lines(catalog.CHECKS, catalog.BENCHMARKS)))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    model = next(i for i, line in enumerate(lines) if line.startswith("    gpu.model "))
+    assert lines[model].index("the exact name") == 29  # the text column
+    assert lines[model + 1].startswith(" " * 29) and lines[model + 1][29] != " "  # continued under it

@@ -178,5 +178,4 @@ def checks(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(catalog.as_json(), indent=2))
         return
-    for line in catalog_lines(catalog.CHECKS, catalog.BENCHMARKS):
-        click.echo(line)
+    terminal.print_columns(terminal.stdout_console(), list(catalog_lines(catalog.CHECKS, catalog.BENCHMARKS)))

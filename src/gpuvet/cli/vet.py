@@ -121,9 +121,10 @@ def emit_plan(plan, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
+        from ..report import terminal
         from ..report.plan_view import render_plan
 
-        click.echo(render_plan(plan.to_dict()))
+        terminal.print_columns(terminal.stdout_console(), render_plan(plan.to_dict()).splitlines())
 
 
 def _check_stdin(files: tuple[str, ...]) -> None:

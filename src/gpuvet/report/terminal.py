@@ -49,20 +49,41 @@ def stdout_console() -> Console:
     return Console(highlight=False, soft_wrap=True, width=wide)
 
 
+_NO_TORCH = re.compile(r"PyTorch is not installed: (`[^`]+`[^;]*); gpuvet never installs or replaces it for you")
+NO_TORCH_SHORT = "PyTorch is not installed (see PyTorch above)"
+
+
+def torch_missing_line(record: RunRecord) -> str | None:
+    """The header's one line with the pip command to add PyTorch, when checks repeat it: every
+    GPU benchmark and three checklist items give the same 150-character line otherwise."""
+    if len(_repeating(record, _NO_TORCH)) < 2:
+        return None
+    found = _NO_TORCH.search(_repeating(record, _NO_TORCH)[0])
+    assert found is not None
+    return f"PyTorch: not installed; to add one this machine runs: {found.group(1)}; gpuvet never installs or replaces it"
+
+
+def _repeating(record: RunRecord, pattern: re.Pattern[str]) -> list[str]:
+    return [t for f in record.findings for t in (f.summary, f.evidence.measured) if t and pattern.search(t)]
+
+
 def said_once(record: RunRecord) -> RunRecord:
-    """The record with the reason no GPU could be read (a 90-character NVML message that a machine
-    without a driver repeats in a dozen checks) shortened to its first clause after the header
-    has said it whole."""
+    """The record with the reasons its header says whole shortened where checks repeat them: why no
+    GPU could be read (a 90-character NVML message that a machine without a driver repeats in a
+    dozen checks) to its first clause, and the pip line that would add PyTorch."""
+    cuts: list[tuple[re.Pattern[str], str]] = []
     reason = record.machine.gpu_error
-    if not reason or len(reason) < 40:
+    if reason and len(reason) >= 40 and len(_repeating(record, re.compile(re.escape(reason)))) >= 3:
+        cuts.append((re.compile(re.escape(reason)), f"{reason.split(':')[0]} (see GPUs above)"))
+    if torch_missing_line(record):
+        cuts.append((_NO_TORCH, NO_TORCH_SHORT))
+    if not cuts:
         return record
-    texts = [t for f in record.findings for t in (f.summary, f.evidence.measured) if t and reason in t]
-    if len(texts) < 3:
-        return record
-    short = f"{reason.split(':')[0]} (see GPUs above)"
 
     def cut(text: str | None) -> str | None:
-        return text.replace(reason, short) if text else text
+        for pattern, short in cuts:
+            text = pattern.sub(short.replace("\\", r"\\"), text) if text else text
+        return text
 
     findings = [dataclasses.replace(f, summary=cut(f.summary) or "", evidence=dataclasses.replace(
         f.evidence, measured=cut(f.evidence.measured))) for f in record.findings]
@@ -92,7 +113,20 @@ def emit(console: Console, markup: str, indent: int, style: str = "") -> None:
         console.print(piece if n == 0 else Text(" " * indent) + piece, soft_wrap=True)
 
 
-def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
+_COLUMN_GAP = re.compile(r" {2,}")
+
+
+def print_columns(console: Console, lines: list[str]) -> None:
+    """Plain lines laid out in columns (the catalogue of checks, a run's plan), wrapped on a
+    terminal with each continuation under the last column's start (its text), never mid-word."""
+    for line in lines:
+        starts = [m.end() for m in _COLUMN_GAP.finditer(line) if m.end() <= 60]
+        emit(console, escape(line), indent=starts[-1] if starts else len(line) - len(line.lstrip()))
+
+
+def render(record: RunRecord, console: Console, verbose: bool = False, saved_as: int | None = None) -> None:
+    """The report; `saved_as`: the history's id for the run, said under the verdict where the
+    reader looks last (it was a stderr line above the whole report)."""
     _header(record, console)  # the whole of a reason shared by many checks is said here, once
     record = said_once(record)
     if not is_watch_log(record):
@@ -104,6 +138,15 @@ def render(record: RunRecord, console: Console, verbose: bool = False) -> None:
         _skips_and_pass_count(record.findings, console)
     _measurements(record, console)
     _verdict(record, console)
+    if saved_as is not None:
+        console.print(f"[dim]{saved_line(record, saved_as)}[/]")
+
+
+def saved_line(record: RunRecord, run_id: int) -> str:
+    """Where the run is kept and what to do with it next; a faulty machine's evidence first."""
+    if record.verdict in (FAIL, WARN):
+        return f"saved as run {run_id}: gpuvet report {run_id} --for-provider writes the evidence to send the provider"
+    return f"saved as run {run_id}: gpuvet report {run_id} renders it again (--format html for a page)"
 
 
 def _badge(status: str) -> str:
@@ -342,7 +385,7 @@ def options_line(record: RunRecord) -> str:
 
 def _header(record: RunRecord, console: Console) -> None:
     console.print(f"[bold]{escape(header_line(record))}[/]")
-    for line in machine_lines(record.machine) + [options_line(record)]:
+    for line in machine_lines(record.machine) + [torch_missing_line(record), options_line(record)]:
         if line:
             emit(console, f"  {escape(line)}", indent=4)
 
