@@ -4,13 +4,14 @@ Kubernetes node-problem-detector). Exit 0 healthy, 1 a problem, 2 could not tell
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 
 import click
 
 from ..fleet import health as fleet_health
-from ..fleet import kubernetes, slurm
+from ..fleet import kubernetes, slurm, textfile
 from .. import catalog
 from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM
 from ..probe import live
@@ -46,18 +47,23 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
               help="Print the verdict as one JSON object instead (schema gpuvet.health/1: `gpuvet schema health`): "
                    "status, action, the GPUs affected, every finding with its action, what could not be read.")
 @click.option("--out", metavar="FILE", help="Also write the whole run record (facts and findings) to FILE.")
+@click.option("--textfile", "textfile_dir", metavar="DIR",
+              help=f"Also write the verdict as Prometheus gauges to DIR/{textfile.FILE_NAME}, atomically, for "
+                   "node_exporter's textfile collector: per check and per GPU, the worst action, when it ran.")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @click.option("--keep", type=click.Choice(["every", "changes"]), default="every", show_default=True,
               help="changes: keep a run in the history only when its summary changed, or hourly (for schedulers).")
 @click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
 @click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
 def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadline: float, skipped: tuple[str, ...],
-           xid_window: float, captures: tuple[str, ...], brief: bool, as_json: bool, out: str | None, verbose: bool, keep: str,
-           no_save: bool, db: str | None) -> None:
+           xid_window: float, captures: tuple[str, ...], brief: bool, as_json: bool, out: str | None,
+           textfile_dir: str | None, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
     """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
     history row. First line: a summary short enough for a drain reason. Exit 0 healthy, 1 a
     problem, 2 could not tell (node-problem-detector's OK / NonOK / Unknown)."""
     check_out_path(out)
+    if textfile_dir and not os.path.isdir(textfile_dir):
+        raise UsageProblem(f"--textfile {textfile_dir}: no such folder (node_exporter's --collector.textfile.directory)")
     try:
         record = fleet_health.check(captures=list(captures) or None, expect_gpus=expect_gpus,
                                     budgets_s={"gpu": gpu_deadline}, skip=list(skipped), xid_window_s=xid_window or None)
@@ -70,6 +76,8 @@ def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadl
         _save_bounded(record, db, only_changes=keep == "changes")
     if out:
         write_atomically(out, record.to_json() + "\n")
+    if textfile_dir:
+        _textfile(textfile_dir, record, outcome)
     if as_json:
         click.echo(json.dumps(verdict(record, outcome), indent=2))
     else:
@@ -98,6 +106,14 @@ def _save(record: RunRecord, db: str | None, only_changes: bool) -> None:
         except StoreError:  # no history yet, or unreadable: save() creates it or says why
             pass
     save(record, db, False, None, None)
+
+
+def _textfile(directory: str, record: RunRecord, outcome: str) -> None:
+    """One line on stderr when the file cannot be written; the exit code stays the health answer."""
+    try:
+        textfile.write(directory, record, outcome)
+    except OSError as err:
+        click.echo(f"gpuvet: --textfile {directory}: cannot write {textfile.FILE_NAME} ({err.strerror or err})", err=True)
 
 
 def _slurm(outcome: str, summary: str, node: str | None) -> None:
