@@ -42,7 +42,22 @@ def test_a_fifo_without_a_writer_does_not_wait_for_ever(capsys, monkeypatch, tmp
     fifo = tmp_path / "capture.fifo"
     os.mkfifo(fifo)
     monkeypatch.setattr(bounded_read, "READ_SECONDS", 0.5)
-    assert "nothing more arrived in 0 s" in refused(capsys, str(fifo))
+    assert "nothing more arrived within 0 s of the command's start" in refused(capsys, str(fifo))
+
+
+def test_the_read_window_is_the_commands_budget_counted_from_its_start(tmp_path, monkeypatch):
+    """A FIFO without a writer was refused after 61.6 s of a command that promises 60 s: the
+    1.6 s before the first read (the import) were not counted. The window is counted from the
+    process's start now, so a command 59.5 s old waits 0.5 s more, not 60."""
+    fifo = tmp_path / "capture.fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(bounded_read, "_command_started", None)
+    bounded_read.start_command(age=bounded_read.READ_SECONDS - 0.5)
+    start = time.monotonic()
+    with pytest.raises(bounded_read.CaptureError, match="within 60 s of the command's start"):
+        bounded_read.read_bounded(str(fifo))
+    assert time.monotonic() - start < 5
+    assert 0 <= bounded_read.process_age() < 24 * 3600  # read from /proc: this process is not a day old
 
 
 def test_a_file_of_more_gpus_than_a_machine_holds_is_refused_before_parsing(capsys, tmp_path, monkeypatch):
@@ -58,10 +73,12 @@ def test_a_file_of_more_gpus_than_a_machine_holds_is_refused_before_parsing(caps
 def test_a_huge_gpu_index_in_topo_or_nvlink_is_refused_quickly(capsys, tmp_path, index):
     topo = tmp_path / "topo-edited-index.txt"
     topo.write_text(TOPO_2X.read_text().replace("GPU1", f"GPU{index}"))
-    assert f"names GPU {index}" in refused(capsys, str(topo), seconds=5)
+    # A number longer than any reading (values.MAX_DIGITS) is not read at all.
+    said = f"names GPU {index}" if len(index) < 20 else "names GPU with a number too long to read"
+    assert said in refused(capsys, str(topo), seconds=5)
     nvlink = tmp_path / "nvlink-edited-index.txt"
     nvlink.write_text(NVLINK_1X.read_text().replace("GPU 7:", f"GPU {index}:"))
-    assert f"names GPU {index}" in refused(capsys, str(nvlink), seconds=5)
+    assert said in refused(capsys, str(nvlink), seconds=5)
 
 
 def test_a_csv_field_over_the_csv_limit_is_one_line(capsys, tmp_path):

@@ -17,7 +17,10 @@ from typing import Any
 # overrides and isolates (U+202A..202E, U+2066..2069).
 _ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])"
                               r"|\x9b[0-?]*[ -/]*[@-~]")
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# U+2028/U+2029 (line and paragraph separators) go too: str.splitlines() ends a line there while
+# a regular expression's "." and "$" do not, so a parser that finds a match, then the line holding
+# it, found none (a StopIteration); on a terminal they are invisible.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BARE_CR = re.compile("\r(?!\n)")
 
@@ -61,3 +64,32 @@ def clean_strings(data: Any) -> Any:
                 elif isinstance(value, (dict, list)):
                     stack.append(value)
     return root[0]
+
+
+# How much of someone else's text one of gpuvet's one-line messages quotes: enough to recognise
+# the line, never the 200,000-character JSON value a damaged file may hold.
+QUOTE_CHARACTERS = 120
+# A one-line message (gpuvet: ...) longer than this is cut in the middle: it quotes pieces of input.
+LINE_CHARACTERS = 1000
+
+
+def quote(text: str, limit: int = QUOTE_CHARACTERS, quotes: bool = True) -> str:
+    """A piece of input to put in a message: cleaned, on one line, cut to `limit` characters
+    (saying how many more there were), in quotes as repr() writes them (or bare)."""
+    piece = " ".join(clean(text[: limit * 4 + 64]).split())
+    more = len(text) - limit * 4 - 64 if len(text) > limit * 4 + 64 else 0
+    if len(piece) > limit:
+        more += len(piece) - limit
+        piece = piece[:limit]
+    shown = repr(piece) if quotes else piece
+    return f"{shown}... ({more} more characters)" if more else shown
+
+
+def one_line(message: str, limit: int = LINE_CHARACTERS) -> str:
+    """A message for the terminal built from pieces of input (a file name, a line of a capture):
+    cleaned, on one line, at most about `limit` characters (the middle cut out)."""
+    flat = " ".join(clean(message).split()) if not message.isprintable() or len(message) > limit else message
+    if len(flat) <= limit:
+        return flat
+    head, tail = flat[: limit * 2 // 3], flat[-(limit // 3):]
+    return f"{head} [... {len(flat) - len(head) - len(tail)} characters cut ...] {tail}"

@@ -15,6 +15,7 @@ of their choosing. So:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import hashlib
@@ -81,6 +82,25 @@ def scratch_dir(prefix: str, parent: str | None = None) -> Iterator[str]:
         yield path
     finally:
         remove(path)
+
+
+TEMP_DIR_PREFIX = "gpuvet-tmp-"
+
+
+def own_temp_dir() -> str:
+    """Make one folder, owned by this run, the temp folder of gpuvet and of every process it starts
+    (tempfile.tempdir, TMPDIR): multiprocessing's pymp-* folders, a worker's scratch, a library's
+    temp files all go inside it. It is removed at exit; a run killed with -9 leaves it, and the next
+    gpuvet run on this host removes it (sweep_stale) before making its own. SIGKILL used to leave a
+    pymp-* folder in /tmp every time, which nothing ever removed."""
+    parent = tempfile.gettempdir()
+    sweep_stale(TEMP_DIR_PREFIX, parent)
+    path = tempfile.mkdtemp(prefix=owned_prefix(TEMP_DIR_PREFIX), dir=parent)
+    register(path)
+    atexit.register(remove, path)
+    tempfile.tempdir = path
+    os.environ["TMPDIR"] = path
+    return path
 
 
 def register(path: str) -> None:

@@ -14,11 +14,14 @@ import click
 
 from ..console import Console
 from .. import __version__
+from ..bench.leftovers import own_temp_dir
 from ..private_file import write_private
+from ..probe.bounded_read import process_age, start_command
 from ..record import SCHEMA, RecordError, RunRecord, exit_code
 from ..record.load import Loaded
 from ..report import terminal
 from ..store import Store, StoreError, check_price
+from ..untrusted_text import one_line
 
 EXIT_USAGE = 2
 
@@ -163,7 +166,7 @@ def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, pr
             run_id = store.save(record, label=label, price_per_hour=price)
         click.echo(f"gpuvet: saved as run {run_id} (gpuvet show {run_id})", err=True)
     except (StoreError, ValueError) as err:  # ValueError: a price the options check let through
-        click.echo(f"gpuvet: warning: run not saved: {err}", err=True)
+        say(f"gpuvet: warning: run not saved: {err}")
 
 
 def load_run_file(path: str) -> RunRecord:
@@ -180,8 +183,8 @@ def first_run(loaded: Loaded) -> RunRecord:
     from ..record.load import EXPORT
 
     if loaded.kind == EXPORT and len(loaded.data) > 1:
-        click.echo(f"gpuvet: {loaded.where} holds {len(loaded.data)} runs (a gpuvet export); this is the first. "
-                   f"For another: gpuvet import {loaded.where}, then gpuvet show ID", err=True)
+        say(f"gpuvet: {loaded.where} holds {len(loaded.data)} runs (a gpuvet export); this is the first. "
+            f"For another: gpuvet import {loaded.where}, then gpuvet show ID")
         loaded.data = loaded.data[:1]
     return loaded.runs()[0]
 
@@ -283,8 +286,14 @@ def _check_replay_file() -> None:
     try:
         nvml_replay.load(nvml_replay.replay_file() or "")
     except CaptureError as err:
-        click.echo(f"gpuvet: {err}", err=True)
+        say(f"gpuvet: {err}")
         sys.exit(EXIT_USAGE)
+
+
+def say(message: str) -> None:
+    """One line on stderr. Messages quote input (a file name, a line of a capture, a JSON value):
+    untrusted_text.one_line takes out what would drive the terminal and cuts what is too long."""
+    click.echo(one_line(message), err=True)
 
 
 def _interrupt(signum, frame) -> None:
@@ -327,6 +336,12 @@ def main(argv: list[str] | None = None) -> None:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _interrupt)
     readable_anywhere()
+    # A capture must arrive within 60 s of the command's start; run as a program (argv None), its
+    # start is the process's, before the imports.
+    start_command(process_age() if argv is None else 0.0)
+    if argv is None:  # a program of its own (not a test calling main): its temp files in one folder it owns
+        with contextlib.suppress(OSError):
+            own_temp_dir()
     if os.environ.get("GPUVET_NVML_REPLAY"):
         _check_replay_file()
     try:
@@ -334,12 +349,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exit_:
         sys.exit(exit_.exit_code)
     except RecordError as err:  # a record file of the wrong kind or type, wherever it was read
-        click.echo(f"gpuvet: {err}", err=True)
+        say(f"gpuvet: {err}")
         sys.exit(EXIT_USAGE)
     except click.ClickException as err:
         where = err.ctx.command_path if isinstance(err, click.UsageError) and err.ctx else "gpuvet"
         hint = f" (see {where} --help)" if isinstance(err, click.UsageError) else ""
-        click.echo(f"gpuvet: {err.format_message()}{hint}", err=True)
+        say(f"gpuvet: {err.format_message()}{hint}")
         sys.exit(EXIT_USAGE if err.exit_code in (1, 2) else err.exit_code)
     except click.Abort:
         click.echo("gpuvet: aborted", err=True)

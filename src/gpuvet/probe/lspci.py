@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from gpuvet.facts import PcieLink
 from gpuvet.probe import values
 from gpuvet.probe.errors import CaptureError
+from gpuvet.untrusted_text import quote
 
-# "0000:01:00.0 3D controller [0302]: NVIDIA Corporation GA102GL [A10] [10de:2236] (rev a1)"
-_DEVICE_LINE = re.compile(
-    r"^(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
-    r"(?P<cls>[^:\[]+?)(?:\s*\[(?P<cls_id>[0-9a-fA-F]{4})\])?:\s*(?P<rest>.*)$"
-)
+# "0000:01:00.0 3D controller [0302]: NVIDIA Corporation GA102GL [A10] [10de:2236] (rev a1)": the
+# bus id by a regular expression, the class up to the first colon by string operations (a lazy
+# class pattern backtracked quadratically on a run of spaces: 300 KB took 101 s).
+_DEVICE_BUS = re.compile(r"(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s")
+_CLASS_ID = re.compile(r"(?P<cls>[^\[]*)\[(?P<cls_id>[0-9a-fA-F]{4})\]")
 # The root of an `lspci -t` tree: "-[0000:00]-+-00.0" or, with several root buses, "-+-[0000:00]-+-".
 _TREE_ROOT = re.compile(r"^-(?:\+-)?\[[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}\]")
 _SUDO_PROMPT = re.compile(r"^\[sudo\] password for ")
@@ -33,7 +34,7 @@ _SUDO_PROMPT = re.compile(r"^\[sudo\] password for ")
 _HEADLESS_START = re.compile(r"^\s+(?:Subsystem|Control|Physical Slot|DeviceName):")
 _PCI_ID = re.compile(r"\[([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\]")
 _NUMERIC_ONLY = re.compile(r"^([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\b")  # `lspci -n`: "10de:2236 (rev a1)"
-_TRAILERS = re.compile(r"\s*\((?:rev|prog-if) [^()]*\)")  # "(rev a1)", "(prog-if 00 [VGA controller])"
+_TRAILERS = re.compile(r"\((?:rev|prog-if) [^()]*\)")  # "(rev a1)", "(prog-if 00 [VGA controller])"
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 _SPEED = re.compile(r"Speed\s+(?P<gts>[\d.]+)GT/s(?P<note>\s*\(\w+\))?")
 _WIDTH = re.compile(r"Width\s+x(?P<lanes>\d+)(?P<note>\s*\(\w+\))?")
@@ -76,8 +77,8 @@ def looks_like_lspci(text: str) -> bool:
     or the first detail line of a `-v` block whose device line was cut off."""
     first = _first_meaningful_line(text[:8192])
     return first is not None and any(
-        pattern.match(first) for pattern in (_DEVICE_LINE, _TREE_ROOT, _HEADLESS_START)
-    )
+        pattern.match(first) for pattern in (_TREE_ROOT, _HEADLESS_START)
+    ) or (first is not None and device_line(first) is not None)
 
 
 def parse_lspci(text: str) -> list[PciDevice]:
@@ -99,9 +100,9 @@ def parse_lspci(text: str) -> list[PciDevice]:
             if devices:
                 _read_detail(line.strip(), devices[-1])
             continue
-        match = _DEVICE_LINE.match(line)
-        if match:
-            devices.append(_device(match))
+        fields = device_line(line)
+        if fields:
+            devices.append(_device(*fields))
     if not devices:
         raise CaptureError(
             "expected `lspci` output (lines like '01:00.0 3D controller: NVIDIA Corporation ...'); "
@@ -132,16 +133,31 @@ def gpu_link_readings(devices: list[PciDevice]) -> list[tuple[str, PcieLink]]:
     return readings
 
 
-def _device(match: re.Match[str]) -> PciDevice:
-    rest = match.group("rest")
+def device_line(line: str) -> tuple[str, str, str | None, str] | None:
+    """(bus, class name, class id, the rest) of an lspci device line, None for any other line."""
+    bus = _DEVICE_BUS.match(line)
+    if not bus:
+        return None
+    head, colon, rest = line[bus.end():].partition(":")
+    cls, cls_id = head, None
+    if "[" in head:
+        with_id = _CLASS_ID.fullmatch(head)
+        if not with_id:
+            return None
+        cls, cls_id = with_id.group("cls"), with_id.group("cls_id")
+    if not colon or not cls.strip():
+        return None
+    return bus.group("bus"), cls.strip(), cls_id, rest.strip()
+
+
+def _device(bus: str, class_name: str, cls_id: str | None, rest: str) -> PciDevice:
     ids = _PCI_ID.findall(rest) or _NUMERIC_ONLY.findall(rest)
     vendor_device = _TRAILERS.sub("", rest)
     if ids:
         vendor_device = vendor_device.replace(f"[{ids[-1]}]", "")
-    class_name = match.group("cls").strip()
-    class_id = match.group("cls_id") or (class_name if _HEX4.fullmatch(class_name) else None)
+    class_id = cls_id or (class_name if _HEX4.fullmatch(class_name) else None)
     return PciDevice(
-        bus_id=values.bus_id(match.group("bus")) or match.group("bus"),
+        bus_id=values.bus_id(bus) or bus,
         class_name=class_name,
         vendor_device=" ".join(vendor_device.split()),
         pci_id=ids[-1].lower() if ids else None,
@@ -173,8 +189,8 @@ def _link_fields(line: str) -> tuple[float | None, int | None, bool, bool]:
     """ "Speed 2.5GT/s (downgraded), Width x16 (ok)" -> (2.5, 16, True, False)."""
     speed, width = _SPEED.search(line), _WIDTH.search(line)
     return (
-        float(speed.group("gts")) if speed else None,
-        int(width.group("lanes")) if width else None,
+        values.number(speed.group("gts")) if speed else None,
+        values.whole(width.group("lanes")) if width else None,
         bool(speed and "downgraded" in (speed.group("note") or "")),
         bool(width and "downgraded" in (width.group("note") or "")),
     )
@@ -194,4 +210,4 @@ def _is_tree(text: str) -> bool:
 
 def _describe(text: str) -> str:
     stripped = text.strip()
-    return repr(stripped.splitlines()[0][:120]) if stripped else "an empty text"
+    return quote(stripped.splitlines()[0]) if stripped else "an empty text"

@@ -22,12 +22,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..untrusted_text import quote
+from . import values
 from .errors import CaptureError
 from .nvlink_status import describe, gpu_blocks
 
-_GPU_LINE = re.compile(r"^GPU (\d+): (.*?)\s*(?:\(UUID: ([^)]+)\))?\s*$")
-_COUNTER_LINE = re.compile(r"^\s*Link (\d+): (.+?): (\S.*?)\s*$")
-_INTEGER = re.compile(r"^\d+$")
+# Matched against lines with their trailing whitespace cut: see nvlink_status._GPU_LINE. The GPU
+# name stops at its last non-space before an optional "(UUID: ...)" (no lazy ".*?\s*" pair).
+_GPU_LINE = re.compile(r"GPU (\d+): (?:(.*\S)\s*\(UUID: ([^)]+)\)|(.*))$")
+_COUNTER_START = re.compile(r"\s*Link (\d+): ")
 _MAX_LINK = 1024  # NVLink counts are tens per GPU; a larger number is a damaged line
 
 # Names that count something else than a fault, or are a rate, or a bin of corrected codewords.
@@ -69,8 +72,8 @@ def looks_like_nvlink_errors(text: str) -> bool:
     """True when the text starts with a "GPU n: NAME" line and a "Link n: COUNTER: VALUE" line comes
     soon after: under the first GPU, or under a later one when the first GPU printed only a note
     ("all links are inactive"). `nvlink -s` Link lines ("Link 0: 25.781 GB/s") have no counter name."""
-    lines = [line for line in text[:4096].splitlines() if line.strip()][:40]
-    return bool(lines) and _GPU_LINE.match(lines[0]) is not None and any(_COUNTER_LINE.match(line) for line in lines[1:])
+    lines = [line.rstrip() for line in text[:4096].splitlines() if line.strip()][:40]
+    return bool(lines) and _GPU_LINE.match(lines[0]) is not None and any(_counter(line) for line in lines[1:])
 
 
 def parse_nvlink_errors(text: str) -> list[NvlinkErrors]:
@@ -82,7 +85,8 @@ def parse_nvlink_errors(text: str) -> list[NvlinkErrors]:
     """
     gpus: list[NvlinkErrors] = []
     for match, lines in gpu_blocks(text, _GPU_LINE, "nvlink -e"):
-        gpu = NvlinkErrors(index=int(match.group(1)), name=match.group(2) or None, uuid=match.group(3))
+        name = (match.group(2) or match.group(4) or "").strip()
+        gpu = NvlinkErrors(index=int(match.group(1)), name=name or None, uuid=match.group(3))
         for line in lines:
             _read_line(line, gpu)
         gpus.append(gpu)
@@ -92,18 +96,31 @@ def parse_nvlink_errors(text: str) -> list[NvlinkErrors]:
     return gpus
 
 
+def _counter(line: str) -> tuple[str, str, str] | None:
+    """ "  Link 0: Replay Errors: 0" -> ("0", "Replay Errors", "0"); None for any other line."""
+    start = _COUNTER_START.match(line)
+    if not start:
+        return None
+    name, colon, value = line[start.end():].partition(": ")
+    value = value.strip()
+    if not colon or not name or not value:
+        return None
+    return start.group(1), name, value
+
+
 def _read_line(line: str, gpu: NvlinkErrors) -> None:
-    counter = _COUNTER_LINE.match(line)
+    counter = _counter(line)
     if counter:
-        link = int(counter.group(1))
-        if link > _MAX_LINK:
-            raise CaptureError(f"link {link} of GPU {gpu.index} in `nvidia-smi nvlink -e` output: no GPU has that many NVLinks")
-        value = counter.group(3)
-        gpu.links.setdefault(link, {})[counter.group(2)] = int(value) if _INTEGER.match(value) else value
+        link = values.whole(counter[0])
+        if link is None or link > _MAX_LINK:
+            raise CaptureError(f"link {quote(counter[0], 30, quotes=False)} of GPU {gpu.index} in `nvidia-smi nvlink -e` "
+                               "output: no GPU has that many NVLinks")
+        count = values.whole(counter[2])
+        gpu.links.setdefault(link, {})[counter[1]] = count if count is not None else counter[2][:120]
     elif not gpu.links and gpu.note is None:
         gpu.note = line.strip()
     else:
-        raise CaptureError(f"unexpected line {line.strip()[:120]!r} among the links of GPU {gpu.index} "
+        raise CaptureError(f"unexpected line {quote(line.strip())} among the links of GPU {gpu.index} "
                            "in `nvidia-smi nvlink -e` output")
 
 

@@ -18,12 +18,16 @@ import re
 from dataclasses import dataclass, field
 
 from gpuvet.facts import NvLink
+from gpuvet.probe import values
+from gpuvet.untrusted_text import quote
 from gpuvet.probe.bounded_read import check_gpu_count, check_gpu_index
 from gpuvet.probe.errors import CaptureError
 
-_GPU_LINE = re.compile(r"^GPU (\d+): (.*?)\s*\(UUID: ([^)]+)\)\s*$")
-_LINK_LINE = re.compile(r"^\s*Link (\d+): (.*?)\s*$")
-_SPEED = re.compile(r"([\d.]+)\s*GB/s")
+# Matched against lines with their trailing whitespace cut (see gpu_blocks, _read_gpu_line): a
+# lazy ".*?" before "\s*$" backtracked quadratically on a run of spaces (20,000 spaces, 6 s).
+_GPU_LINE = re.compile(r"GPU (\d+): (.*)\(UUID: ([^)]+)\)$")
+_LINK_LINE = re.compile(r"\s*Link (\d+): (.*)$")
+_SPEED = re.compile(r"(\d+(?:\.\d+)?)\s*GB/s")
 
 
 @dataclass
@@ -42,7 +46,7 @@ def looks_like_nvlink_status(text: str) -> bool:
 
     The second line tells it apart from `nvidia-smi -L`, whose GPU lines look the same.
     """
-    lines = [line for line in text[:4096].splitlines() if line.strip()][:2]
+    lines = [line.rstrip() for line in text[:4096].splitlines() if line.strip()][:2]
     return (
         len(lines) == 2
         and _GPU_LINE.match(lines[0]) is not None
@@ -59,7 +63,7 @@ def parse_nvlink_status(text: str) -> list[NvlinkStatus]:
     """
     gpus: list[NvlinkStatus] = []
     for match, lines in gpu_blocks(text, _GPU_LINE, "nvlink -s"):
-        gpu = NvlinkStatus(index=int(match.group(1)), name=match.group(2), uuid=match.group(3))
+        gpu = NvlinkStatus(index=int(match.group(1)), name=match.group(2).rstrip(), uuid=match.group(3))
         for line in lines:
             _read_gpu_line(line, gpu)
         gpus.append(gpu)
@@ -72,14 +76,15 @@ def parse_nvlink_status(text: str) -> list[NvlinkStatus]:
 
 
 def _read_gpu_line(line: str, gpu: NvlinkStatus) -> None:
-    link = _LINK_LINE.match(line)
-    if link:
-        gpu.links.append(_link(int(link.group(1)), link.group(2)))
+    link = _LINK_LINE.match(line.rstrip())
+    number = values.whole(link.group(1)) if link else None
+    if link and number is not None:
+        gpu.links.append(_link(number, link.group(2).strip()))
     elif not gpu.links and gpu.note is None:
         gpu.note = line.strip()
     else:
         raise CaptureError(
-            f"unexpected line {line.strip()!r} among the links of GPU {gpu.index} in "
+            f"unexpected line {quote(line.strip())} among the links of GPU {gpu.index} in "
             "`nvidia-smi nvlink -s` output"
         )
 
@@ -88,7 +93,7 @@ def _link(number: int, value: str) -> NvLink:
     """ "25.781 GB/s" -> active at that speed; "<inactive>" (or anything without a speed) -> inactive."""
     speed = _SPEED.search(value)
     if speed and "inactive" not in value.lower():
-        return NvLink(link=number, active=True, speed_gbs=float(speed.group(1)))
+        return NvLink(link=number, active=True, speed_gbs=values.number(speed.group(1)))
     return NvLink(link=number, active=False)
 
 
@@ -100,9 +105,9 @@ def gpu_blocks(text: str, gpu_line: re.Pattern[str], command: str) -> list[tuple
     for line in text.splitlines():
         if not line.strip():
             continue
-        gpu = gpu_line.match(line)
+        gpu = gpu_line.match(line.rstrip())
         if gpu:
-            check_gpu_index(int(gpu.group(1)), f"this `{command}` output")
+            check_gpu_index(values.whole(gpu.group(1)), f"this `{command}` output")
             blocks.append((gpu, []))
             check_gpu_count(len(blocks), f"this `{command}` output")
         elif blocks:
@@ -113,4 +118,4 @@ def gpu_blocks(text: str, gpu_line: re.Pattern[str], command: str) -> list[tuple
 def describe(text: str) -> str:
     """The first line of a text that is not the output expected, for the error message."""
     stripped = text.strip()
-    return repr(stripped.splitlines()[0][:120]) if stripped else "an empty text"
+    return quote(stripped.splitlines()[0]) if stripped else "an empty text"

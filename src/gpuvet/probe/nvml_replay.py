@@ -16,7 +16,6 @@ never as a live reading of this machine.
 from __future__ import annotations
 
 import os
-import re
 import xml.etree.ElementTree as ET
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, NoReturn
@@ -25,9 +24,11 @@ import pynvml as real
 
 from ..facts import CLOCK_EVENT_REASONS, REMAP_LEVELS
 from . import nvml_names
+from ..untrusted_text import clean_document, quote
 from . import values as v
+from .bounded_read import read_bounded
 from .errors import CaptureError
-from .smi_xml import PATHS, looks_like_smi_xml
+from .smi_xml import PATHS, load_xml, looks_like_smi_xml
 
 ENVIRONMENT = "GPUVET_NVML_REPLAY"
 _MIB = 1024 * 1024
@@ -172,7 +173,7 @@ class Replay(ModuleType):
     def __init__(self, path: str, text: str):
         super().__init__("pynvml")
         self.replay_file = path
-        root = ET.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", text, count=1))
+        root = load_xml(text)  # the one hardened loader `inspect` reads the same capture with
         self.root = root
         self.devices = [Device(g) for g in root.findall("gpu")]
         self.names_by_pid = {
@@ -475,14 +476,13 @@ class Replay(ModuleType):
 
 def load(path: str) -> Replay:
     """The replay of the `nvidia-smi -q -x` capture at `path`; CaptureError when it is not one."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError as err:
-        raise CaptureError(f"{ENVIRONMENT}={path}: cannot read it ({err.strerror or err})") from None
+    try:  # bounded like every capture: /dev/zero or a FIFO without a writer is one line, not a hang
+        text = clean_document(read_bounded(path).decode("utf-8", errors="replace"))
+    except CaptureError as err:
+        raise CaptureError(f"{ENVIRONMENT}={err}") from None
     if not looks_like_smi_xml(text.lstrip()):
         raise CaptureError(f"{ENVIRONMENT}={path}: not an `nvidia-smi -q -x` capture (the NVML replay needs one)")
     try:
         return Replay(path, text)
     except ET.ParseError as err:
-        raise CaptureError(f"{ENVIRONMENT}={path}: broken XML ({err}); capture it again with `nvidia-smi -q -x`") from None
+        raise CaptureError(f"{ENVIRONMENT}={path}: broken XML ({quote(str(err), quotes=False)}); capture it again with `nvidia-smi -q -x`") from None

@@ -14,6 +14,8 @@ import math
 from datetime import datetime
 
 from .bounded_read import MAX_GPUS
+from .values import MAX_DIGITS
+from ..untrusted_text import quote
 from .errors import CaptureError
 
 # No machine has more GPUs than bounded_read allows; an index above that is damage (or hostile
@@ -29,7 +31,7 @@ def gpu_index(raw: object, what: str) -> int:
     """A GPU index from a capture, bounded: one clear line for anything that is not one."""
     number = raw if isinstance(raw, (int, float)) else _number(str(raw))
     if number is None or not math.isfinite(number) or number != int(number) or not 0 <= number <= MAX_GPU_INDEX:
-        raise CaptureError(f"{what}: GPU index {str(raw)[:20]!r} is not an index 0..{MAX_GPU_INDEX}; "
+        raise CaptureError(f"{what}: GPU index {quote(str(raw), 20)} is not an index 0..{MAX_GPU_INDEX}; "
                            "the capture is damaged or not nvidia-smi output")
     return int(number)
 
@@ -47,6 +49,8 @@ def reading(raw: str | None) -> float | None:
 
 def _number(token: str) -> float | None:
     token = token.strip()
+    if len(token) > 2 * MAX_DIGITS:  # no reading is that long; int() refuses past 4300 digits
+        return None
     try:
         return float(int(token, 16)) if token.lower().startswith("0x") else float(token)
     except ValueError:

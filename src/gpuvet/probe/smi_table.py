@@ -15,6 +15,8 @@ from ..facts import Driver, Gpu, GpuProcess, MigDevice
 from ..text_patterns import PCI_BUS_ID
 from . import smi_series
 from . import values as v
+from ..untrusted_text import quote
+from .bounded_read import check_gpu_index
 from .errors import CaptureError
 
 _HEADER = re.compile(
@@ -33,12 +35,11 @@ _COMPUTE_MODES = {
 _DRIVER_MODELS = {"WDDM", "TCC", "MCDM"}
 TRUNCATED_NAME = "truncated in the default nvidia-smi table"
 
-_NAME_CELL = re.compile(r"\s*(?P<index>\d+)\s+(?P<name>.*?)\s+(?P<mode>\S+)\s*")
+# The table's regular expressions match only a row's fixed start; what follows (a name, which may
+# hold spaces) is cut with string operations, so a run of spaces costs linear time.
+_NAME_START = re.compile(r"(?P<index>\d+)\s+")
 _POWER_CELL = re.compile(r"\s*(?P<fan>\S+)\s+(?P<temp>\S+)\s+(?P<perf>\S+)\s+(?P<draw>\S+)\s*/\s*(?P<cap>\S+)\s*")
-_PROCESS_ROW = re.compile(
-    r"\|\s*(?P<gpu>\d+)\s+(?:(?P<gi>\S+)\s+(?P<ci>\S+)\s+)?(?P<pid>\d+)\s+(?P<type>[A-Z][A-Z+]*)\s+"
-    r"(?P<name>.*?)\s+(?P<memory>\d+\s*MiB|N/A)\s*\|"
-)
+_PROCESS_START = re.compile(r"\|\s*(?P<gpu>\d+)\s+(?:(?P<gi>\S+)\s+(?P<ci>\S+)\s+)?(?P<pid>\d+)\s+(?P<type>[A-Z][A-Z+]*)\s")
 _BUS_ID = re.compile(PCI_BUS_ID)
 
 
@@ -148,15 +149,19 @@ def _read_cell(gpu: Gpu, label: str, cell: str) -> None:
 
 
 def _read_name_cell(gpu: Gpu, cell: str) -> None:
-    m = _NAME_CELL.fullmatch(cell)
-    if not m:
-        gpu.unavailable["name"] = f"unreadable in the default nvidia-smi table: {cell.strip()!r}"
+    """ "  0  NVIDIA H100 80GB HBM3          On  " -> index, name, persistence (or driver model)."""
+    body = cell.strip()
+    m = _NAME_START.match(body)
+    name_mode = body[m.end():].rsplit(None, 1) if m else []
+    index = v.whole(m.group("index")) if m else None
+    if index is None or len(name_mode) != 2:
+        gpu.unavailable["name"] = f"unreadable in the default nvidia-smi table: {quote(body)}"
         return
-    gpu.index = int(m.group("index"))
-    gpu.name = m.group("name")
+    check_gpu_index(index, "this nvidia-smi table")
+    gpu.index = index
+    gpu.name, mode = name_mode[0].rstrip(), name_mode[1]
     if gpu.name.endswith("..."):
         gpu.unavailable["name"] = TRUNCATED_NAME
-    mode = m.group("mode")
     if mode.upper() in _DRIVER_MODELS:  # Windows shows the driver model in this place
         gpu.driver_model = mode.upper()
     else:
@@ -166,20 +171,21 @@ def _read_name_cell(gpu: Gpu, cell: str) -> None:
 def _read_ecc_cell(gpu: Gpu, cell: str) -> None:
     """A count when ECC is on, "Off" when it is off, "On" in MIG mode (counts are per instance)."""
     raw = cell.strip()
-    if raw.isdigit():
+    count = v.whole(raw)
+    if count is not None:
         gpu.ecc.enabled = True
-        gpu.ecc.volatile_uncorrected = int(raw)
+        gpu.ecc.volatile_uncorrected = count
     elif raw.lower() in ("on", "off"):
         gpu.ecc.enabled = v.flag(raw)
     else:
         gpu.ecc.enabled = None
-        gpu.unavailable["ecc.enabled"] = f"the default nvidia-smi table shows {raw!r} (ECC not supported)"
+        gpu.unavailable["ecc.enabled"] = f"the default nvidia-smi table shows {quote(raw)} (ECC not supported)"
 
 
 def _read_power_cell(gpu: Gpu, cell: str) -> None:
     m = _POWER_CELL.fullmatch(cell)
     if not m:
-        gpu.unavailable["power.draw_w"] = f"unreadable in the default nvidia-smi table: {cell.strip()!r}"
+        gpu.unavailable["power.draw_w"] = f"unreadable in the default nvidia-smi table: {quote(cell.strip())}"
         return
     if m.group("fan") == "ERR!":  # the sensor read failed: worth showing, but Gpu has no fan field
         gpu.unavailable["fan"] = "nvidia-smi printed ERR!"
@@ -196,7 +202,7 @@ def _value(gpu: Gpu, fact: str, raw: str, convert):
         raw = raw.strip()
         reason = v.missing_reason(raw)
         if reason is None and raw:
-            gpu.unavailable[fact] = f"nvidia-smi printed {raw}"
+            gpu.unavailable[fact] = f"nvidia-smi printed {quote(raw, quotes=False)}"
     return value
 
 
@@ -233,17 +239,34 @@ def _add_processes(lines: list[str], gpus: list[Gpu]) -> None:
     for gpu in gpus:
         gpu.processes = listed[gpu.index] = []
     for line in rows:
-        m = _PROCESS_ROW.fullmatch(line.strip())
-        if not m or int(m.group("gpu")) not in listed:
+        row = line.strip()
+        m = _PROCESS_START.match(row)
+        name_memory = _name_and_memory(row[m.end():]) if m and row.endswith("|") else None
+        index = v.whole(m.group("gpu")) if m else None
+        if m is None or name_memory is None or index not in listed:
             continue  # "No running processes found"
-        listed[int(m.group("gpu"))].append(
+        listed[index].append(
             GpuProcess(
-                pid=int(m.group("pid")),
-                name=m.group("name"),  # may be cut at the front: "...\NVIDIA Share.exe"
+                pid=v.whole(m.group("pid")),
+                name=name_memory[0],  # may be cut at the front: "...\NVIDIA Share.exe"
                 type=m.group("type"),
-                used_memory_mib=v.mib(m.group("memory")),
+                used_memory_mib=v.mib(name_memory[1]),
             )
         )
+
+
+def _name_and_memory(tail: str) -> tuple[str, str] | None:
+    """ "  python3    1234MiB |" -> ("python3", "1234MiB"); None when no memory cell ends it."""
+    body = tail.removesuffix("|").strip()
+    if body.endswith("N/A"):
+        return body[:-3].strip(), "N/A"
+    if not body.endswith("MiB"):
+        return None
+    head = body[:-3].rstrip()
+    digits = len(head) - len(head.rstrip("0123456789"))
+    if not digits or head[:-digits][-1:] not in ("", " ", "\t"):
+        return None
+    return head[:-digits].strip(), head[-digits:] + "MiB"
 
 
 def _add_mig_devices(lines: list[str], gpus: list[Gpu]) -> None:
@@ -251,16 +274,16 @@ def _add_mig_devices(lines: list[str], gpus: list[Gpu]) -> None:
     gpus_by_index = _by_index(gpus)
     for line in _section_rows(lines, "MIG devices:") or []:
         cells = _cells(line)
-        ids = cells[0].split()
-        if len(ids) != 4 or not all(x.isdigit() for x in ids) or int(ids[0]) not in gpus_by_index:
+        ids = [v.whole(x) for x in cells[0].split()]
+        if len(ids) != 4 or None in ids or ids[0] not in gpus_by_index:
             continue  # the BAR1 line under each device, or "No MIG devices found"
         used, _, total = cells[1].partition("/") if len(cells) > 1 else ("", "", "")
         sm = cells[2].split() if len(cells) > 2 else []
-        gpus_by_index[int(ids[0])].mig_devices.append(
+        gpus_by_index[ids[0]].mig_devices.append(
             MigDevice(
-                index=int(ids[3]),
-                gpu_instance_id=int(ids[1]),
-                compute_instance_id=int(ids[2]),
+                index=ids[3],
+                gpu_instance_id=ids[1],
+                compute_instance_id=ids[2],
                 sm_count=v.integer(sm[0]) if sm else None,
                 memory_used_mib=v.mib(used),
                 memory_total_mib=v.mib(total),
@@ -318,6 +341,9 @@ def parse_dmon(text: str) -> list[dict]:
             samples.append(sample)
     if names is None:
         raise CaptureError("expected `nvidia-smi dmon` output starting with a '# gpu ...' header line")
+    if not samples:  # cut inside its header lines: nothing was sampled
+        raise CaptureError("`nvidia-smi dmon` output with its header but no complete sample row (cut short?); "
+                           "capture it again with `nvidia-smi dmon -c 10 > dmon.txt`")
     return samples
 
 
@@ -343,8 +369,8 @@ def dmon_series(samples: list[dict]) -> dict[int, list[dict]]:
 
 
 def _seconds_of_day(raw: object) -> float | None:
-    parts = str(raw or "").split(":")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    parts = [v.whole(p) if 1 <= len(p) <= 2 else None for p in str(raw or "").split(":")]
+    if len(parts) != 3 or None in parts:
         return None
-    h, m, s = (int(p) for p in parts)
-    return float(h * 3600 + m * 60 + s)
+    h, m, s = parts
+    return float(h * 3600 + m * 60 + s)  # type: ignore[operator]

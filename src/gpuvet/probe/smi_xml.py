@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
 from . import values as v
+from ..untrusted_text import quote
 from .errors import CaptureError
 from .smi_common import REASON_KEYS, Paths, build_gpu, counter_paths
 
@@ -118,7 +119,7 @@ _ATTACHED = re.compile(r"<attached_gpus>\s*(\d+)\s*</attached_gpus>")
 def attached_gpus(text: str) -> int | None:
     """The report's <attached_gpus>: every GPU on the machine, even when `-i N` printed only one."""
     m = _ATTACHED.search(text[:8192])
-    return int(m.group(1)) if m else None
+    return v.whole(m.group(1)) if m else None
 
 
 def looks_like_smi_xml(text: str) -> bool:
@@ -129,21 +130,45 @@ def looks_like_smi_xml(text: str) -> bool:
 
 
 _DOCTYPE_OF_LOG = re.compile(r"<!DOCTYPE\s+nvidia_smi_log\b")
-# An external DTD ("<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">") or one embedded by
-# --dtd ("<!DOCTYPE nvidia_smi_log [ <!ELEMENT ...> ... ]>"); the embedded one ends at "]>".
-_DOCTYPE = re.compile(r"<!DOCTYPE\s+\w+(?:\s*\[.*?\]\s*>|[^>\[]*>)", re.S)
+_DTD_END = re.compile(r"\]\s*>")
 
 
 def without_dtd(text: str) -> str:
     """The report without its DOCTYPE: the DTD is neither needed nor trusted (entities declared in
-    one are never expanded), and an embedded one pushes the data past where headers are looked for."""
-    return _DOCTYPE.sub("", text, count=1)
+    one are never expanded), and an embedded one pushes the data past where headers are looked for.
+
+    An external DTD (`<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">`) ends at its first
+    ">"; one embedded by `--dtd` (`<!DOCTYPE nvidia_smi_log [ <!ELEMENT ...> ... ]>`) at "]>". Only a
+    DOCTYPE before the root element is one; each end is found by one forward scan (linear)."""
+    start = text.find("<!DOCTYPE", 0, 4096)
+    root = text.find("<nvidia_smi_log")
+    if start < 0 or 0 <= root < start:
+        return text
+    bracket, close = text.find("[", start), text.find(">", start)
+    if close < 0:
+        return text
+    if 0 <= bracket < close:
+        end = _DTD_END.search(text, bracket)
+        if end is None:
+            return text
+        return text[:start] + text[end.end():]
+    return text[:start] + text[close + 1:]
+
+
+def load_xml(text: str) -> ET.Element:
+    """The root element of an `nvidia-smi -q -x` report, parsed as untrusted input: its DOCTYPE
+    is dropped, and a DOCTYPE or entity declaration left anywhere else is refused before the
+    parser sees it (what defusedxml guards against: no billion laughs, no external entity, a
+    local file or a URL, read). ET.ParseError for anything that is not well-formed XML."""
+    body = without_dtd(text)
+    if "<!DOCTYPE" in body or "<!ENTITY" in body:
+        raise ET.ParseError("a DOCTYPE or entity declaration where nvidia-smi writes none; not expanded")
+    return ET.fromstring(body)
 
 
 def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
-    body = without_dtd(text)
     try:
-        root = ET.fromstring(body)
+        root = load_xml(text)
     except ET.ParseError as err:
         if "</nvidia_smi_log>" not in text:
             attached, found = attached_gpus(text), text.count("<gpu id=")
@@ -152,7 +177,7 @@ def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:
                 f"truncated nvidia-smi -q -x output: {of}no closing </nvidia_smi_log>; "
                 "capture it again with `nvidia-smi -q -x > gpu.xml`"
             ) from None
-        raise CaptureError(f"broken XML ({err}): expected the complete output of `nvidia-smi -q -x`") from None
+        raise CaptureError(f"broken XML ({quote(str(err), quotes=False)}): expected the complete output of `nvidia-smi -q -x`") from None
     if root.tag != "nvidia_smi_log":
         raise CaptureError(f"XML root is <{root.tag}>, expected <nvidia_smi_log> from `nvidia-smi -q -x`")
     driver = Driver(

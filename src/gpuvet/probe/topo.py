@@ -23,6 +23,7 @@ from gpuvet.facts import Topology
 from gpuvet.probe import values
 from gpuvet.probe.bounded_read import check_gpu_count, check_gpu_index
 from gpuvet.probe.errors import CaptureError
+from gpuvet.untrusted_text import quote
 
 # nvidia-smi underlines the header with ESC[4m ... ESC[0m even when its output is piped.
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -43,7 +44,7 @@ _TAB_WIDTH = 8
 def nvlink_count(code: str) -> int:
     """Bonded NVLinks a matrix cell stands for: "NV12" -> 12; PIX, SYS, X ... -> 0."""
     match = _NV_CODE.fullmatch(code.strip())
-    return int(match.group(1)) if match else 0
+    return (values.whole(match.group(1)) or 0) if match else 0
 
 
 def looks_like_topo(text: str) -> bool:
@@ -92,7 +93,7 @@ def _strip_ansi(text: str) -> str:
 
 def _describe(text: str) -> str:
     stripped = text.strip()
-    return repr(stripped.splitlines()[0][:120]) if stripped else "an empty text"
+    return quote(stripped.splitlines()[0]) if stripped else "an empty text"
 
 
 def _find_header(lines: list[str]) -> int | None:
@@ -121,7 +122,7 @@ def _check_device_names(devices: list[str]) -> None:
     for device in devices:
         label = _GPU_LABEL.fullmatch(device)
         if label:
-            check_gpu_index(int(label.group(1)), "this topo matrix")
+            check_gpu_index(values.whole(label.group(1)), "this topo matrix")
 
 
 def _split_header(line: str) -> tuple[list[str], list[str]]:
@@ -158,7 +159,7 @@ def _read_row(line: str, devices: list[str], gpu_columns: list[str], topology: T
     name, codes, per_gpu = cells[0], cells[1 : len(devices) + 1], cells[len(devices) + 1 :]
     if name not in devices or len(codes) != len(devices) or not all(codes):
         raise CaptureError(
-            f"topo matrix row {line.strip()!r} does not hold one link code for each of the "
+            f"topo matrix row {quote(line.strip())} does not hold one link code for each of the "
             f"{len(devices)} devices in the header"
         )
     topology.links[name] = dict(zip(devices, codes))

@@ -27,6 +27,21 @@ _NOT_AVAILABLE = {
 }
 
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+# No reading nvidia-smi prints has more digits than this (a 64-bit counter has 20); a longer run
+# is damage or hostile input. int() refuses past 4300 digits and a float of it is inf: it is no
+# value, so every capture reads its numbers through whole() and number().
+MAX_DIGITS = 24
+
+
+def whole(digits: str | None) -> int | None:
+    """The integer a run of ASCII digits ("0", "81559") stands for; None for anything else or for
+    more than MAX_DIGITS digits."""
+    if digits is None:
+        return None
+    digits = digits.strip()
+    if not digits or len(digits) > MAX_DIGITS or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(digits)
 
 
 def missing_reason(raw: str | None) -> str | None:
@@ -54,7 +69,9 @@ def number(raw: str | None) -> float | None:
     if raw is None or missing_reason(raw):
         return None
     m = _NUMBER.search(raw)
-    return float(m.group()) if m else None
+    if not m or len(m.group()) > 2 * MAX_DIGITS:
+        return None
+    return float(m.group())
 
 
 def integer(raw: str | None) -> int | None:
@@ -66,6 +83,8 @@ def hex_or_int(raw: str | None) -> int | None:
     if raw is None or missing_reason(raw):
         return None
     raw = raw.strip()
+    if len(raw) > MAX_DIGITS:
+        return None
     try:
         return int(raw, 16) if raw.lower().startswith("0x") else int(raw)
     except ValueError:

@@ -1,0 +1,115 @@
+"""The classes a fuzzer found over every file-taking command (issue 30), each with the smallest
+input it found or one built the same way from a real fixture: a record or one clean line (exit 2),
+never a traceback; no piece of anyone else's text that drives the terminal; no "one line" of
+200 KB. Edited inputs are built here and named `-edited-` when written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cli_runner import gpuvet
+from gpuvet.untrusted_text import LINE_CHARACTERS, clean, one_line, quote
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HUGE = "1" * 5000  # int() refuses past 4300 digits; a float of it is inf
+LONG = "7" * 600
+
+
+def clean_outcome(code: int, out: str, err: str, what: str) -> None:
+    """A record (exit 0/1) or exactly one clean line on stderr (exit 2); never a traceback."""
+    assert "Traceback" not in err and "Error:" not in err.split("gpuvet:")[0], (what, err[-500:])
+    assert code in (0, 1, 2), (what, code, err[-300:])
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gpuvet"), (what, err[-300:])
+        assert clean(lines[0]) == lines[0] and len(lines[0]) <= 2 * LINE_CHARACTERS, (what, lines[0][:200])
+    else:
+        json.loads(out)
+
+
+def inspect(capsys, tmp_path: Path, name: str, text: str) -> tuple[int, str, str]:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    result = gpuvet(capsys, "inspect", str(path), "--json")
+    clean_outcome(*result, name)
+    return result
+
+
+# -- tracebacks -------------------------------------------------------------------------------
+
+def test_a_dmon_capture_cut_inside_its_second_header_line_is_one_line(capsys, tmp_path):
+    # The smallest of 61 fuzzed inputs: an IndexError where the loop's note counted its samples.
+    code, _, err = inspect(capsys, tmp_path, "dmon-edited-cut-in-header.txt", "# gpu    pwr  gtemp\n# Idx      W")
+    assert code == 2 and "no complete sample row" in err
+
+
+@pytest.mark.parametrize("fixture, old, new", [
+    ("smi_text/q-titan-v-560.35.03.txt", "Replays Since Reset               : 0", f"Replays Since Reset : {HUGE}"),
+    ("smi_text/q-titan-v-560.35.03.txt", "Attached GPUs                             : 1", f"Attached GPUs : {HUGE}"),
+    ("smi_xml/rtx-3080-595.58.03-v13.xml", "<attached_gpus>1</attached_gpus>", f"<attached_gpus>{HUGE}</attached_gpus>"),
+    ("smi_xml/rtx-3080-595.58.03-v13.xml", "<retired_count>N/A</retired_count>", f"<retired_count>{HUGE}</retired_count>"),
+    ("smi_text/nvlink-status-8x-a100-sxm4.txt", "GPU 0:", f"GPU {LONG}:"),
+    ("smi_text/nvlink-status-8x-a100-sxm4.txt", "Link 1: 25 GB/s", f"Link {HUGE}: {HUGE} GB/s"),
+    ("smi_text/nvlink-errors-gb300-one-link-srt-slurm-docs.txt", "Replay Errors: 0", f"Replay Errors: {HUGE}"),
+    ("smi_text/nvlink-errors-gb300-one-link-srt-slurm-docs.txt", "Link 0: CRC", f"Link {HUGE}: CRC"),
+    ("smi_text/default-table-h100-vm-590.48.01.txt", "|                    0 |", f"| {HUGE} |"),
+    ("smi_text/default-table-h100-vm-590.48.01.txt", "|   0  NVIDIA", f"|   {LONG}  NVIDIA"),
+    ("topo/puget-wrx90-2x-rtx6000ada-phb-spaces.txt", "GPU1", f"GPU{LONG}"),
+    ("topo/puget-wrx90-2x-rtx6000ada-phb-spaces.txt", "PHB ", f"NV{HUGE} "),
+    ("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt", "Width x16", f"Width x{HUGE}"),
+    ("lspci/lspci-vvv-rtx6000ada-idle-gen1-downgraded-spaces.txt", "Speed 16GT/s", "Speed 1.2.3GT/s"),
+    ("smi_text/dmon-h100-vm-idle-590.48.01.txt", "    0 ", f"    0x{'f' * 5000} "),
+])
+def test_numbers_of_thousands_of_digits_are_no_reading_not_a_traceback(capsys, tmp_path, fixture, old, new):
+    """OverflowError / "Exceeds the limit (4300 digits)" in seven parsers: each reads numbers
+    through one bounded reader (values.whole / values.number)."""
+    text = (FIXTURES / fixture).read_text()
+    assert old in text
+    inspect(capsys, tmp_path, f"{Path(fixture).stem}-edited-huge-number{Path(fixture).suffix}", text.replace(old, new, 1))
+
+
+def test_a_line_separator_inside_an_nvidia_smi_error_line_is_one_line(capsys, tmp_path):
+    # StopIteration: splitlines() ends a line at U+2028 where the regular expression does not.
+    code, _, err = inspect(capsys, tmp_path, "error-edited-u2028.txt", "ERROR: Unable\u2028 to find the GPU\n")
+    assert code == 2 and "\u2028" not in err
+    text = (FIXTURES / "smi_text/error-nvml-driver-library-mismatch.txt").read_text()
+    code, _, err = inspect(capsys, tmp_path, "mismatch-edited-u2028.txt", text.replace("NVML:", "NVML:\u2028", 1))
+    assert code == 2
+
+
+# -- other people's text in one-line messages --------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["inspect"], ["inspect", "--json"], ["report"], ["report", "--format", "md"],
+                                  ["import"], ["doctor", "slower-and-slower", "--run"], ["node-labels"], ["health", "--no-save", "--from"]])
+def test_a_file_name_with_escapes_and_bidi_reaches_no_terminal_raw(capsys, tmp_path, argv):
+    name = "x\x1b]0;PWNED-TITLE\x07\x1b[2J\x1b[31mred\u202e\x9b31m.xml"
+    path = tmp_path / name
+    path.write_bytes(b"\x1b[2Jnot a capture\n")
+    code, out, err = gpuvet(capsys, *argv, str(path))
+    assert code == 2 and out == ""
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", err), repr(err)
+    assert len(err.strip().splitlines()) == 1 and "xred.xml" in err  # the name, without what drives the terminal
+
+
+def test_a_200000_character_json_value_is_not_a_200_kb_line(capsys, tmp_path):
+    record = json.loads((FIXTURES / "records/cpu-quick.json").read_text())
+    record["duration_s"] = "A" * 200_000  # a text where a number belongs: refused, quoting the value
+    path = tmp_path / "cpu-quick-edited-huge-value.json"
+    path.write_text(json.dumps(record))
+    for argv in (["report", str(path)], ["import", str(path)], ["inspect", str(path)]):
+        code, out, err = gpuvet(capsys, *argv)
+        clean_outcome(code, out if code != 2 else "{}", err, str(argv))
+        assert max(len(line) for line in err.splitlines()) <= 2 * LINE_CHARACTERS
+
+
+def test_quote_and_one_line_cut_and_clean():
+    assert quote("a" * 300).endswith("... (180 more characters)") and len(quote("a" * 300)) < 160
+    assert quote("x\x1b]0;t\x07y\u202e\nz") == "'xy z'"
+    message = one_line("gpuvet: " + "q" * 200_000 + " end")
+    assert len(message) < LINE_CHARACTERS + 60 and message.startswith("gpuvet: qqq") and message.endswith(" end")
+    assert one_line("gpuvet: a\nb\x9b31mc") == "gpuvet: a bc"  # U+009B: a CSI, taken out whole
