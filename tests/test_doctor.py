@@ -11,14 +11,15 @@ from rich.console import Console
 
 from gpuvet import judge, runner
 from gpuvet.doctor import CONFIRMED, RULED_OUT, SYMPTOMS, UNKNOWN, diagnose, find_symptom, render_doctor
-from gpuvet.facts import Stack, Torch
+from gpuvet.facts import Audit, Listener, Stack, Torch
 from gpuvet.record import Finding, Measurement, RunRecord
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 
 # Every row of seed 1's table 5.1 and the cases of seed 2, by short name.
 SEED_CASES = ["slow-from-start", "slower-and-slower", "gpu-low-cpu-high", "multi-gpu-scaling", "container-no-gpu",
-              "data-lost-after-restart", "day-night", "cuda-init-slow", "no-kernel-image", "nccl-hang", "memory-mismatch"]
+              "data-lost-after-restart", "day-night", "cuda-init-slow", "no-kernel-image", "nccl-hang", "busy-but-slow",
+              "gpu-errors", "ssh-drops", "jupyter-slow", "memory-mismatch"]
 
 
 def record(name: str) -> RunRecord:
@@ -115,6 +116,14 @@ def preemptible_cpu_run() -> RunRecord:
     return rejudged(r)
 
 
+def ssh_without_keepalive() -> RunRecord:
+    """Synthetic: the real cpu-quick record with an sshd listening and no ClientAliveInterval."""
+    r = record("cpu-quick")
+    r.machine.audit = Audit(sshd={"ClientAliveInterval": "0"},
+                            listeners=[Listener("0.0.0.0", 22, pid=300, process="sshd", all_interfaces=True, kind="ssh", protected=True)])
+    return rejudged(r)
+
+
 def rejudged(r: RunRecord) -> RunRecord:
     """What `gpuvet doctor` answers from: the record's facts judged by today's rules."""
     r.findings = judge.judge(r.machine, r.measurements, r.options)
@@ -152,9 +161,13 @@ ANSWERS = [
     # one run at one time of day rules out nothing that comes by day
     ("day-night", lambda: record("cpu-quick"), "stolen by the hypervisor", UNKNOWN,
      "not tested: one run at one time of day cannot rule out a day-time cause; compare runs at different times with "
-     "`gpuvet history --machine 30db074e17a9`"),
+     "`gpuvet history --machine 9a5d8f1b4c46`"),
     ("nccl-hang", lambda: record("cpu-quick"), "/dev/shm", RULED_OUT, "/dev/shm 23.5 GiB"),
     ("nccl-hang", lambda: record("h100-bundle-nvlink"), "NVLink down", RULED_OUT, "18 NVLinks active"),
+    ("busy-but-slow", lambda: record("h100-8x-throttle"), "time-sliced with a neighbour", CONFIRMED, "9.0 GiB in use"),
+    ("gpu-errors", lambda: record("h100-8x-throttle"), "Memory errors", RULED_OUT, "no uncorrectable errors"),
+    ("ssh-drops", ssh_without_keepalive, "No keep-alive on the server side", CONFIRMED, "no SSH keep-alive on the server side"),
+    ("jupyter-slow", lambda: with_latency(850), "Slow CUDA context", CONFIRMED, "850 ms"),
     ("memory-mismatch", lambda: record("gtx1070-6x-x1-riser"), "old driver", CONFIRMED, "driver 384.66"),
     ("memory-mismatch", lambda: record("h100-8x-throttle"), "old driver", RULED_OUT, "driver 535.183.01"),
     ("memory-mismatch", lambda: record("h100-8x-throttle"), "another process", CONFIRMED, "9.0 GiB in use"),
@@ -281,7 +294,7 @@ def test_the_terminal_says_what_was_not_tested():
 def test_a_day_time_cause_seen_in_one_run_still_shows_what_that_run_saw():
     steal = one(results("day-night", record("cpu-quick")), "stolen by the hypervisor")
     assert "seen at 2026-11-29 16:45 UTC: host: 1.0% steal over 0.5 s, 0.3% since boot (kvm guest)" in steal.figures
-    assert steal.next_step == "run `gpuvet run` by day and at night, then `gpuvet history --machine 30db074e17a9`"
+    assert steal.next_step == "run `gpuvet run` by day and at night, then `gpuvet history --machine 9a5d8f1b4c46`"
 
 
 def test_the_terminal_names_the_run_it_answered_from():

@@ -7,6 +7,7 @@ import re
 from ..judge.common import subject_range
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Cause, CauseResult, Diagnosis, FactVerdict, Symptom
+from . import vocabulary
 from .symptoms import SYMPTOMS
 
 # -- answering from a record -----------------------------------------------------------------------
@@ -128,9 +129,17 @@ def find_symptom(text: str) -> Symptom | None:
     for symptom in SYMPTOMS:
         if query.replace(" ", "-").replace("_", "-") == symptom.name:
             return symptom
-    scored = [(_score(query, symptom), n, symptom) for n, symptom in enumerate(SYMPTOMS)]
+    named = vocabulary.matches(query)
+    # The vocabulary's words weigh double: a reader's own word ("功耗墙", "xid") says more than the
+    # words a sentence shares with a row's description.
+    scored = [(_score(query, symptom) + 2 * len(named.get(symptom.name, ())), n, symptom) for n, symptom in enumerate(SYMPTOMS)]
     best = max(scored, key=lambda item: (item[0], -item[1]))
     return best[2] if best[0] > 0 else None
+
+
+def known_symptoms() -> str:
+    """What doctor knows, for the line that says nothing matched."""
+    return vocabulary.known_symptoms([(s.name, s.description) for s in SYMPTOMS])
 
 
 def _score(query: str, symptom: Symptom) -> int:
