@@ -9,7 +9,7 @@ from .. import judge
 from ..facts import Machine
 from ..judge import health as health_rules
 from ..judge.gpu_xid import HEALTH_WINDOW_S
-from ..probe import capture, live
+from ..probe import capture, live, nvml
 from ..record import RunOptions, RunRecord, parse_timestamp, timestamp
 from ..store import Store, machine_identity
 
@@ -28,6 +28,7 @@ def check(captures: list[str] | None = None, expect_gpus: int | None = None,
             machine = capture.merge([c for path in captures for c in capture.read_captures(path)])
         else:
             machine = live.collect_passive(budgets)
+            _mark_replay(machine)
     judge.annotate_references(machine)
     options = RunOptions(profile=PROFILE, probe_budgets_s=budgets, xid_window_s=xid_window_s)
     if expect_gpus is not None:
@@ -38,6 +39,15 @@ def check(captures: list[str] | None = None, expect_gpus: int | None = None,
     record.findings = judge.judge_health(machine, options)
     record.duration_s = time.monotonic() - t0
     return record
+
+
+def _mark_replay(machine: Machine) -> None:
+    """Under GPUVET_NVML_REPLAY the GPU facts are a capture's: the record says so, as `run`'s does,
+    never "live" (its history would otherwise hold a test capture as this node's health)."""
+    replayed = nvml.replayed_from()
+    if replayed and machine.source == "live":
+        machine.source = f"replay: {replayed}"
+        machine.captures.append({"path": replayed, "kind": "nvml-replay"})
 
 
 def outcome(record: RunRecord) -> str:
