@@ -143,12 +143,29 @@ def test_a_gpu_a_few_percent_busy_with_no_context_is_idle_to_run_and_judge():
     assert status == "fail" and "another user" in summary and not loaded
 
 
-def test_numa_cpus_come_from_the_topology_affinity():
+def test_numa_cpus_come_from_the_topology_affinity_without_sysfs(tmp_path):
     m = capture.merge(capture.read_captures(str(FIXTURES / "topo/asus-esc8000a-4x-rtx6000ada-node-sys-nics-spaces.txt")))
-    cpus = plan.numa_cpus(m, m.gpus[2])  # "32-63" on that machine, cut to the CPUs this process may use
+    cpus, source = plan.numa_cpus(m, m.gpus[2], root=str(tmp_path))  # "32-63" on that machine, cut to the CPUs this process may use
     import os
 
     assert set(cpus) == set(range(32, 64)) & os.sched_getaffinity(0)
+    assert source == ("nvidia-smi topo -m" if cpus else "")
+
+
+def test_numa_cpus_come_from_the_gpus_pci_device_in_sysfs_first(tmp_path):
+    """nvbandwidth binds to the GPU's local_cpulist: read for every GPU, not only from a pasted
+    `topo -m` (a live run had none, so pinned buffers were never bound)."""
+    import os
+
+    from gpuvet.facts import Gpu, Machine, Pcie
+
+    allowed = sorted(os.sched_getaffinity(0))
+    device = tmp_path / "0000:17:00.0"
+    device.mkdir()
+    (device / "local_cpulist").write_text(f"{allowed[0]}-{allowed[-1]}\n")  # the sysfs format
+    gpu = Gpu(index=0, pcie=Pcie(bus_id="0000:17:00.0"))
+    cpus, source = plan.numa_cpus(Machine(gpus=[gpu]), gpu, root=str(tmp_path))
+    assert cpus == allowed and source == "sysfs local_cpulist"
 
 
 def test_asking_for_more_workload_steps_gives_the_workload_more_time():

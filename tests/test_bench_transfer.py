@@ -220,6 +220,9 @@ class _FakeStream:
     def synchronize(self):
         pass
 
+    def wait_stream(self, other):
+        pass
+
 
 class _FakeCuda:
     Event, Stream = HostClockEvent, _FakeStream
@@ -271,13 +274,13 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(p2p, "free_memory_bytes", lambda device: 64 << 30)
 
 
-def test_pcie_path_reports_four_directions_and_holds_the_load_window(fake_gpus, monkeypatch):
+def test_pcie_path_reports_each_direction_both_at_once_and_holds_the_load_window(fake_gpus, monkeypatch):
     monkeypatch.setattr(pcie, "PHASE_CAP_S", 0.05)  # short phases; the load window still holds
     announced = []
     ctx = BenchContext("cuda:0", "gpu0", Budget(10.0), {"bytes": 8 * MiB, "min_load_s": 0.3, "cpu_affinity": [0]},
                        progress=announced.append)
     results = {m["name"]: m for m in pcie.run(ctx)}
-    assert list(results) == ["pcie.h2d_pinned", "pcie.d2h_pinned", "pcie.h2d_pageable", "pcie.d2h_pageable"]
+    assert list(results) == ["pcie.h2d_pinned", "pcie.d2h_pinned", "pcie.bidir_pinned", "pcie.h2d_pageable", "pcie.d2h_pageable"]
     assert announced == [pcie.LOAD_PHASE]
     for m in results.values():
         assert m["unit"] == "GB/s" and m["subject"] == "gpu0" and m["value"] > 0

@@ -7,6 +7,7 @@ bytes, as nvbandwidth counts them.
 
 - pinned: `non_blocking` copies queued on a side stream, each timed with CUDA events (the copy
   engine's own time, as nvbandwidth's CE copies).
+- bidirectional: half the pinned buffer each way at once, on two streams (GB/s of both together).
 - pageable: the driver stages through its own pinned buffer on the calling thread, so the figure
   is what a plain `tensor.to("cuda")` costs: a blocking copy timed by the wall clock.
 
@@ -48,6 +49,7 @@ DEFAULT_BUFFER_BYTES = 256 * MiB
 MIN_BUFFER_BYTES = 8 * MiB
 DEFAULT_MIN_LOAD_S = 1.0
 LOAD_PHASE = "pcie.h2d_pinned"
+BIDIRECTIONAL = "pcie.bidir_pinned"
 PHASE_CAP_S = 0.5  # per phase beyond the load window: enough for a stable median
 MIN_REPEATS = 3
 MAX_REPEATS = 5000  # a cap for small buffers on fast links (256 MiB on Gen5: ~200 per second)
@@ -65,7 +67,7 @@ def run(ctx: BenchContext) -> list[dict]:
         raise Skip("host<->device copies need a CUDA GPU")
     copies_s = ctx.budget.remaining()
     setup_started = time.perf_counter()
-    with bound_to_cpus(ctx.params.get("cpu_affinity")) as numa:
+    with bound_to_cpus(ctx.params.get("cpu_affinity"), ctx.params.get("cpu_affinity_source")) as numa:
         # The job's first CUDA call, made from the bound thread: when `gpuvet bench pcie` runs alone
         # it creates the GPU's context here, so the driver's own threads and buffers start near it.
         gpu_free = free_memory_bytes(ctx.device)
@@ -94,7 +96,7 @@ def buffer_bytes(requested: int, gpu_free: int, host_available: int) -> int:
 
 
 @contextmanager
-def bound_to_cpus(cpus: list[int] | None) -> Iterator[dict[str, Any]]:
+def bound_to_cpus(cpus: list[int] | None, source: str | None = None) -> Iterator[dict[str, Any]]:
     """Bind the calling thread to `cpus` while the block runs; yields what to record in details."""
     if not cpus:
         yield {"numa_bound": False, "numa_note": "no CPU list for this GPU's NUMA node"}
@@ -109,7 +111,7 @@ def bound_to_cpus(cpus: list[int] | None) -> Iterator[dict[str, Any]]:
         yield {"numa_bound": False, "numa_note": f"could not bind to CPUs {list(cpus)}: {err}"}
         return
     try:
-        yield {"numa_bound": True, "cpu_affinity": sorted(cpus)}
+        yield {"numa_bound": True, "cpu_affinity": sorted(cpus), **({"cpu_affinity_source": source} if source else {})}
     finally:
         os.sched_setaffinity(0, previous)
 
@@ -148,6 +150,7 @@ def _measure(ctx: BenchContext, nbytes: int, numa: dict[str, Any], copies_s: flo
             phases[:0] = [
                 _Phase("pcie.h2d_pinned", lambda: gpu_buffer.copy_(host, non_blocking=True), pinned=True),
                 _Phase("pcie.d2h_pinned", lambda: host.copy_(gpu_buffer, non_blocking=True), pinned=True),
+                _Phase(BIDIRECTIONAL, both_ways(stream, torch.cuda.Stream(device), host, gpu_buffer), pinned=True),
             ]
         # The budget is for the copies: it starts once the context and the buffers are ready, so a
         # first context (up to a second under vGPU) does not cut the load window short.
@@ -163,11 +166,26 @@ def _measure(ctx: BenchContext, nbytes: int, numa: dict[str, Any], copies_s: flo
                     continue
                 results.append(_run_phase(ctx, budget, phase, stream, nbytes, left, details, setup_s))
         if host is None:
-            for name in ("pcie.h2d_pinned", "pcie.d2h_pinned"):
+            for name in ("pcie.h2d_pinned", "pcie.d2h_pinned", BIDIRECTIONAL):
                 results.append(measurement(name, None, "GB/s", ctx.subject, bytes=nbytes,
                                            reason=f"pinned host memory could not be allocated: {pinned.error}",
                                            **pinned_details))
         return results
+
+
+def both_ways(stream: Any, other: Any, host: torch.Tensor, gpu_buffer: torch.Tensor) -> Callable[[], None]:
+    """Half the buffer up and the other half down at once, on two streams, the whole of it timed by
+    the events on `stream` (nvbandwidth's bidirectional copies): a link or host that cannot carry
+    both directions together (a shared switch uplink, a weak root complex) shows here only."""
+    half = host.numel() // 2
+
+    def copy() -> None:
+        other.wait_stream(stream)  # starts after the start event
+        gpu_buffer[:half].copy_(host[:half], non_blocking=True)
+        with torch.cuda.stream(other):
+            host[half:].copy_(gpu_buffer[half:], non_blocking=True)
+        stream.wait_stream(other)  # the end event waits for both
+    return copy
 
 
 def _run_phase(ctx: BenchContext, budget: Budget, phase: _Phase, stream: torch.cuda.Stream, nbytes: int,
@@ -198,6 +216,8 @@ def _run_phase(ctx: BenchContext, budget: Budget, phase: _Phase, stream: torch.c
     if is_load_phase:  # every copy queued in the window has finished: the timer synchronised
         extra = {"load_s": round(time.perf_counter() - started, 3),
                  "load_window": load_window(window_start, time.time()), "setup_s": setup_s}
+    if phase.name == BIDIRECTIONAL:
+        extra["how"] = "half the buffer host-to-device and half device-to-host at once; value = both directions' bytes / time"
     rates = [nbytes / t / 1e9 for t in times if t > 0]
     stats = summary(rates)
     return measurement(

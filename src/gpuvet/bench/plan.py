@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from .. import catalog, telemetry
 from ..facts import DRIVER_SOURCES, Gpu, Machine, PcieLink
+from ..probe import sysfs_pcie
 from ..record import Series
 from ..record.details import BenchNote
 from . import schedule
@@ -317,7 +318,8 @@ class Runner:
     def _with_link_readings(self, target: Target, name: str) -> None:
         """PCIe copies, with the link's generation and width read by NVML while they run."""
         sampler = self.start_sampler([target])
-        params = {"cpu_affinity": numa_cpus(self.machine, target.gpu)} if target.gpu else {}
+        cpus, where = numa_cpus(self.machine, target.gpu)
+        params = {"cpu_affinity": cpus, "cpu_affinity_source": where} if target.gpu else {}
         try:
             self.run_jobs([self._job(name, target, **params)], name)
         finally:
@@ -392,21 +394,19 @@ def _peak(gpu: Gpu | None) -> dict[str, Any]:
     return {"peak_tflops": {d: v for d, v in peaks.items() if v}} if any(peaks.values()) else {}
 
 
-def numa_cpus(machine: Machine, gpu: Gpu | None) -> list[int]:
-    """CPUs of the GPU's NUMA node (from `topo -m`'s CPU affinity), to place host buffers near it."""
-    if gpu is None or machine.topology is None:
-        return []
-    spec = machine.topology.cpu_affinity.get(f"GPU{gpu.index}", "")
-    cpus: list[int] = []
-    for part in spec.split(","):
-        if "-" in part:
-            low, high = part.split("-", 1)
-            if low.strip().isdigit() and high.strip().isdigit():
-                cpus += range(int(low), int(high) + 1)
-        elif part.strip().isdigit():
-            cpus.append(int(part))
+def numa_cpus(machine: Machine, gpu: Gpu | None, root: str = sysfs_pcie.PCI_DEVICES) -> tuple[list[int], str]:
+    """CPUs of the GPU's NUMA node, to place host buffers near it, and where they come from: the
+    GPU's PCI device in sysfs (`local_cpulist`, what nvbandwidth binds to), else `topo -m`'s CPU
+    affinity; cut to the CPUs this process may use."""
+    if gpu is None:
+        return [], ""
+    cpus, source = (sysfs_pcie.local_cpus(gpu.pcie.bus_id, root), "sysfs local_cpulist") if gpu.pcie.bus_id else ([], "")
+    if not cpus and machine.topology is not None:
+        spec = machine.topology.cpu_affinity.get(f"GPU{gpu.index}", "")
+        cpus, source = sysfs_pcie.parse_cpu_list(spec.replace(" ", "")), "nvidia-smi topo -m"
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(cpus)
-    return [c for c in cpus if c in allowed]
+    cpus = [c for c in cpus if c in allowed]
+    return cpus, source if cpus else ""
 
 
 def add_loaded_link(gpu: Gpu | None, samples: list[telemetry.Sample], window: tuple[float, float] | None = None) -> None:

@@ -245,8 +245,10 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
             findings.append(not_measured(ctx, "pcie", "gpu.pcie_bandwidth", s))
             continue
         h2d_pageable, d2h_pageable = one(ctx, "pcie.h2d_pageable", s), one(ctx, "pcie.d2h_pageable", s)
+        both = one(ctx, "pcie.bidir_pinned", s)
         measured_text = f"pinned H2D {h2d.value:.1f} / D2H {d2h.value:.1f} GB/s" + (
-            f"; pageable {h2d_pageable.value:.1f} / {d2h_pageable.value:.1f}" if h2d_pageable and d2h_pageable else "")
+            f"; pageable {h2d_pageable.value:.1f} / {d2h_pageable.value:.1f}" if h2d_pageable and d2h_pageable else "") + (
+            f"; both ways at once {both.value:.1f} GB/s together" if both else "") + _binding(h2d.details)
         gen, width, under_load = _link_for_bandwidth(gpu)
         words, status, expected = f"H2D {h2d.value:.1f}, D2H {d2h.value:.1f} GB/s (pinned)", MEASURED, None
         source = "PCIe line rate per lane and generation (after encoding)"
@@ -273,6 +275,14 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
             "compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
             "rerun `gpuvet bench pcie`"))
     return findings
+
+
+def _binding(details: dict) -> str:
+    """Where the pinned buffer's pages lay: near the GPU (bound to its NUMA node's CPUs) or not known."""
+    if details.get("numa_bound"):
+        return f"; host buffer on the GPU's NUMA node ({details.get('cpu_affinity_source') or 'CPU list'})"
+    note = details.get("numa_note")
+    return f"; host buffer not bound to the GPU's NUMA node ({note})" if note else ""
 
 
 def _expected_link(gen: int | None, width: int | None, under_load: bool, ref: Reference | None) -> tuple[str, float | None]:

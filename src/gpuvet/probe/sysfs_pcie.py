@@ -5,6 +5,7 @@ Files read, one value each:
     current_link_speed   "16.0 GT/s PCIe"    (kernels <= 5.6: "16 GT/s", "2.5 GT/s"; "Unknown")
     max_link_speed       same format         current_link_width / max_link_width   "16"
     numa_node            "0" ("-1": none)    driver               symlink to .../drivers/<name>
+    local_cpulist        "0-15,32-47"        the CPUs nearest the device (nvbandwidth binds to them)
 
 current_* come from the link status register (LNKSTA), max_* from the capability (LNKCAP).
 The parsing lives in pure functions; the readers never raise: a missing device, an absent file or
@@ -57,6 +58,18 @@ def parse_numa_node(raw: str | None) -> int | None:
     except ValueError:
         return None
     return node if node >= 0 else None
+
+
+def parse_cpu_list(raw: str | None) -> list[int]:
+    """ "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11]; anything unreadable -> []."""
+    cpus: list[int] = []
+    for part in (raw or "").strip().split(","):
+        low, _, high = part.strip().partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            cpus += range(int(low), int(high or low) + 1)
+        elif part.strip():
+            return []
+    return cpus
 
 
 def is_nvidia_display(vendor: int | None, pci_class: int | None) -> bool:
@@ -127,6 +140,12 @@ def kernel_driver(bus_id: str, root: str = PCI_DEVICES) -> str | None:
 def numa_node(bus_id: str, root: str = PCI_DEVICES) -> int | None:
     device = _device_dir(bus_id, root)
     return None if device is None else parse_numa_node(_read(os.path.join(device, "numa_node")))
+
+
+def local_cpus(bus_id: str, root: str = PCI_DEVICES) -> list[int]:
+    """The CPUs nearest the device (its NUMA node's), from sysfs; [] when not known."""
+    device = _device_dir(bus_id, root)
+    return [] if device is None else parse_cpu_list(_read(os.path.join(device, "local_cpulist")))
 
 
 # The kernel's AER counters per device (Linux 5.x: aer_dev_correctable, _nonfatal, _fatal), each
