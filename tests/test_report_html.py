@@ -219,7 +219,8 @@ def test_the_page_renders_in_headless_chromium_offline(tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     parsed = Page(dom.stdout)
     assert "FAIL: something is wrong with this machine" in dom.stdout
-    assert len(re.findall(r'<tr class="(?:ticked|crossed|warned|unknown)">', dom.stdout)) == 13
+    items = re.findall(r'<tr class="(?:ticked|crossed|warned|unknown)">.*?<td class="item">(.*?)</td>', dom.stdout)
+    assert sum(len(i.split("<br>")) for i in items) == 13  # items left open for one reason share a row
     assert "Power wall" in dom.stdout and "gpu2: HW power brake during 56% of the load" in dom.stdout
     assert len(parsed.plots) == 4 and all(max(p["paths"]) > 1000 for p in parsed.plots)
 
@@ -268,3 +269,25 @@ def test_a_monitoring_loop_given_to_inspect_is_plotted_with_its_utilization():
     assert [p.key for p in html_report.render_plots(r)] == ["utilization", "power", "sm_clock", "temperature"]
     page = render_html(r)
     assert "<h2>Monitoring loop (from the capture)</h2>" in page and len(Page(page).plots) == 4
+
+
+# -- issue 29: what a GPU-less page and the tables read like -----------------------------------------
+
+def test_a_gpu_less_run_says_each_reason_once_and_groups_the_items_it_left_open():
+    page = render_html(record("cpu-full-no-torch"))
+    assert page.count("pip install torch --index-url https://download.pytorch.org/whl/cpu") == 1  # in the header
+    checklist = page[page.index('id="checklist"'):page.index('id="problems"')]
+    rows = re.findall(r'<tr class="unknown"><td class="mark"[^>]*>\?</td><td class="item">(.*?)</td>', checklist)
+    assert "Whole GPU, not shared<br>Power limit at the default" in rows  # one row, one reason
+    assert len(rows) == 9  # of 12 undecided items
+    assert checklist.count("no GPU facts: no NVIDIA driver (see GPUs above)") == 4
+
+
+def test_ids_wrap_only_after_a_dot_and_details_read_as_words():
+    page = render_html(record(SYNTHETIC))
+    assert '<code class="id">sustained.<wbr>decay_pct</code>' in page
+    assert "code.id { overflow-wrap:normal; }" in page  # never broken mid-word (sustained.decay_pc / t)
+    assert "windows 180, duration 90 s</td>" in page and "duration_s" not in page.split('id="facts"')[0]
+    assert "<td>mean of the first fifth of the windows vs the last fifth, dtype bfloat16" in page
+    assert html_report.detail_text("p99_us", 95.8) == "p99 95.8 µs"
+    assert html_report.detail_text("file_bytes", 1 << 30) == "file 1 GiB"

@@ -20,9 +20,10 @@ from ..facts import Gpu, Host, Machine, Topology, to_dict
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from . import charts as charts_lib
 from .numbers import number
-from .checklist import GROUP_SOURCES, GROUP_TITLES, WORD, checklist, grouped
+from .checklist import GROUP_SOURCES, GROUP_TITLES, UNKNOWN, WORD, checklist, grouped
 from .markdown import general_remedy, same_problems
-from .terminal import header_line, is_watch_log, verdict_text, machine_lines, options_line, problems, quiet_rows, status_counts, subject_range
+from .terminal import (header_line, is_watch_log, machine_lines, options_line, problems, quiet_rows, said_once, status_counts,
+                       subject_range, torch_missing_line, verdict_text)
 
 GIB = 1024**3
 
@@ -30,8 +31,10 @@ GIB = 1024**3
 def render_html(record: RunRecord) -> str:
     plots = render_plots(record)
     watched = is_watch_log(record)
+    banner = _banner(record)  # says whole the reasons said_once shortens below
+    record = said_once(record)
     sections = [
-        _banner(record),
+        banner,
         "" if watched else _checklist(record),
         _problems(record.findings),
         _watched_section(record, plots) if watched else _plots_section(record, plots),
@@ -82,7 +85,8 @@ def _banner(record: RunRecord) -> str:
     pills = "".join(f'<span class="pill {s}">{counts[s]} {label}</span>'
                     for s, label in ((FAIL, "failed"), (WARN, warnings), (PASS, "passed"), (MEASURED, "measured, not judged"),
                                      (SKIP, "skipped")) if s != MEASURED or counts[s])
-    lines = "".join(f"<li>{_e(line.strip())}</li>" for line in machine_lines(record.machine) + [options_line(record)] if line)
+    lines = "".join(f"<li>{rich_text(line.strip())}</li>"
+                    for line in machine_lines(record.machine) + [torch_missing_line(record), options_line(record)] if line)
     verdict = verdict_text(record)
     return (f'<header class="verdict {record.verdict}" id="verdict">\n'
             f'<h1>{rich_text(verdict)}</h1>\n<p class="pills">{pills}</p>\n'
@@ -94,14 +98,29 @@ def _checklist(record: RunRecord) -> str:
     for group, lines in grouped(checklist(record)):
         rows = "".join(
             f'<tr class="{line.state}"><td class="mark" title="{_e(WORD[line.state])}">{_e(line.mark)}</td>'
-            f'<td class="item">{_e(line.item.title)}</td>'
+            f'<td class="item">{"<br>".join(_e(t) for t in titles)}</td>'
             f"<td>{rich_text(line.figure)}</td></tr>"
-            for line in lines)
+            for line, titles in _undecided_together(lines))
         parts.append(f'<h2>{_e(GROUP_TITLES[group])}</h2>\n<p class="note">{_e(GROUP_SOURCES[group])}</p>\n'
                      f'<table class="checklist"><thead><tr><th></th><th>Item</th><th>What decided it</th></tr></thead>'
                      f"<tbody>{rows}</tbody></table>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _undecided_together(lines: list) -> list[tuple[Any, list[str]]]:
+    """Items left undecided for one reason (no GPU, no PyTorch) as one row naming them all, where
+    it first comes: a GPU-less run's page was a column of "?" each giving the same reason."""
+    rows: list[tuple[Any, list[str]]] = []
+    first: dict[str, list[str]] = {}
+    for line in lines:
+        if line.state == UNKNOWN and line.figure in first:
+            first[line.figure].append(line.item.title)
+            continue
+        rows.append((line, [line.item.title]))
+        if line.state == UNKNOWN:
+            first[line.figure] = rows[-1][1]
+    return rows
 
 
 def _problems(findings: list[Finding]) -> str:
@@ -132,7 +151,7 @@ def _card(same: list[Finding]) -> str:
 
 def _quiet(findings: list[Finding]) -> str:
     rows = [f'<tr class="{status}"><td><span class="badge {status}">{status.upper()}</span></td><td>{_e(area)}</td>'
-            f"<td class=\"check\"><code>{_e(check)}</code></td><td>{_e(who)}</td><td>{rich_text(summary)}</td></tr>"
+            f"<td class=\"check\">{_id(check)}</td><td>{_e(who)}</td><td>{rich_text(summary)}</td></tr>"
             for area, status, check, who, summary in quiet_rows(findings)]
     if not rows:
         return ""
@@ -141,7 +160,7 @@ def _quiet(findings: list[Finding]) -> str:
 
 
 def _measurements(record: RunRecord) -> str:
-    rows = [f"<tr><td><code>{_e(m.name)}</code></td><td>{_e(m.subject)}</td><td class=\"num\">{number(m.value)}</td><td>{_e(m.unit)}</td>"
+    rows = [f"<tr><td>{_id(m.name)}</td><td>{_e(m.subject)}</td><td class=\"num\">{number(m.value)}</td><td>{_e(m.unit)}</td>"
             f"<td>{_e(_details_text(m.details))}</td></tr>"
             for m in record.measurements if m.value is not None and m.unit]
     if not rows:
@@ -150,9 +169,36 @@ def _measurements(record: RunRecord) -> str:
             f"<th>Value</th><th>Unit</th><th>Details</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
 
 
+# A detail's key ends in its unit (duration_s, p99_us, read_mb_s): the reader sees words and the unit.
+_UNIT_SUFFIXES = (("_mb_s", "MB/s"), ("_us", "µs"), ("_s", "s"), ("_pct", "%"))
+
+
 def _details_text(details: dict[str, Any]) -> str:
-    flat = [f"{k} {v}" for k, v in details.items() if not isinstance(v, (dict, list)) or k == "shape"]
+    flat = [detail_text(k, v) for k, v in details.items() if not isinstance(v, (dict, list)) or k == "shape"]
     return ", ".join(flat)
+
+
+def detail_text(key: str, value: Any) -> str:
+    """One measurement detail as words: 'duration 30 s', 'p99 95.8 µs', 'file 1 GiB', 'queue depth 32'."""
+    shown = number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    if key == "shape" and isinstance(value, list):
+        shown = "x".join(str(v) for v in value)
+    if key == "how":  # already a phrase: "mean of the first fifth of the windows vs the last fifth"
+        return shown
+    if key == "bytes" or key.endswith("_bytes"):
+        name = key.removesuffix("bytes").removesuffix("_") or "size"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            shown = f"{value / GIB:.3g} GiB" if value >= GIB else f"{value / 2**20:.3g} MiB" if value >= 2**20 else f"{value:,.0f} B"
+        return f"{name.replace('_', ' ')} {shown}"
+    for suffix, unit in _UNIT_SUFFIXES:
+        if key.endswith(suffix) and key != suffix[1:]:
+            return f"{key.removesuffix(suffix).replace('_', ' ')} {shown} {unit}".replace(" %", "%")
+    return f"{key.replace('_', ' ')} {shown}"
+
+
+def _id(name: str) -> str:
+    """A check or measurement id: it may wrap only after a dot (sustained.<wbr>decay_pct), never mid-word."""
+    return '<code class="id">' + ".<wbr>".join(_e(part) for part in name.split(".")) + "</code>"
 
 
 # -- machine facts ---------------------------------------------------------------------------------
@@ -462,6 +508,7 @@ main { max-width:1180px; margin:0 auto; padding:24px; }
 h1 { margin:0 0 8px; font-size:1.6rem; } h2 { margin:32px 0 8px; font-size:1.25rem; } h3 { font-size:1rem; margin:18px 0 6px; }
 code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size:.88em; background:#f2f4f7;
        padding:1px 4px; border-radius:4px; overflow-wrap:anywhere; }
+code.id { overflow-wrap:normal; }
 .verdict { border-radius:12px; padding:18px 22px; border:2px solid; }
 .verdict.fail { background:var(--fail-bg); border-color:var(--fail); } .verdict.fail h1 { color:var(--fail); }
 .verdict.warn { background:var(--warn-bg); border-color:var(--warn); } .verdict.warn h1 { color:var(--warn); }
