@@ -1,51 +1,86 @@
 #!/usr/bin/env bash
-# One prepared run on a real GPU machine (e.g. the device tool's H200): everything the GPU issues
-# ask to see for real. Needs torch with CUDA, nvidia-ml-py, psutil, rich and click on the machine;
-# run from the repository root:
+# One prepared run on a real GPU machine (the device tool's H200): what each GPU benchmark claims,
+# proved against peers and absolute targets (issue 24). Needs torch with CUDA, nvidia-ml-py,
+# psutil, rich and click on the machine (no package registry); run from the repository root:
 #
 #     OUT=/tmp/out PYTHONPATH=src bash benchmarks/gpu_validation.sh
+#     STEPS=gil,summary OUT=/tmp/out bash benchmarks/gpu_validation.sh   # rerun one step (and the summary)
+#     PLAN_ONLY=1 bash benchmarks/gpu_validation.sh                      # the plan and its budget, nothing run
 #
-# It captures the machine (new real fixtures for tests/fixtures, describe them in SOURCES.md),
-# runs the default `gpuvet run`, and measures the peers gpuvet's figures are held against:
-# a long GEMM sweep (target: gpuvet's bf16 >= 95% of its best), a plain torch device copy
-# (target: gpuvet's membw >= 95% of it), the default run's wall time (target: under 120 s), and,
-# time permitting, the workload's resume tolerance.
+# Steps (cap in seconds; the sum stays inside BUDGET_S, default 420, minus the packing reserve):
+#   captures  nvidia-smi -q/-x/topo/nvlink, lspci, sysfs links       (new real fixtures)
+#   run       the default `gpuvet run`, with an independent `nvidia-smi -lms` logger alongside
+#   gemm      plain torch at mamf-finder's published H200 shapes (its method: mean of 100 after 50)
+#   copies    plain torch device copy; pinned host copies from the GPU's NUMA node and from another
+#   context   first CUDA call of fresh processes, alone and while another process holds the GPU
+#   gil       gpuvet's timing loop alone and beside 7 busy Python threads (an 8-GPU box's timers)
+#   summary   every gpu.* finding against its absolute target, each peer against gpuvet's figure,
+#             the logger against gpuvet's telemetry
 #
-# What comes back: the device tool returns at most 8 files from $OUT, so everything is kept in a
-# work folder outside $OUT and packed into ONE archive, $OUT/gpu-validation.tar.gz (repacked after
-# every step, so a run cut short still returns what it had), plus $OUT/summary.txt (also printed).
-# The whole script keeps to BUDGET_S seconds (default 450: a 15-minute device session also pays
-# the machine's start and the transfers); each step has its own cap and a step that no longer fits
-# is skipped with that reason. Without a GPU it skips the GPU steps with the reason, in seconds.
+# What comes back: everything is kept in a work folder and packed into ONE archive,
+# $OUT/gpu-validation.tar.gz (repacked after every step, so a run cut short still returns what it
+# had), plus $OUT/summary.txt (also printed). Without a GPU the GPU steps say why and are skipped.
 set -uo pipefail
 OUT=${OUT:-gpu-validation-out}
-mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-src}
 export PYTHONUNBUFFERED=1  # a step cut off by its cap keeps what it printed
 py=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-450}
+BUDGET_S=${BUDGET_S:-420}
 PACK_RESERVE_S=20
+ALL_STEPS="captures run gemm copies context gil summary"
+STEPS=${STEPS:-$ALL_STEPS}
+STEPS=${STEPS//,/ }
+declare -A CAP=([captures]=30 [run]=160 [gemm]=60 [copies]=40 [context]=50 [gil]=30 [summary]=20)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+steps_py="$here/gpu_validation_steps.py"
+
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
+
+plan_total=0
+for s in $STEPS; do
+  [[ -n "${CAP[$s]:-}" ]] || { echo "unknown step '$s' (steps: $ALL_STEPS)" >&2; exit 2; }
+  plan_total=$((plan_total + CAP[$s]))
+done
+echo "plan: $(for s in $STEPS; do printf '%s %ss; ' "$s" "${CAP[$s]}"; done)total ${plan_total} s + ${PACK_RESERVE_S} s packing of ${BUDGET_S} s"
+if (( plan_total + PACK_RESERVE_S > BUDGET_S )); then
+  echo "the plan does not fit its budget: ${plan_total} + ${PACK_RESERVE_S} > ${BUDGET_S} s" >&2
+  exit 2
+fi
+[[ -n "${PLAN_ONLY:-}" ]] && exit 0
+
+mkdir -p "$OUT"
 START=$(date +%s)
 DEADLINE=$((START + BUDGET_S))
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-validation.XXXXXX")
 W="$WORK/gpu-validation"
 mkdir -p "$W"
+if [[ -f "$OUT/gpu-validation.tar.gz" ]] && [[ "$STEPS" != "$ALL_STEPS" ]]; then
+  tar -xzf "$OUT/gpu-validation.tar.gz" -C "$WORK" 2>/dev/null  # a rerun of one step keeps the others' results
+fi
 SUMMARY="$OUT/summary.txt"
-: > "$W/notes.txt"
+touch "$W/notes.txt"
 
 exec 3>&1  # the console: notes reach it even from a step whose output goes to a file
 note() { echo "$*" >> "$W/notes.txt"; echo "$*" >&3; }
-step() { echo "== $* (t+$(( $(date +%s) - START )) s)" | tee -a "$W/steps.log" >&3; }
+STEP_END=$DEADLINE
+# step NAME: announce it; its commands together keep to the step's cap (CAP[NAME]).
+step() {
+  STEP_END=$(( $(date +%s) + ${CAP[$1]:-0} ))
+  echo "== $1 (cap ${CAP[$1]:-?} s, t+$(( $(date +%s) - START )) s)" | tee -a "$W/steps.log" >&3
+}
 pack() { tar -czf "$OUT/gpu-validation.tar.gz.part" -C "$WORK" gpu-validation 2>/dev/null \
            && mv "$OUT/gpu-validation.tar.gz.part" "$OUT/gpu-validation.tar.gz"; }
 
-# capped SECONDS NAME CMD...: run CMD with at most SECONDS, and less if the budget is running out.
-# Returns 124 when it was cut off; skips (rc 125) when fewer than 10 s are left.
+# capped SECONDS NAME CMD...: run CMD with at most SECONDS, and less if its step's cap or the
+# budget is running out. Returns 124 when it was cut off; skips (rc 125) when under 5 s are left.
 capped() {
   local cap=$1 name=$2; shift 2
-  local left=$((DEADLINE - PACK_RESERVE_S - $(date +%s)))
+  local now left
+  now=$(date +%s)
+  left=$((DEADLINE - PACK_RESERVE_S - now))
+  (( STEP_END - now < left )) && left=$((STEP_END - now))
   (( left < cap )) && cap=$left
-  if (( cap < 10 )); then
+  if (( cap < 5 )); then
     note "SKIPPED $name: out of time (budget ${BUDGET_S} s)"
     return 125
   fi
@@ -55,13 +90,19 @@ capped() {
   return $rc
 }
 
-step "captures"
+cuda=no
+"$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" > /dev/null 2>&1 && cuda=yes
+[[ $cuda == yes ]] || note "no CUDA device for torch: GPU steps skipped"
+export GPU0_BUS=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 2>/dev/null || true)
+
+if wanted captures; then
+step captures
 if command -v nvidia-smi > /dev/null; then
-  capped 60 "nvidia-smi -q -x" nvidia-smi -q -x > "$W/nvidia-smi-q-x.xml" 2>&1
-  capped 60 "nvidia-smi -q" nvidia-smi -q > "$W/nvidia-smi-q.txt" 2>&1
-  capped 30 "nvidia-smi topo -m" nvidia-smi topo -m > "$W/nvidia-smi-topo-m.txt" 2>&1
-  capped 30 "nvidia-smi nvlink -s" nvidia-smi nvlink -s > "$W/nvidia-smi-nvlink-s.txt" 2>&1
-  capped 30 "nvidia-smi" nvidia-smi > "$W/nvidia-smi.txt" 2>&1
+  capped 10 "nvidia-smi -q -x" nvidia-smi -q -x > "$W/nvidia-smi-q-x.xml" 2>&1
+  capped 10 "nvidia-smi -q" nvidia-smi -q > "$W/nvidia-smi-q.txt" 2>&1
+  capped 5 "nvidia-smi topo -m" nvidia-smi topo -m > "$W/nvidia-smi-topo-m.txt" 2>&1
+  capped 5 "nvidia-smi nvlink -s" nvidia-smi nvlink -s > "$W/nvidia-smi-nvlink-s.txt" 2>&1
+  capped 5 "nvidia-smi" nvidia-smi > "$W/nvidia-smi.txt" 2>&1
   buses=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null)
 else
   note "nvidia-smi not found: no NVIDIA driver here, no nvidia-smi captures"
@@ -73,10 +114,10 @@ for candidate in /sbin/lspci /usr/sbin/lspci /usr/bin/lspci; do
   [[ -z "$lspci_bin" && -x "$candidate" ]] && lspci_bin=$candidate
 done
 if [[ -n "$lspci_bin" ]]; then
-  capped 30 "lspci -vv" "$lspci_bin" -vv > "$W/lspci-vv.txt" 2>&1
+  capped 10 "lspci -vv" "$lspci_bin" -vv > "$W/lspci-vv.txt" 2>&1
   for bus in $buses; do
     short=${bus#00000000:}
-    capped 10 "lspci -vv -s $short" "$lspci_bin" -vv -s "${short,,}" > "$W/lspci-vv-${short//:/_}.txt" 2>&1
+    capped 5 "lspci -vv -s $short" "$lspci_bin" -vv -s "${short,,}" > "$W/lspci-vv-${short//:/_}.txt" 2>&1
   done
   note "lspci: $lspci_bin"
 else
@@ -97,173 +138,69 @@ fi
 } > "$W/pci-links.txt"
 [[ -s "$W/pci-links.txt" ]] || echo "no NVIDIA display/3D controller in /sys/bus/pci/devices" > "$W/pci-links.txt"
 
-capped 30 "torch facts" "$py" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.get_arch_list())" \
+capped 20 "torch facts" "$py" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.get_arch_list())" \
   > "$W/torch.txt" 2>&1
-cuda=no
-"$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" > /dev/null 2>&1 && cuda=yes
-[[ $cuda == yes ]] || note "no CUDA device for torch ($(tail -n 1 "$W/torch.txt")): GPU steps skipped"
-pack
-
 if [[ -s "$W/nvidia-smi-q-x.xml" ]] && command -v nvidia-smi > /dev/null; then
-  step "gpuvet inspect of the captures (must judge without error)"
   captures=("$W/nvidia-smi-q-x.xml" "$W/nvidia-smi-topo-m.txt")
   [[ -s "$W/lspci-vv.txt" ]] && captures+=("$W/lspci-vv.txt")
-  capped 60 "gpuvet inspect" "$py" -m gpuvet inspect "${captures[@]}" --json > "$W/inspect.json" 2> "$W/inspect.err"
-  echo "inspect exit code: $?" >> "$W/steps.log"
+  capped 20 "gpuvet inspect" "$py" -m gpuvet inspect "${captures[@]}" --json > "$W/inspect.json" 2> "$W/inspect.err"
+  echo "inspect of the captures (must judge without error): exit $?" >> "$W/steps.log"
+fi
+pack
 fi
 
-if [[ $cuda == yes ]]; then
-  step "gpuvet run --plan (the forecast), then gpuvet run (default profile), timed"
-  capped 60 "gpuvet run --plan" "$py" -m gpuvet run --plan --json > "$W/plan.json" 2> "$W/plan.err"
-  t0=$(date +%s)
-  capped 240 "gpuvet run" "$py" -m gpuvet run --no-save --json --out "$W/run.json" > /dev/null 2> "$W/run.err"
-  echo "$?" > "$W/run.rc"
-  echo "$(( $(date +%s) - t0 ))" > "$W/run.wall_s"
-  echo "default run wall time: $(cat "$W/run.wall_s") s (exit $(cat "$W/run.rc"))" | tee -a "$W/steps.log"
-  if [[ -s "$W/run.json" ]]; then
-    capped 30 "gpuvet report" "$py" -m gpuvet report "$W/run.json" > "$W/run-report.txt" 2>&1
-    capped 30 "gpuvet report html" "$py" -m gpuvet report "$W/run.json" --format html --out "$W/run.html" > /dev/null 2>&1
+if wanted run; then
+  step run
+  if [[ $cuda == yes ]]; then
+    logger=""
+    if command -v nvidia-smi > /dev/null; then  # independent of gpuvet: NVML read by nvidia-smi every 200 ms
+      nvidia-smi --query-gpu=timestamp,index,power.draw,clocks.sm,temperature.gpu,utilization.gpu \
+        --format=csv,noheader,nounits -lms 200 > "$W/smi-log.csv" 2> "$W/smi-log.err" &
+      logger=$!
+    fi
+    t0=$(date +%s)
+    capped 150 "gpuvet run" "$py" -m gpuvet run --no-save --json --out "$W/run.json" > /dev/null 2> "$W/run.err"
+    echo "$?" > "$W/run.rc"
+    echo "$(( $(date +%s) - t0 ))" > "$W/run.wall_s"
+    [[ -n "$logger" ]] && kill "$logger" 2> /dev/null
+    echo "default run wall time: $(cat "$W/run.wall_s") s (exit $(cat "$W/run.rc"))" | tee -a "$W/steps.log"
+    [[ -s "$W/run.json" ]] && capped 10 "gpuvet report" "$py" -m gpuvet report "$W/run.json" > "$W/run-report.txt" 2>&1
+  else
+    note "run: skipped, no CUDA device"
   fi
   pack
-
-  step "plain torch device copy"
-  capped 60 "plain copy" "$py" - > "$W/plain_copy.txt" 2>&1 <<'EOF'
-import torch
-n = 1 << 30
-src = torch.ones(n, dtype=torch.uint8, device="cuda")
-dst = torch.empty_like(src)
-for _ in range(5):
-    dst.copy_(src)
-torch.cuda.synchronize()
-rates = []
-for _ in range(50):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(); dst.copy_(src); b.record(); torch.cuda.synchronize()
-    rates.append(2 * n / (a.elapsed_time(b) / 1000) / 1e9)
-rates.sort()
-print(f"plain torch device copy, read+write counted: median {rates[len(rates) // 2]:.0f} GB/s, best {rates[-1]:.0f} GB/s")
-EOF
-  pack
-
-  step "reference GEMM sweep (bf16, fp8) against gpuvet's gemm"
-  capped 200 "gemm sweep" "$py" benchmarks/gemm_vs_torch.py --device cuda --cuda-dtypes bf16,fp8 > "$W/gemm_vs_torch.txt" 2>&1
-  pack
-
-  step "workload resume tolerance (healthy vs another seed), if time remains"
-  mkdir -p "$WORK/checkpoints"  # outside the packed folder: a checkpoint is about 1 GB
-  capped 60 "workload healthy" "$py" -m gpuvet.bench.workload --device cuda:0 --steps 50 --peak-tflops 989 --path "$WORK/checkpoints" \
-    > "$W/workload-healthy.json" 2>&1
-  capped 60 "workload seed" "$py" -m gpuvet.bench.workload --device cuda:0 --steps 50 --peak-tflops 989 --path "$WORK/checkpoints" --tamper seed \
-    > "$W/workload-seed.json" 2>&1
 fi
 
-step "summary"
-"$py" - "$W" > "$W/summary.txt" 2>&1 <<'EOF'
-"""The three figures issue 3 asks of a real GPU, each against its target."""
-import json, re, sys
-from pathlib import Path
+# gpu_step NAME: a measuring step of gpu_validation_steps.py, its JSON line kept as NAME.json.
+gpu_step() {
+  local name=$1 sub=$2
+  wanted "$name" || return 0
+  step "$name"
+  if [[ $cuda == yes ]]; then
+    capped "${CAP[$name]}" "$name" "$py" "$steps_py" "$sub" > "$W/$sub.json" 2> "$W/$sub.err"
+    echo "$name: exit $?" >> "$W/steps.log"
+  else
+    note "$name: skipped, no CUDA device"
+  fi
+  pack
+}
+gpu_step gemm gemm-peers
+gpu_step copies copies
+gpu_step context context
+gpu_step gil gil
 
-w = Path(sys.argv[1])
-
-
-def text(name):
-    p = w / name
-    return p.read_text(errors="replace") if p.exists() else ""
-
-
-def verdict(ok):
-    return "PASS" if ok else "FAIL"
-
-
-measured = {}
-try:
-    record = json.loads(text("run.json"))
-    for m in record.get("measurements", []):
-        if m.get("subject") == "gpu0" and m.get("value") is not None:
-            measured[m["name"]] = m["value"]
-except ValueError:
-    record = None
-
-print(f"gpu: {(text('torch.txt').strip() or 'no torch facts')}")
-sweep = text("gemm_vs_torch.txt")
-ratio = re.search(r"bf16: ratio ([\d.]+) to the best", sweep)
-in_process = re.search(r"bf16: gpuvet ([\d.]+) TFLOPS", sweep)
-if ratio and in_process:
-    r, value = float(ratio.group(1)), float(in_process.group(1))
-    best = value / r
-    line = f"bf16 GEMM: gpuvet {value:.1f} vs long sweep best {best:.1f} TFLOPS = {100 * r:.1f}% (target >= 95%) {verdict(r >= 0.95)}"
-    if "gemm.bf16" in measured:
-        line += f"; gpuvet run's gemm.bf16 {measured['gemm.bf16']:.1f} = {100 * measured['gemm.bf16'] / best:.1f}%"
-    print(line)
-    fp8 = re.search(r"fp8: ratio ([\d.]+) to the best", sweep)
-    if fp8:
-        print(f"fp8 GEMM: gpuvet {100 * float(fp8.group(1)):.1f}% of the long sweep's best (no target)")
-else:
-    print("bf16 GEMM: OPEN, no sweep result (see gemm_vs_torch.txt / notes.txt)")
-
-plain = re.search(r"median (\d+) GB/s, best (\d+) GB/s", text("plain_copy.txt"))
-if plain and "membw.copy" in measured:
-    median, best = float(plain.group(1)), float(plain.group(2))
-    share = measured["membw.copy"] / median
-    print(f"device copy: gpuvet {measured['membw.copy']:.0f} vs plain torch copy {median:.0f} GB/s median (best {best:.0f}) "
-          f"= {100 * share:.1f}% (target >= 95%) {verdict(share >= 0.95)}")
-else:
-    print("device copy: OPEN, " + ("no plain copy figure" if not plain else "no membw.copy in run.json"))
-
-wall = text("run.wall_s").strip()
-if wall:
-    rc = text("run.rc").strip()
-    print(f"default gpuvet run: {wall} s wall, exit {rc} (target < 120 s) {verdict(int(wall) < 120 and rc in ('0', '1'))}")
-    try:
-        forecast = json.loads(text("plan.json"))
-        print(f"gpuvet run --plan forecast: {forecast['total_s']:.0f} s for {len(forecast['gpus'])} GPU(s); "
-              f"real/forecast = {int(wall) / forecast['total_s']:.2f}")
-        took = (record or {}).get("options", {}).get("step_wall_s", {})
-        for step in forecast["steps"]:
-            if not step["skipped"] and step["name"] in took:
-                print(f"  {step['name']}: planned {step['budget_s']:.1f} s, took {took[step['name']]:.1f} s")
-    except (ValueError, KeyError, ZeroDivisionError):
-        print("gpuvet run --plan forecast: not available (see plan.err)")
-else:
-    print("default gpuvet run: OPEN, not run")
-
-def resume(name):
-    """workload.resume_ok of a standalone workload run (the JSON is its last stdout line)."""
-    for line in reversed(text(name).splitlines()):
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        return next((m for m in report.get("measurements", []) if m.get("name") == "workload.resume_ok"), None)
-    return None
-
-
-healthy, tampered = resume("workload-healthy.json"), resume("workload-seed.json")
-if healthy:
-    d = healthy.get("details", {})
-    print(f"workload resume (healthy): ok={healthy.get('value')} update diff {d.get('update_rel_diff')} "
-          f"vs run-to-run noise {(d.get('noise') or {}).get('update')}, tolerance {(d.get('rtol') or {}).get('update')}")
-if tampered:
-    d = tampered.get("details", {})
-    print(f"workload resume (wrong RNG seed, must fail): ok={tampered.get('value')} update diff {d.get('update_rel_diff')} "
-          f"(tolerance {(d.get('rtol') or {}).get('update')}; the margin issue 3's tolerances rest on)")
-if not healthy and not tampered:
-    print("workload resume: OPEN, not run (see notes.txt)")
-
-if record:
-    statuses = {}
-    for f in record.get("findings", []):
-        statuses.setdefault(f.get("status"), []).append(f"{f.get('check')}[{f.get('subject')}]")
-    for status in ("fail", "warn"):
-        if statuses.get(status):
-            print(f"run findings {status}: {', '.join(statuses[status])}")
-for line in text("notes.txt").splitlines():
-    print(f"note: {line}")
-EOF
-pack
-cp "$W/summary.txt" "$SUMMARY"
+if wanted summary; then
+  step summary
+  capped 20 "summary" "$py" "$steps_py" summary "$W" > "$W/summary.txt" 2>&1
+  {
+    wall=$(cat "$W/run.wall_s" 2>/dev/null)
+    [[ -n "$wall" ]] && echo "default gpuvet run: ${wall} s wall, exit $(cat "$W/run.rc") (target < 120 s) $( (( wall < 120 )) && echo PASS || echo FAIL)"
+    sed 's/^/note: /' "$W/notes.txt"
+  } >> "$W/summary.txt"
+  pack
+  cp "$W/summary.txt" "$SUMMARY"
+fi
 size=$(du -k "$OUT/gpu-validation.tar.gz" 2>/dev/null | cut -f1)
 echo "archive: gpu-validation.tar.gz, ${size:-?} KiB; total $(( $(date +%s) - START )) s of ${BUDGET_S} s" >> "$SUMMARY"
-echo "===== summary ($SUMMARY)"
-cat "$SUMMARY"
+[[ -f "$SUMMARY" ]] && { echo "===== summary ($SUMMARY)"; cat "$SUMMARY"; }
 rm -rf "$WORK"
