@@ -10,7 +10,12 @@ invented benchmark figures and faults (tests/test_judge_cluster.py, `synthetic_c
             multi_get, and unpacking them (the posting is done beforehand, not timed)
   judge     stragglers, uniformity, ring attribution, the cross-node verdict (judge_cluster)
   record    the cluster record as JSON (cluster_record + json.dumps)
-  report    the terminal report, rendered into a console that discards it
+  report    the terminal report, rendered into a console that discards it; and `gpuvet report` of the
+            record in a process of its own (CPU seconds, peak memory)
+
+Goal (issue 28): at 4,000 nodes at most 10 KB of cluster record a node, `gpuvet report` under 5 s of
+CPU and 300 MB: each node ships what the cluster is judged on (summarise_record), its whole record
+stays in its own store.
 
     .venv/bin/python benchmarks/cluster_scale.py                 # 100, 1000, 5000 nodes
     .venv/bin/python benchmarks/cluster_scale.py --nodes 1000 --no-store
@@ -19,9 +24,14 @@ invented benchmark figures and faults (tests/test_judge_cluster.py, `synthetic_c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
+import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from datetime import timedelta
@@ -61,9 +71,23 @@ def gather_through_store(blobs: list[bytes]) -> float:
     return time.perf_counter() - started
 
 
+def report_of(text: str) -> tuple[float, float]:
+    """`gpuvet report cluster.json` in a process of its own: its CPU seconds and peak memory (MB)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cluster.json"
+        path.write_text(text)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "gpuvet", "report", str(path)], check=False, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, after.ru_maxrss / 1024
+
+
 def run(nodes: int, template: dict, use_store: bool) -> dict[str, float]:
     (entries, cross, _), generated = timed(lambda: synthetic_cluster(nodes, template=template))
     blobs, packing = timed(lambda: [pack(e.record) for e in entries])
+    # Rank 0 judges and keeps what the nodes shipped, not their whole records.
+    entries = [dataclasses.replace(e, record=json.loads(zlib.decompress(b))) for e, b in zip(entries, blobs)]
     launch = Launch("slurm", 0, nodes, "node-0000", 20000, job_id="slurm-synthetic")
     from gpuvet.judge.cluster import judge_cluster
 
@@ -72,7 +96,8 @@ def run(nodes: int, template: dict, use_store: bool) -> dict[str, float]:
     text, dumping = timed(lambda: cluster_view.to_json(record))
     console = Console(file=io.StringIO(), width=200, color_system=None, highlight=False, soft_wrap=True)  # as rank 0 prints
     _, rendering = timed(lambda: cluster_view.render(record, console))
-    return {"nodes": nodes, "generate_s": generated, "pack_s_total": packing, "packed_kb_per_node": sum(map(len, blobs)) / nodes / 1024,
+    report_cpu_s, report_mb = report_of(text)
+    return {"report_cpu_s": report_cpu_s, "report_max_rss_mb": report_mb,"nodes": nodes, "generate_s": generated, "pack_s_total": packing, "packed_kb_per_node": sum(map(len, blobs)) / nodes / 1024,
             "gather_s": gather_through_store(blobs) if use_store else float("nan"), "judge_s": judging,
             "record_s": building + dumping, "record_mb": len(text) / 1e6, "report_s": rendering}
 
@@ -84,11 +109,12 @@ def main() -> None:
     args = parser.parse_args()
     template = template_record()
     print(f"{'nodes':>6} {'judge s':>8} {'gather s':>9} {'record s':>9} {'report s':>9} {'pack s (sum)':>13} "
-          f"{'KiB/node':>9} {'record MB':>10}")
+          f"{'KiB/node':>9} {'record MB':>10} {'KB/node':>8} {'report CPU s':>13} {'report MB':>10}")
     for nodes in args.nodes:
         r = run(nodes, template, not args.no_store)
         print(f"{r['nodes']:>6} {r['judge_s']:>8.3f} {r['gather_s']:>9.3f} {r['record_s']:>9.3f} {r['report_s']:>9.3f} "
-              f"{r['pack_s_total']:>13.3f} {r['packed_kb_per_node']:>9.1f} {r['record_mb']:>10.1f}")
+              f"{r['pack_s_total']:>13.3f} {r['packed_kb_per_node']:>9.1f} {r['record_mb']:>10.1f} "
+              f"{r['record_mb'] * 1000 / r['nodes']:>8.1f} {r['report_cpu_s']:>13.2f} {r['report_max_rss_mb']:>10.0f}")
 
 
 if __name__ == "__main__":

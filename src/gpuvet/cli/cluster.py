@@ -72,7 +72,9 @@ def _benchmark_names() -> tuple[str, ...]:
 @click.option("--no-save", is_flag=True, help="Do not keep the node records in the local history.")
 @click.option("--label", metavar="TEXT", help="Label of every node's stored run.")
 @click.option("--price", type=click.FloatRange(min=0), metavar="USD_PER_HOUR", help="What one node costs per hour.")
-@click.option("--full-records", is_flag=True, help="Ship every node's time series whole to rank 0 (default: summarised).")
+@click.option("--full-records", is_flag=True,
+              help="Ship every node's whole run record to rank 0, time series and all (default: what the cluster is "
+                   "judged on, about 5 KB a node; the whole record stays in each node's own history).")
 @click.option("--no-cross", is_flag=True, help="Skip the cross-node all-reduce and ring.")
 @click.option("--allreduce-max-mib", type=click.FloatRange(min=0.004), metavar="MIB",
               help=f"Largest cross-node all-reduce (default {GPU_ALLREDUCE_MAX_MIB:g} on GPUs, "
