@@ -26,11 +26,18 @@ from .stored import stored_run, stored_run_id
 @click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @click.option("--db", metavar="PATH", help="The history database a run id is read from.")
-def report(path: str, fmt: str, as_json: bool, out: str | None, redact: bool, verbose: bool, db: str | None) -> None:
+@click.option("--for-provider", is_flag=True,
+              help="The evidence pack to send the provider (md or html): failing findings first, the GPUs' identity "
+                   "kept, your host names, users, addresses and paths removed, the capture lines each rests on.")
+def report(path: str, fmt: str, as_json: bool, out: str | None, redact: bool, verbose: bool, db: str | None,
+           for_provider: bool) -> None:
     """Render a stored run (its id, as "saved as run N" gave it), a run record or `gpuvet export`
     file (judged again with this version's rules), a `gpuvet watch --log` file or a cluster record."""
     fmt = "json" if as_json else fmt
     check_out_path(out)
+    if for_provider:
+        _evidence_pack(path, db, fmt, out)
+        return
     if stored_run_id(path) is not None:
         show_record(stored_run(db, path), fmt, out, redact, verbose)
         return
@@ -50,6 +57,38 @@ def report(path: str, fmt: str, as_json: bool, out: str | None, redact: bool, ve
     if record is None:  # load() told it a watch log: its header is one
         raise UsageProblem(f"{loaded.where}: not a gpuvet watch log")
     show_record(record, fmt, out, redact, verbose)
+
+
+def _evidence_pack(path: str, db: str | None, fmt: str, out: str | None) -> None:
+    """The pack of a stored run or a run record file, with the captures it was made from read again."""
+    from .. import catalog
+    from ..report import evidence
+
+    if fmt not in ("terminal", "md", "html"):
+        raise UsageProblem("--for-provider writes Markdown (the default) or --format html")
+    try:
+        record = stored_run(db, path) if stored_run_id(path) is not None else runner.rejudge(load_run_file(path))
+    except CaptureError as err:
+        raise UsageProblem(str(err)) from None
+    captures = {entry["path"]: _capture_text(entry["path"]) for entry in record.machine.captures if entry.get("path")}
+    pack = evidence.build(record, captures, {c.id: c.benchmark for c in catalog.CHECKS})
+    text = evidence.render_html(pack) if fmt == "html" else evidence.render_markdown(pack)
+    if out:
+        write_atomically(out, text, redacted=True)
+        click.echo(f"gpuvet: evidence pack written to {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def _capture_text(path: str) -> str | None:
+    """A capture's text as it is now (None: gone or unreadable), control characters taken out."""
+    from ..probe.bounded_read import read_bounded
+    from ..untrusted_text import clean_document
+
+    try:
+        return clean_document(read_bounded(path).decode("utf-8", errors="replace"))
+    except (OSError, CaptureError):
+        return None
 
 
 @cli.command("schema")
