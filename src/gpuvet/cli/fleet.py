@@ -12,8 +12,8 @@ import click
 
 from ..fleet import health as fleet_health
 from ..fleet import kubernetes, slurm, textfile
-from .. import catalog
-from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM
+from .. import actions, catalog
+from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM, UNKNOWN
 from ..probe import live
 from ..probe.errors import CaptureError
 from ..record import RunRecord
@@ -30,7 +30,12 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
 @click.option("--slurm", "use_slurm", is_flag=True,
               help="Drain this Slurm node on a problem (reason: the summary line) and resume it once healthy, "
                    "only when gpuvet drained it.")
-@click.option("--node", metavar="NAME", help="This node's Slurm name (default: $SLURMD_NODENAME, else the short host name).")
+@click.option("--node", metavar="NAME", help="This node's Slurm name (default: $SLURMD_NODENAME, else the short host name); "
+                                             "with --taint, its Kubernetes name (default: $NODE_NAME).")
+@click.option("--taint", "taint_from", type=click.Choice(actions.NAMES[1:]), envvar="GPUVET_TAINT", metavar="ACTION",
+              help=f"Kubernetes, opt-in: taint this node {kubernetes.TAINT_KEY}=<action>:{kubernetes.TAINT_EFFECT} when "
+                   "the worst action asked for is ACTION or more disruptive, and take the taint off once it is not "
+                   "(from inside a pod; $GPUVET_TAINT). One of: " + ", ".join(actions.NAMES[1:]) + ".")
 @click.option("--expect-gpus", type=click.IntRange(min=0), metavar="N",
               help="The node has N GPUs: fewer visible is a problem (a GPU gone from the bus leaves no trace).")
 @click.option("--gpu-deadline", type=click.FloatRange(min=0.1, max=60), default=live.HEALTH_BUDGETS_S["gpu"],
@@ -55,7 +60,7 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
               help="changes: keep a run in the history only when its summary changed, or hourly (for schedulers).")
 @click.option("--no-save", is_flag=True, help="Do not keep this check in the local history.")
 @click.option("--db", metavar="PATH", help="The history database (default: $GPUVET_DB or ~/.local/share/gpuvet).")
-def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadline: float, skipped: tuple[str, ...],
+def health(use_slurm: bool, node: str | None, taint_from: str | None, expect_gpus: int | None, gpu_deadline: float, skipped: tuple[str, ...],
            xid_window: float, captures: tuple[str, ...], brief: bool, as_json: bool, out: str | None,
            textfile_dir: str | None, verbose: bool, keep: str, no_save: bool, db: str | None) -> None:
     """Passive GPU health of this node in under 5 s: no load, no benchmark, nothing written but its
@@ -86,6 +91,8 @@ def health(use_slurm: bool, node: str | None, expect_gpus: int | None, gpu_deadl
             click.echo("\n".join(detail_lines(record, verbose)))
     if use_slurm:
         _slurm(outcome, summary, node)
+    if taint_from:
+        _taint(outcome, record.action, taint_from, node)
     sys.exit(EXIT_CODES[outcome])
 
 
@@ -114,6 +121,24 @@ def _textfile(directory: str, record: RunRecord, outcome: str) -> None:
         textfile.write(directory, record, outcome)
     except OSError as err:
         click.echo(f"gpuvet: --textfile {directory}: cannot write {textfile.FILE_NAME} ({err.strerror or err})", err=True)
+
+
+def _taint(outcome: str, action: str, taint_from: str, node: str | None) -> None:
+    """--taint: gpuvet's taint carries the worst action while it is at least `taint_from`; a healthy
+    node (or a lesser action) loses it; a node that could not be read keeps what it has. One line
+    on stderr either way; the exit code stays the health answer."""
+    name = node or os.environ.get("NODE_NAME")
+    if outcome == UNKNOWN:
+        click.echo(f"gpuvet: kubernetes: could not tell the GPUs' health: node {name or '?'}'s taint left as it is", err=True)
+        return
+    value = action if outcome == PROBLEM and actions.rank(action) >= actions.rank(taint_from) else None
+    try:
+        if not name:
+            raise kubernetes.KubernetesError("no node name: set NODE_NAME (the downward API's spec.nodeName) or --node")
+        line = kubernetes.set_taint(kubernetes.in_cluster(), name, value)
+    except kubernetes.KubernetesError as err:
+        line = f"node {name or '?'} not {'tainted' if value else 'untainted'}: {err}"
+    click.echo(f"gpuvet: kubernetes: {line}", err=True)
 
 
 def _slurm(outcome: str, summary: str, node: str | None) -> None:
