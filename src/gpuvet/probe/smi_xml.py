@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 from ..facts import Driver, Gpu, GpuProcess, MigDevice
 from . import values as v
-from ..untrusted_text import quote
+from ..untrusted_text import clean, clean_document, quote
 from .errors import CaptureError
 from .smi_common import REASON_KEYS, Paths, build_gpu, counter_paths
 
@@ -163,7 +163,16 @@ def load_xml(text: str) -> ET.Element:
     body = without_dtd(text)
     if "<!DOCTYPE" in body or "<!ENTITY" in body:
         raise ET.ParseError("a DOCTYPE or entity declaration where nvidia-smi writes none; not expanded")
-    return ET.fromstring(body)
+    root = ET.fromstring(body)
+    # A character reference (&#x9b; a CSI, &#x202e; a bidi override) becomes the character only
+    # here, after the text was cleaned: each element's text and attributes are cleaned again.
+    for element in root.iter():
+        if element.text and not element.text.isprintable():
+            element.text = clean_document(element.text)
+        for name, value in element.attrib.items():
+            if not value.isprintable():
+                element.attrib[name] = clean(value)
+    return root
 
 
 def parse_smi_xml(text: str) -> tuple[Driver, list[Gpu]]:

@@ -58,6 +58,7 @@ class WatchHeader(_HeaderBase, total=False):
     hostname: str | None
     driver_version: str | None
     gpu_error: str | None  # why no GPU is watched
+    source: str  # "live", or "replay: FILE" (GPUVET_NVML_REPLAY); logs before it was written: live
     note: str
 
 

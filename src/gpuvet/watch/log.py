@@ -3,10 +3,13 @@ JSON-lines log of `--log` (WatchLog writes it; read_log turns it back into run-r
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -104,13 +107,21 @@ class WatchLog:
 
     def __init__(self, path: str, interval_s: float, gpus: list[tuple[int, Gpu]], hostname: str,
                  job_pid: int | None = None, driver_version: str | None = None, gpu_error: str | None = None,
-                 host: Host | None = None):
+                 host: Host | None = None, source: str = "live"):
         self.path = path
         self.t0 = time.time()
+        self.failed: str | None = None  # why the log stopped (a full disk): watching goes on without it
+        self._lines_kept = 0
         cut_off = _ends_mid_line(path)  # a watch killed mid-write: the new session's header starts a line of its own
-        self._file = open(path, "a", encoding="utf-8")
+        # Unbuffered: each line reaches the file when written, so a full disk keeps every line
+        # before it (a buffered file lost them all, 0 bytes) and close() has nothing left to fail on.
+        self._file: Any = None
+        try:
+            self._file = open(path, "ab", buffering=0)
+        except OSError as err:
+            self._fail(err)
         if cut_off:
-            self._file.write("\n")
+            self._put(b"\n")
         self._last_t: dict[int, float] = {}
         self._states: dict[str, str] = {}
         series: dict[str, Any] = {
@@ -126,6 +137,7 @@ class WatchLog:
             "hostname": hostname,
             "driver_version": driver_version,
             "gpu_error": gpu_error,  # why GPUs are missing (no driver, NVML failed)
+            "source": source,  # "live", or "replay: FILE" under GPUVET_NVML_REPLAY: not this machine's readings
             "t0": self.t0,
             "interval_s": interval_s,
             "series": series,
@@ -152,7 +164,30 @@ class WatchLog:
         return None
 
     def _write(self, obj: dict) -> None:
-        self._file.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+        if self._put((json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")):
+            self._lines_kept += 1
+
+    def _put(self, data: bytes) -> bool:
+        """Write all of `data`; on an error (ENOSPC, EIO, EFBIG) stop logging, say why in one line."""
+        if self._file is None:
+            return False
+        try:
+            view = memoryview(data)
+            while view:  # a short write on a filling disk: the rest, until the error comes
+                written = self._file.write(view)
+                if not written:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[written:]
+            return True
+        except OSError as err:
+            self._fail(err)
+            return False
+
+    def _fail(self, err: OSError) -> None:
+        self.failed = (f"--log {self.path}: cannot write to it ({err.strerror or err}); {self._lines_kept} "
+                       "line(s) of this session kept, watching goes on without the log")
+        print(f"gpuvet watch: {self.failed}", file=sys.stderr, flush=True)
+        self.close()
 
     def write(self, snap: Snapshot) -> None:
         for view in snap.gpus:
@@ -174,7 +209,6 @@ class WatchLog:
                                                         ",".join(map(str, job.gpus))]})
         if snap.job_diagnosis is not None:
             self._diagnosis("job", snap.job_diagnosis, snap.t)
-        self._file.flush()
 
     def _diagnosis(self, subject: str, d: Diagnosis, t: float) -> None:
         if self._states.get(subject) == d.state:
@@ -183,7 +217,10 @@ class WatchLog:
         self._write({"subject": subject, "t": round(t - self.t0, 3), "diagnosis": {"state": d.state, "text": d.text}})
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):
+                file.close()
 
 
 def _ends_mid_line(path: str) -> bool:
@@ -264,6 +301,10 @@ def parse_log(data: bytes, notes: list[str] | None = None) -> list[dict[str, Any
         if "row" in obj and subject in session:
             session[subject]["rows"].append(obj["row"])
         elif "diagnosis" in obj:
+            if not isinstance(obj.get("t"), (int, float)):  # NaN (read as None) or no time: not placeable
+                if notes is not None:
+                    notes.append(f"a diagnosis of {str(subject)[:40]} without a time was skipped")
+                continue
             key = f"{subject}.diagnosis"
             if key not in session:
                 any_series = next(iter(session.values()), {"t0": None, "interval_s": None})

@@ -166,7 +166,8 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
         if log_path:
             outputs.log = WatchLog(log_path, interval_s, sorted(monitor._facts.items()), monitor.hostname,
                                    job_pid=pid, driver_version=monitor.machine.driver.version,
-                                   gpu_error=monitor.gpu_error, host=monitor.machine.host)
+                                   gpu_error=monitor.gpu_error, host=monitor.machine.host,
+                                   source=monitor.machine.source)
         if prometheus:
             from .exporter import Exporter, parse_listen
 
@@ -185,7 +186,8 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
         interactive = ui and console.is_terminal
         if not interactive:
             outputs.print_changes = _print_flushed
-            print(_headless_banner(monitor, log_path), file=sys.stderr, flush=True)
+            logging_to = log_path if outputs.log is not None and not outputs.log.failed else None
+            print(_headless_banner(monitor, logging_to), file=sys.stderr, flush=True)
         with Keys(sys.stdin if interactive else NoStream()) as keys:
             try:
                 run_loop(monitor, outputs, console if interactive else None, keys)
@@ -197,6 +199,8 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
             signal.signal(signal.SIGTERM, old_sigterm)
         outputs.close()
         monitor.close()
+        if outputs.log is not None and outputs.log.failed and ui and console.is_terminal:
+            print(f"gpuvet watch: {outputs.log.failed}", file=sys.stderr)  # said under the live screen: again
 
 
 def _headless_banner(monitor: Monitor, log_path: str | None) -> str:

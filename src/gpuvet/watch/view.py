@@ -319,6 +319,15 @@ def _host_lines(h: HostReading | None, hostname: str, out: list[_Line]) -> None:
         out.append(_row("workers", ("no DataLoader-like worker busy", "dim")))
 
 
+def _shown_safely(line: _Line) -> _Line:
+    """`line` with no piece that drives the terminal: a GPU's name, a hostname, a process's name
+    come from the driver, a capture or another user, and may hold C1 controls (U+009B is a CSI),
+    escape sequences or bidi overrides (U+202E); each becomes "?" (the pieces are Segments, drawn raw)."""
+    if all(piece.isprintable() for piece, _ in line.pieces):
+        return line
+    return line._replace(pieces=tuple((_printable(piece), style) for piece, style in line.pieces))
+
+
 def _printable(text: str) -> str:
     """A process's own words (its name, its arguments) on one row: control characters as "?"."""
     return text if text.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in text)
@@ -369,7 +378,9 @@ def render(snap: Snapshot, interactive: bool = True, screen: bool = False) -> _F
         _gpu_lines(g, lines)
     _gpu_error_lines(snap, lines)
     _host_lines(snap.host, snap.hostname, lines)
-    return _Frame(lines, fit=(lambda height, width: _compact(snap, interactive, height, width)) if screen else None)
+    return _Frame([_shown_safely(line) for line in lines],
+                  fit=(lambda height, width: [_shown_safely(line) for line in _compact(snap, interactive, height, width)])
+                  if screen else None)
 
 
 # -- the compact layout: a screen too short for the full blocks ------------------------------------
