@@ -287,3 +287,71 @@ def test_slurms_own_down_reason_is_left_alone(resumed, tmp_path):
     finally:
         resumed.scontrol("update", f"NodeName={resumed.node}", "State=RESUME")
         resumed.wait_for(lambda: resumed.show()[0].startswith("IDLE"), "the node back to idle")
+
+
+# -- slurmd's SLURM_NODE_IS_HEALTHY (26.05.2+) and real faults' actions --------------------------
+
+XID79_ON_GPU3 = FIXTURES / "edited" / "dmesg-tesla-k40m-xid79-390.30-edited-bus-86-as-h100-gpu3.txt"
+SXID_FABRIC = FIXTURES / "kernel_log" / "dmesg-iso-sxid-12028-nvswitch.txt"
+
+
+def _counting_scontrol(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose scontrol logs each call, then runs the real one: how many questions gpuvet asked."""
+    folder, log = tmp_path / "bin", tmp_path / "scontrol-calls.log"
+    folder.mkdir()
+    shim = folder / "scontrol"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {_which("scontrol")} "$@"\n')
+    shim.chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}", log
+
+
+def _healthcheck_as_slurmd(slurm: LocalSlurm, tmp_path: Path, captures: list[Path], node_is_healthy: str | None,
+                           textfile: Path | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The wrapper as a 26.05.2+ slurmd runs it: SLURM_NODE_IS_HEALTHY set (None: unset, as 22.05 does)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path, log = _counting_scontrol(tmp_path)
+    env = {"PATH": path, "SLURM_CONF": str(slurm.conf), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "GPUVET": f"{sys.executable} -m gpuvet", "GPUVET_DB": str(tmp_path / "runs.sqlite3"),
+           "SLURMD_NODENAME": slurm.node, "GPUVET_HEALTH_OPTS": " ".join(f"--from {c}" for c in captures)}
+    if node_is_healthy is not None:
+        env["SLURM_NODE_IS_HEALTHY"] = node_is_healthy
+    if textfile is not None:
+        env["GPUVET_TEXTFILE"] = str(textfile)
+    done = subprocess.run(["sh", str(WRAPPER)], env=env, check=False, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_node_slurmd_calls_in_service_costs_no_scontrol_call_when_healthy(resumed, tmp_path):
+    done, calls = _healthcheck_as_slurmd(resumed, tmp_path, [HEALTHY], "yes")
+    assert done.returncode == 0 and calls == [] and "in service (slurmd says so): nothing to do" in done.stderr
+    assert resumed.show()[0].startswith("IDLE")
+
+
+def test_xid79_drains_with_reboot_node_first_in_one_scontrol_call_and_writes_the_textfile(resumed, tmp_path):
+    """A real Xid 79 (gpu3's bus edited in) beside gpu2's power brake, the node in service: one
+    call, the drain; the reason's first 20 characters say what to do; the textfile says it too."""
+    folder = tmp_path / "text file dir"  # a space: the wrapper quotes it
+    folder.mkdir()
+    done, calls = _healthcheck_as_slurmd(resumed, tmp_path, [FAILING, XID79_ON_GPU3], "yes", textfile=folder)
+    assert done.returncode == 1 and len(calls) == 1 and calls[0].startswith(f"update NodeName={resumed.node} State=DRAIN")
+    state, reason = resumed.show()
+    assert "DRAIN" in state and reason[:20] == "gpu.xid reboot_node " and reason.endswith("(gpuvet)")
+    assert 'gpuvet_health_action{action="reboot_node"} 1.0' in (folder / "gpuvet.prom").read_text()
+
+
+def test_a_node_slurmd_calls_out_of_service_is_read_first_and_resumed_only_if_gpuvet_drained_it(resumed, tmp_path):
+    bad, _ = _healthcheck_as_slurmd(resumed, tmp_path / "a", [SXID_FABRIC], "yes")  # a fabric error (SXid 12028)
+    assert bad.returncode == 1 and resumed.show()[1].startswith("gpu.xid reboot_node nvswitch")
+    good, calls = _healthcheck_as_slurmd(resumed, tmp_path / "b", [HEALTHY], "no")
+    assert good.returncode == 0 and [c.split()[:2] for c in calls] == [["show", "node"], ["update", f"NodeName={resumed.node}"]]
+    assert "DRAIN" not in resumed.show()[0]
+    resumed.scontrol("update", f"NodeName={resumed.node}", "State=DRAIN", "Reason=admin: PSU swap ticket 42")
+    kept, _ = _healthcheck_as_slurmd(resumed, tmp_path / "c", [HEALTHY], "no")
+    assert "left drained" in kept.stderr and resumed.show()[1] == "admin: PSU swap ticket 42"
+
+
+def test_this_slurmd_says_nothing_and_the_check_reads_the_node(resumed, tmp_path):
+    """Debian's slurmd (22.05) sets no SLURM_NODE_IS_HEALTHY: gpuvet reads the node's state first."""
+    done, calls = _healthcheck_as_slurmd(resumed, tmp_path, [HEALTHY], None)
+    assert done.returncode == 0 and calls == [f"show node {resumed.node} -o"]

@@ -1,7 +1,14 @@
 """`gpuvet health --slurm`: drain this node with the health summary as reason, and resume it
-once healthy again, but only a drain gpuvet made (its reason starts with "gpuvet:"): a node an
+once healthy again, but only a drain gpuvet made (its reason ends with "(gpuvet)"): a node an
 admin drained stays drained. Every scontrol call is bounded; a missing or refusing scontrol is
-one clear line, never a traceback, and the health answer itself is unchanged by it."""
+one clear line, never a traceback, and the health answer itself is unchanged by it.
+
+slurmd 26.05.2+ (with SlurmctldParameters=health_check_report; always from 26.11) tells its
+HealthCheckProgram what slurmctld thinks of the node: SLURM_NODE_IS_HEALTHY=yes when it is in
+service (not down, drained, draining, failing or in a maintenance reservation), no otherwise, unset
+before the node registers (the run at slurmd's start) and on older slurmd. With "yes" there is no
+drain to undo and no one else's reason to keep, so gpuvet asks slurmctld nothing: a healthy node
+costs no scontrol call at all, a failing one the drain alone. Otherwise it reads the node first."""
 
 from __future__ import annotations
 
@@ -79,9 +86,27 @@ def show(name: str) -> NodeState:
     return parse_node(name, _scontrol("show", "node", name, "-o").strip())
 
 
-def apply(outcome: str, summary: str, name: str) -> str:
+# What slurmd says of the node in SLURM_NODE_IS_HEALTHY (see above).
+IN_SERVICE = "yes"
+
+
+def slurmd_says_in_service(environ: dict[str, str] | None = None) -> bool:
+    """True when slurmd told this program the node is in service (SLURM_NODE_IS_HEALTHY=yes)."""
+    return (environ if environ is not None else os.environ).get("SLURM_NODE_IS_HEALTHY", "").strip().lower() == IN_SERVICE
+
+
+def apply(outcome: str, summary: str, name: str, in_service: bool | None = None) -> str:
     """Drain, resume or leave the node for this health outcome; returns the line that says which.
-    Idempotent: a node already drained by gpuvet for the same reason is left as it is."""
+    Idempotent: a node already drained by gpuvet for the same reason is left as it is.
+    `in_service`: slurmd's SLURM_NODE_IS_HEALTHY=yes (default: read from the environment)."""
+    if in_service is None:
+        in_service = slurmd_says_in_service()
+    if in_service and outcome == HEALTHY:
+        return f"slurm: {name} healthy and in service (slurmd says so): nothing to do"
+    if in_service and outcome == PROBLEM:  # not drained or down: nobody's reason to keep
+        return _drain(name, drain_reason(summary))
+    if in_service:
+        return f"slurm: could not tell the GPUs' health: {name} left in service"
     node = show(name)
     if outcome == PROBLEM:
         if (node.drained and not node.drained_by_gpuvet) or node.reason_by_other:
@@ -91,8 +116,7 @@ def apply(outcome: str, summary: str, name: str) -> str:
         reason = drain_reason(summary)
         if node.drained_by_gpuvet and node.reason == reason:
             return f"slurm: {name} already drained by gpuvet for this reason"
-        _scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
-        return f"slurm: drained {name}: {reason}"
+        return _drain(name, reason)
     if outcome == HEALTHY:
         if node.drained_by_gpuvet:
             _scontrol("update", f"NodeName={name}", "State=RESUME")
@@ -101,3 +125,8 @@ def apply(outcome: str, summary: str, name: str) -> str:
             return f"slurm: {name} is healthy but drained by someone else ({node.reason or 'no reason'}): left drained"
         return f"slurm: {name} healthy, {node.state}: nothing to do"
     return f"slurm: could not tell the GPUs' health: {name} left {node.state}"
+
+
+def _drain(name: str, reason: str) -> str:
+    _scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
+    return f"slurm: drained {name}: {reason}"
