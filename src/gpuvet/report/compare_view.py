@@ -11,6 +11,7 @@ from typing import Any
 
 from ..console import HAVE_RICH, Console, escape
 from ..compare import KEY_FIGURES, Comparison, FindingRow, Row, Trend
+from .markdown import cell as markdown_cell
 from .numbers import number
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN
 from ..store import RunSummary
@@ -253,7 +254,9 @@ def _md_row(row: Row) -> str:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A run's name, a label, a GPU name (anyone's words) in a table cell or a line: escaped as
+    the run report escapes them, so no `<script>`, image or `javascript:` link is rendered."""
+    return markdown_cell(text)
 
 
 # -- JSON -------------------------------------------------------------------------------------

@@ -49,12 +49,24 @@ def text(value: str) -> str:
     label cannot start a heading or an image line of its own), a block marker at its start is
     escaped, and HTML-looking parts and link syntax are escaped outside `code spans`, which stay
     as written."""
-    value = re.sub(r"\s*[\r\n]+\s*", " ", value)
+    value = _one_line(value)
     value = _ORDERED_LIST_START.sub(r"\1\\", _BLOCK_START.sub(r"\1\\", value, count=1), count=1)
     pieces = value.split("`")
     if len(pieces) % 2 == 0:  # an unpaired backtick: nothing is code
         return _plain(value)
     return "`".join(piece if i % 2 else _plain(piece) for i, piece in enumerate(pieces))
+
+
+def _one_line(value: str) -> str:
+    """`value` with each line break, and the spaces around it, as one space. Split, not one
+    regular expression: "\\s*[\\r\\n]+" tried at each space of a long run is quadratic."""
+    parts = _LINE_BREAKS.split(value)
+    if len(parts) == 1:
+        return value
+    return " ".join([parts[0].rstrip()] + [p.strip() for p in parts[1:-1]] + [parts[-1].lstrip()])
+
+
+_LINE_BREAKS = re.compile(r"[\r\n]+")
 
 
 def _plain(value: str) -> str:
@@ -67,7 +79,7 @@ def _plain(value: str) -> str:
 
 def cell(value: str) -> str:
     """Text for a table cell: pipes escaped everywhere (GFM splits on them even inside code)."""
-    return re.sub(r"\s*\n\s*", " ", text(value)).replace("|", "\\|")
+    return text(value).replace("|", "\\|")  # text() left no line break
 
 
 # -- sections --------------------------------------------------------------------------------------
