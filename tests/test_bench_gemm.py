@@ -326,7 +326,7 @@ def product_check(dtype: str, shape: Shape, product) -> dict:
     """check_product on `product(a, b)` (float64 in, float64 out) written into the dtype's output."""
     sizes = gemm.BufferSizes().including(shape)
     ops = gemm.Workspace.allocate("cpu", dtype, sizes).operands(shape)
-    ops.out.copy_(product(ops.a.double(), ops.b.double()))
+    ops.out.copy_(product(ops.a.double(), ops.b.double()) * gemm.scale_factor(ops))  # fp8: scaled into e4m3's range
     ops.first_out.copy_(ops.out)
     return gemm.check_product(ops, gemm.TOLERANCE[dtype])
 
@@ -383,7 +383,7 @@ def test_fp32_tolerance_is_strict_where_bf16_is_loose():
 
 @pytest.mark.parametrize("dtype", gemm.DTYPES)
 def test_every_dtype_path_measures_and_checks_on_the_cpu(dtype):
-    """The GPU paths (torch._scaled_mm with a column-major B for fp8, bf16 output) run on the CPU too."""
+    """The GPU paths (torch._scaled_mm with a column-major B for fp8, e4m3 output) run on the CPU too."""
     result = gemm.measure_dtype("cpu", dtype, Budget(0.2), [Shape(256, 128, 512)])
     assert result.best.median_tflops > 0 and result.check["ok"], result.check
 
@@ -456,16 +456,16 @@ def test_tf32_override_reason_reads_the_variables_as_the_libraries_do(environ, c
     assert {dtype for dtype, why in reasons.items() if why} == skipped
 
 
-@pytest.mark.parametrize("version, old", [("2.3.1+cu121", True), ("2.1.0", True), ("2.4.0", False),
-                                          ("2.4.0a0+07cecf4.nv24.5", False), ("2.10.0.dev20250916+cu130", False),
-                                          ("2.13.0+cpu", False), ("unknown", False)])
-def test_fp8_on_a_torch_before_2_4_says_it_needs_2_4(monkeypatch, version, old):
-    """Before 2.4 torch._scaled_mm took keyword scales and returned (out, amax): the reason says so,
-    not that fp8 "does not run here"."""
+@pytest.mark.parametrize("version, old", [("2.3.1+cu121", True), ("2.1.0", True), ("2.4.0", True),
+                                          ("2.4.0a0+07cecf4.nv24.5", True), ("2.5.1+cu124", False),
+                                          ("2.10.0.dev20250916+cu130", False), ("2.13.0+cpu", False), ("unknown", False)])
+def test_fp8_on_a_torch_with_the_old_api_says_it_needs_2_5(monkeypatch, version, old):
+    """The old torch._scaled_mm took keyword scales and returned (out, amax); 2.4 lets fp8 through
+    with it (issue 24): the reason names the version the API needs, not that fp8 "does not run here"."""
     reason = gemm.scaled_mm_api_reason(version)
     assert (reason is not None) == old
     if old:
-        assert reason == f"torch {version} has the pre-2.4 torch._scaled_mm API: fp8 needs torch >= 2.4"
+        assert reason == f"torch {version} has the old torch._scaled_mm API: fp8 needs torch >= 2.5"
         monkeypatch.setattr(torch, "__version__", version)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
         _, skipped = gemm.plan_dtypes("cuda:0", ["fp8"])
@@ -572,19 +572,20 @@ def test_a_slow_device_keeps_its_budget_and_its_headline_figure(monkeypatch, flo
 # ---------------------------------------------------------------- candidate shapes and memory
 
 
-def test_a_2_4_pre_release_with_the_old_fp8_api_is_named_by_the_probe(monkeypatch):
-    """NGC 24.05's 2.4.0a0 predates the API change: the probe's TypeError says so, not "does not run here"."""
+def test_a_build_with_the_old_fp8_api_is_named_by_the_probe(monkeypatch):
+    """A build whose version passes but whose API is old (a pre-release, a vendor build): the
+    probe's TypeError says so, not "does not run here"."""
     real_allocate = gemm.Workspace.allocate
 
     def old_scaled_mm(*args, **kwargs):
         raise TypeError("_scaled_mm() received an invalid combination of arguments - got (Tensor, Tensor, Tensor, Tensor)")
 
-    monkeypatch.setattr(torch, "__version__", "2.4.0a0+07cecf4.nv24.5")
+    monkeypatch.setattr(torch, "__version__", "2.5.0a0+e000000.nv24.8")
     monkeypatch.setattr(torch, "_scaled_mm", old_scaled_mm)
     monkeypatch.setattr(gemm.Workspace, "allocate", lambda device, dtype, sizes: real_allocate("cpu", dtype, sizes))
     reason = gemm.fp8_unsupported_reason("cuda:0", (9, 0))
-    assert reason.startswith("torch 2.4.0a0+07cecf4.nv24.5 has the pre-2.4 torch._scaled_mm API")
-    assert reason.endswith("fp8 needs torch >= 2.4") and "invalid combination of arguments" in reason
+    assert reason.startswith("torch 2.5.0a0+e000000.nv24.8 has the old torch._scaled_mm API")
+    assert reason.endswith("fp8 needs torch >= 2.5") and "invalid combination of arguments" in reason
 
 
 JUDGED = [ref for ref in reference.all_references() if ref.number("mamf_bf16_tflops") or ref.number("mamf_fp8_tflops")]
@@ -635,7 +636,7 @@ def test_shapes_are_kept_to_what_fits_in_the_memory_limit():
     sizes_2048 = gemm.BufferSizes().including(Shape(2048, 2048, 2048))
     # A, B and the output twice (product and first copy) in bf16
     assert sizes_2048.bytes("bf16") == 4 * 2048 * 2048 * 2
-    assert sizes_2048.bytes("fp8") == 2 * 2048 * 2048 * 1 + 2 * 2048 * 2048 * 2
+    assert sizes_2048.bytes("fp8") == 4 * 2048 * 2048 * 1  # e4m3 in and out, as mamf-finder
     assert gemm.fitting_shapes(shapes, "bf16", sizes_2048.bytes("bf16")) == [Shape(1024, 1024, 1024), Shape(2048, 2048, 2048)]
     assert gemm.fitting_shapes(shapes, "bf16", 1000) == []
 
