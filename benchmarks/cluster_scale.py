@@ -2,7 +2,7 @@
 and the report must stay fast at 1,000 nodes).
 
 The nodes are SYNTHETIC: the real record `gpuvet inspect` makes of an 8x H100 capture, with
-invented benchmark figures and faults (tests/test_judge_cluster.py, `synthetic_cluster`). Timed:
+invented benchmark figures and faults (tests/cluster_synthetic.py, `synthetic_cluster`). Timed:
 
   pack      every node's record summarised and zlib-packed, as each node posts it (per node, so
             it is the sum over nodes, spread across the nodes in a real run)
@@ -45,7 +45,7 @@ from rich.console import Console  # noqa: E402
 
 from gpuvet.cluster import Launch, Options, cluster_record, summarise_record  # noqa: E402
 from gpuvet.report import cluster_view  # noqa: E402
-from test_judge_cluster import synthetic_cluster, template_record  # noqa: E402
+from cluster_synthetic import synthetic_cluster, template_record  # noqa: E402
 
 
 def timed(fn):

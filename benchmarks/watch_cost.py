@@ -126,7 +126,8 @@ def cpu_cost(interval_s: float, gpus: int, warmup_s: float, period_s: float, ui:
 
 def metrics_latency(gpus: int, requests: int) -> list[float]:
     """Milliseconds per GET /metrics (new connection each) of an exporter holding a watch's snapshot."""
-    from gpuvet import exporter, watch
+    from gpuvet import watch
+    from gpuvet.watch import exporter
     from gpuvet.facts import Host, Machine
 
     install_stand_in_nvml(gpus)

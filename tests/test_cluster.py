@@ -197,7 +197,7 @@ def test_a_node_ships_what_the_cluster_is_judged_on_and_is_judged_the_same(tmp_p
     # SYNTHETIC nodes made of the real record `gpuvet inspect` writes of an 8x H100 capture, with
     # planted faults (test_judge_cluster.synthetic_cluster): the compact records a node ships give
     # the same verdict, stragglers and uniformity as the whole ones, at a tenth of the size or less.
-    from test_judge_cluster import synthetic_cluster, template_record
+    from cluster_synthetic import synthetic_cluster, template_record
 
     from gpuvet.judge.cluster import judge_cluster
 

@@ -70,7 +70,11 @@ SIZES: dict[str, dict[str, Any]] = {
 # The losses alone are a weak witness: they average over the batch. On the default CPU model a
 # lost dropout RNG state moved them by 2e-3 only, fresh AdamW moments by 1e-3, while the update
 # moved by 0.26 and 1.5 (a data position one batch off: 0.39; the step count lost: 3.6).
-# On the CPU in fp32 both runs execute the same kernels and agree exactly. On a GPU the backward
+# On the CPU in fp32 both runs execute the same kernels, yet not always in the same order: a fresh
+# process may split a reduction over other threads (one correctly resumed CPU run differed by 8.9e-6
+# in the update, its losses identical), so the CPU floor sits at fp32 rounding carried over a few
+# steps (1e-4 of the update, 1e-5 of the losses), still 2,600x and 200x under what a wrong state
+# did (0.26 update, 2e-3 losses). On a GPU the backward
 # of flash (and memory-efficient) attention accumulates dQ with atomics unless torch runs in
 # deterministic mode (which the shared worker cannot turn on: it makes every cuBLAS call without
 # CUBLAS_WORKSPACE_CONFIG an error), so two correct runs differ at fp32 rounding level; bf16 rounding
@@ -83,8 +87,8 @@ SIZES: dict[str, dict[str, Any]] = {
 # NOISE_FACTOR times that, never less than RESUME_RTOL and never more than RESUME_RTOL_MAX (kept
 # below what a wrong state does). A restored run in this process that drifts more than
 # RESUME_RTOL_MAX fails on its own. Run with `--tamper seed` on a GPU to see the margin.
-RESUME_RTOL = {"cpu": {"loss": 1e-6, "update": 1e-6}, "cuda": {"loss": 2e-3, "update": 5e-3}}
-RESUME_RTOL_MAX = {"cpu": {"loss": 1e-6, "update": 1e-6}, "cuda": {"loss": 1e-2, "update": 2e-2}}
+RESUME_RTOL = {"cpu": {"loss": 1e-5, "update": 1e-4}, "cuda": {"loss": 2e-3, "update": 5e-3}}
+RESUME_RTOL_MAX = {"cpu": {"loss": 1e-4, "update": 1e-2}, "cuda": {"loss": 1e-2, "update": 2e-2}}
 NOISE_FACTOR = 5.0  # an L2 distance over ~1e8 weights concentrates: two restored runs drift alike
 UPDATE_SKETCH_SEED = 7
 CHECKPOINT_PREFIX = "gpuvet-workload-"  # + pid@host-: see leftovers
