@@ -112,3 +112,51 @@ def test_a_hostname_beside_a_dash_or_underscore_is_redacted_but_not_another_host
     r.learn({"hostname": HOSTNAME})
     assert r.text("/scratch/gpu-node-17-tmp and /tmp/gpu-node-17_ckpt, not gpu-node-170") == \
         "/scratch/HOST-REDACTED-1-tmp and /tmp/HOST-REDACTED-1_ckpt, not gpu-node-170"
+
+
+# -- what round two of the hostile-input tests kept (issue 30) -------------------------------------
+# A corpus of identifiers as they appear in shared reports: each must be gone, in every format.
+CORPUS = {
+    "IPv6 with a port": ("listening on 2001:db8:85a3::8a2e:370:7334:8443", "2001:db8:85a3"),
+    "IPv6 bracketed with a port": ("peer [2001:db8::42]:5201", "2001:db8::42"),
+    "a user under /nfs/home": ("/nfs/home/carol/ckpt", "carol"),
+    "a user under /mnt/home": ("/mnt/home/dave/data", "dave"),
+    "a user under /scratch": ("/scratch/erin42/run1", "erin42"),
+    "an EC2 host name in a path": ("/data/ip-10-1-2-3.ec2.internal/q.xml", "ip-10-1-2-3"),
+    "an AWS instance id in a path": ("/captures/i-0abc123def4567890/gpu.xml", "i-0abc123def4567890"),
+    "a GKE node in a label": ("k8s node gke-prod-gpu-pool-7f3a9c1d-x2lq", "gke-prod-gpu-pool"),
+    "an AKS node in a label": ("on aks-gpupool-12345678-vmss000003", "aks-gpupool"),
+    "another host of a private zone": ("copied from node-b.cluster.local:/tmp", "node-b.cluster.local"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(CORPUS))
+def test_an_identifier_is_gone_from_every_format_wherever_it_is(where):
+    text, secret = CORPUS[where]
+    original = record("cpu-quick")
+    original.options["label"] = text
+    original.machine.captures.append({"path": text, "kind": "smi-xml"})
+    original.findings.append(Finding("host.cpu", "host", WARN, f"seen at {text}"))
+    shared = redact(original)
+    for name, rendered in outputs(shared).items():
+        assert secret.lower() not in rendered.lower(), (name, where)
+
+
+def test_what_the_record_knows_is_redacted_wherever_it_appears():
+    """The user of a home directory in one path is that user in a remedy; net test's peer host is
+    that host in a note; neither is a field the walk redacts by its key alone."""
+    original = record("cpu-quick")
+    original.machine.host.workdir.path = "/nfs/home/frank/runs"
+    original.options["peer"] = "gpu-peer-03.example.org:5201"
+    original.findings.append(Finding("host.cpu", "host", WARN, "ask frank; compare with gpu-peer-03 (gpu-peer-03.example.org)"))
+    shared = redact(original)
+    text = shared.to_json()
+    assert "frank" not in text and "gpu-peer-03" not in text
+    assert re.fullmatch(r"ask USER-REDACTED-\d+; compare with (HOST-REDACTED-\d+) \(\1\)", shared.findings[-1].summary)
+
+
+def test_redaction_keeps_what_identifies_nobody():
+    r = Redactor()
+    r.learn({"path": "/scratch/data/x and /home/root/y"})
+    kept = "docs.nvidia.com/deploy, gpu.xml, the data in root's shell, 0000:3b:00.0 at 16:41:05, [::]:22"
+    assert r.text(kept) == kept

@@ -20,11 +20,13 @@ from typing import Any
 from ..record import RunRecord
 from ..text_patterns import HEX
 
-HOST, SERIAL, USER, COMMENT, ASSET = "HOST", "SERIAL", "USER", "COMMENT", "ASSET"
+HOST, SERIAL, USER, COMMENT, ASSET, INSTANCE = "HOST", "SERIAL", "USER", "COMMENT", "ASSET", "INSTANCE"
 
-# Fields whose whole value identifies the machine or a person, by key name (any nesting).
-_FIELD_CATEGORY = {"hostname": HOST, "serial": SERIAL, "comment": COMMENT, "chassis_asset_tag": ASSET,
-                   "user": USER}
+# Fields whose whole value identifies the machine or a person, by key name (any nesting); each value
+# is then redacted wherever else it appears (a label, a path, a remedy). "peer": net test's other end.
+_FIELD_CATEGORY = {"hostname": HOST, "nodename": HOST, "node_name": HOST, "peer": HOST,
+                   "serial": SERIAL, "comment": COMMENT, "chassis_asset_tag": ASSET, "user": USER, "username": USER,
+                   "instance_id": INSTANCE}
 _SERIAL_SUFFIXES = ("_serial", "serial_number")
 
 _UUID = rf"{HEX}{{8}}-{HEX}{{4}}-{HEX}{{4}}-{HEX}{{4}}-{HEX}{{12}}"
@@ -32,9 +34,21 @@ _PREFIXED_UUID = re.compile(rf"\b(GPU|MIG)-{_UUID}\b")
 _BARE_UUID = re.compile(rf"(?<![\w-]){_UUID}(?![\w-])")
 _MAC = re.compile(rf"(?<![\w:-])(?:{HEX}{{2}}[:-]){{5}}{HEX}{{2}}(?![\w:-])")
 # Candidates only: ipaddress decides (so times like 16:41:05 and PCI bus ids stay).
-_IPV6 = re.compile(rf"(?<![\w:.])(?:{HEX}{{0,4}}:){{2,7}}(?:(?:\d{{1,3}}\.){{3}}\d{{1,3}}|{HEX}{{1,4}})?(?:%[\w-]+)?(?![\w:]|\.\w)")
+# An IPv6 address, also followed by ":port" (written unbracketed, "2001:db8::7:8080"); the port stays.
+_IPV6 = re.compile(rf"(?<![\w:.])(?:{HEX}{{0,4}}:){{2,8}}(?:(?:\d{{1,3}}\.){{3}}\d{{1,3}}|{HEX}{{1,4}})?(?:%[\w-]+)?(?:(?<=\d):\d{{1,5}})?(?![\w:]|\.\w)")
 _IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\w)")
-_HOME = re.compile(r"(?<![\w])(/home/|/Users/|C:\\Users\\)([^/\\\s'\"`:;,()]+)")
+# A user's own directory, wherever the home or scratch tree is mounted (/nfs/home/U, /mnt/home/U,
+# /scratch/U, /lustre/scratch/U): the name after it is a user's.
+_HOME = re.compile(r"(/home/|/Users/|/scratch/|\\Users\\)([^/\\\s'\"`:;,()]+)")
+# Names a cloud gives a machine, found in any text (a label, a capture's path): an AWS instance id
+# or EC2 host name, a GKE / AKS / EKS node, any name under a private DNS zone (*.internal, *.local, *.lan).
+_MACHINE_NAMES = re.compile(
+    r"(?<![\w-])(?:i-[0-9a-f]{8}(?:[0-9a-f]{9})?|ip-\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3}(?:\.[\w-]+)*"
+    r"|(?:gke|aks|eks)-[\w-]*\d[\w-]*(?:\.[\w-]+)*"
+    r"|[A-Za-z0-9][\w-]*(?:\.[\w-]+)*\.(?:internal|local|lan|localdomain|cluster\.local))(?![\w-])")
+_TOKEN = re.compile(r"[A-Z0-9]+-REDACTED-\d+")  # what a pass before put there
+# Too common as words to redact wherever they appear, when learned as a user's name from a path.
+_COMMON_USERS = {"root", "ubuntu", "admin", "user", "users", "shared", "share", "data", "public", "tmp", "home", "ec2-user"}
 
 
 def redact(record: RunRecord) -> RunRecord:
@@ -72,7 +86,13 @@ class Redactor:
         for key, value in _fields(data):
             category = _category(key)
             if category and isinstance(value, str) and value.strip():
-                self._learn_literal(category, value.strip())
+                self._learn_literal(category, _host_of(value.strip()) if category == HOST else value.strip())
+        # A user named by a home directory anywhere (a capture's path) is that user wherever else
+        # the name appears ("ssh alice@...", "/tmp/alice-ckpt").
+        users = {m.group(2) for text in _strings(data) for m in _HOME.finditer(text)}
+        for user in sorted(users):
+            if len(user) >= 3 and user.lower() not in _COMMON_USERS:
+                self._learn_literal(USER, user)
         self._literals.sort(key=lambda item: -len(item[2]))  # "node-17.example.org" before "node-17"
 
     def _learn_literal(self, category: str, value: str) -> None:
@@ -116,21 +136,26 @@ class Redactor:
         for pattern, category, canonical in self._literals:
             # A token is numbered when first used: only a literal that occurs gets one.
             value = pattern.sub(functools.partial(self._literal_token, category, canonical), value)
+        value = _MACHINE_NAMES.sub(lambda m: self.token(INSTANCE if m.group(0).startswith("i-") else HOST, m.group(0)), value)
         value = _PREFIXED_UUID.sub(lambda m: self.token(m.group(1), m.group(0)), value)
         value = _BARE_UUID.sub(lambda m: self.token("UUID", m.group(0)), value)
         value = _MAC.sub(lambda m: self.token("MAC", m.group(0).replace("-", ":")), value)
         value = _IPV6.sub(lambda m: self._address(m.group(0), "IPV6"), value)
         value = _IPV4.sub(lambda m: self._address(m.group(0), "IPV4"), value)
-        return _HOME.sub(lambda m: m.group(1) + self.token(USER, m.group(2)), value)
+        return _HOME.sub(lambda m: m.group(0) if _TOKEN.match(m.group(2)) else m.group(1) + self.token(USER, m.group(2)), value)
 
     def _address(self, text: str, category: str) -> str:
+        port = ""
+        if category == "IPV6" and not _is_ip(text.split("%", 1)[0]) and text.count(":") >= 3:
+            text, port = text.rsplit(":", 1)  # "addr:port"
+            port = ":" + port
         try:
             address = ipaddress.ip_address(text.split("%", 1)[0])
         except ValueError:
-            return text
+            return text + port
         if address.is_loopback or address.is_unspecified:
-            return text
-        return self.token(category, text)
+            return text + port
+        return self.token(category, text) + port
 
 
 def _category(key: str | None) -> str | None:
@@ -153,6 +178,27 @@ def _fields(data: Any):
     elif isinstance(data, list):
         for v in data:
             yield from _fields(v)
+
+
+def _strings(data: Any):
+    """Every string in `data`, keys too."""
+    if isinstance(data, str):
+        yield data
+    elif isinstance(data, dict):
+        for k, v in data.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(data, list):
+        for v in data:
+            yield from _strings(v)
+
+
+def _host_of(value: str) -> str:
+    """The host in "node-17:5201" or "alice@node-17" (net test's peer, a remote); else `value`."""
+    host = value.rsplit("@", 1)[-1]
+    if host.count(":") == 1 and host.rsplit(":", 1)[1].isdigit():
+        host = host.rsplit(":", 1)[0]
+    return host
 
 
 def _is_ip(value: str) -> bool:
