@@ -8,6 +8,7 @@ failure names the input, and the mutated file is written under pytest's tmp_path
 from __future__ import annotations
 
 import json
+import re
 import random
 import resource
 import time
@@ -58,7 +59,7 @@ def mutate_text(text: str, rng: random.Random) -> str:
         else:  # random bytes' worth of characters
             lines[i] = "".join(chr(rng.randrange(0x20, 0x2FF)) for _ in range(rng.randint(1, 80))) + "\n"
         lines = lines or [""]
-    return "".join(lines)
+    return "".join(lines)[:MUTATED_BYTES]
 
 
 def _splice(line: str, piece: str, rng: random.Random) -> str:
@@ -156,3 +157,103 @@ def test_hostile_json_shapes_are_one_line_or_a_report(capsys, tmp_path, text):
     path = tmp_path / "hostile-edited.json"
     path.write_text(text)
     assert_clean_outcome(*timed(capsys, text[:30], "report", str(path), "--format", "json"), text[:30])
+
+
+# -- two thousand mutated inputs within a minute ------------------------------------------------
+# The end-to-end cases above take ~35 ms each (judging and rendering): 2,000 of them would not fit
+# a minute on a 2-core CI machine. So every input goes through the reader `inspect` and `report`
+# use (capture.read_captures for captures, record.load for records and watch logs: where the
+# fuzzer's tracebacks and super-linear times were), and every 10th also through the whole command.
+BULK_SEED = 30
+BULK_CASES = 2000
+END_TO_END_EVERY = 20
+SEED_BYTES = 60_000  # the 8-GPU -q reports and the bundles (70-180 KB) are the end-to-end cases' seeds
+MUTATED_BYTES = 400_000
+SECONDS_PER_BULK_INPUT = 10.0
+MAX_LINE = 2000
+BULK_PIECES = HOSTILE_TEXT + ["\u2028", "\u2029", "\x9b31m", "\u202e\u2066", "1" * 5000, "0x" + "f" * 600, "9" * 600,
+                              " " * 3000, "\t" * 500, "NaN", "1e999", "-0"]
+
+
+def bulk_seeds() -> list[Path]:
+    records = sorted((FIXTURES / "records").glob("*.json")) + sorted((FIXTURES / "records").glob("*.jsonl"))
+    every = capture_fixtures() + sorted((FIXTURES / "kernel_log").iterdir()) + records
+    return [p for p in every if p.stat().st_size <= SEED_BYTES]
+
+
+def bulk_mutate(text: str, rng: random.Random) -> str:
+    """Line-level damage like the shared fuzzer's (cut, repeated, swapped, spliced hostile pieces,
+    numbers of thousands of digits, long runs of one character, other line ends), kept small."""
+    lines = text.splitlines(keepends=True) or [""]
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(lines))
+        how = rng.randrange(9)
+        if how == 0:
+            lines = lines[: rng.randint(1, len(lines))]  # cut short, also inside a header
+            lines[-1] = lines[-1][: rng.randint(0, len(lines[-1]))]
+        elif how == 1:
+            lines.insert(i, lines[i] * rng.choice([2, 20, 100]))
+        elif how == 2:
+            del lines[i: i + rng.choice([1, 3, 10])]
+        elif how == 3:
+            lines[i] = _splice(lines[i], rng.choice(BULK_PIECES), rng)
+        elif how == 4:
+            lines[i] = re.sub(r"\d+", lambda m: rng.choice(["1" * 5000, "99999999999999999999999", "nan", "-1", m.group()]), lines[i])
+        elif how == 5:
+            j = rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif how == 6:
+            lines[i] = _splice(lines[i], rng.choice(" A9|:<\u202e") * rng.choice([1000, 20_000, 50_000]), rng)
+        elif how == 7:
+            lines = [line.replace("\n", rng.choice(["\r\n", "\r", "\u2028"])) for line in lines]
+        else:
+            lines[i] = "".join(chr(rng.randrange(0x20, 0x2FF)) for _ in range(rng.randint(1, 80))) + "\n"
+        lines = lines or [""]
+    return "".join(lines)[:MUTATED_BYTES]
+
+
+def _read(path: Path) -> None:
+    """What `inspect` and `report` do first with a file: ValueError (CaptureError, RecordError: one
+    line and exit 2 at the command line) is an answer; anything else is a traceback."""
+    from gpuvet.probe.capture import read_captures
+    from gpuvet.record.load import WATCH, load
+    from gpuvet.watch import parse_log
+
+    head = path.read_bytes()[:200].lstrip()
+    if head.startswith((b"{", b"[")):
+        loaded = load(str(path))
+        if loaded.kind == WATCH:
+            parse_log(loaded.data.encode("utf-8", "surrogatepass"))
+        elif loaded.kind != "cluster":
+            loaded.runs()
+    else:
+        read_captures(str(path))
+
+
+def test_two_thousand_mutated_inputs_within_a_minute(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUVET_DB", str(tmp_path / "runs.sqlite3"))
+    rng = random.Random(BULK_SEED)
+    seeds = [(p, p.read_text(encoding="utf-8", errors="replace")) for p in bulk_seeds()]
+    start = time.monotonic()
+    end_to_end = 0
+    for n in range(BULK_CASES):
+        source, text = rng.choice(seeds)
+        path = tmp_path / f"bulk{n}-{source.stem}-edited-fuzz{source.suffix}"
+        path.write_text(bulk_mutate(text, rng), encoding="utf-8", errors="surrogatepass")
+        what = f"bulk case {n}: {source.name} -> {path}"
+        began = time.monotonic()
+        try:
+            _read(path)
+        except ValueError:
+            pass
+        assert time.monotonic() - began < SECONDS_PER_BULK_INPUT, what
+        if n % END_TO_END_EVERY == 0:
+            end_to_end += 1
+            argv = ["report", str(path), "--format", "md"] if source.suffix in (".json", ".jsonl") else ["inspect", str(path)]
+            code, out, err = timed(capsys, what, *argv)
+            assert_clean_outcome(code, out, err, what, expect_json=False)
+            longest = max((len(line) for line in (out + err).splitlines()), default=0)
+            assert longest <= MAX_LINE, (what, longest)
+        path.unlink()
+    print(f"{BULK_CASES} mutated inputs in {time.monotonic() - start:.1f} s, {end_to_end} of them end to end")
+    assert end_to_end == -(-BULK_CASES // END_TO_END_EVERY)

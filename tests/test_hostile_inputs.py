@@ -113,3 +113,14 @@ def test_quote_and_one_line_cut_and_clean():
     message = one_line("gpuvet: " + "q" * 200_000 + " end")
     assert len(message) < LINE_CHARACTERS + 60 and message.startswith("gpuvet: qqq") and message.endswith(" end")
     assert one_line("gpuvet: a\nb\x9b31mc") == "gpuvet: a bc"  # U+009B: a CSI, taken out whole
+
+
+@pytest.mark.parametrize("argv", [["inspect", "--json"], ["report", "--format", "md"], ["node-labels"]])
+def test_an_export_whose_first_run_is_broken_is_one_line_not_two(capsys, tmp_path, argv):
+    """The "holds 2 runs; this is the first" note came before the refusal of that run: two lines."""
+    runs = [json.loads((FIXTURES / f"records/{name}.json").read_text()) for name in ("h100-8x-throttle", "cpu-quick")]
+    runs[0]["machine"]["gpus"][1]["clocks"] = 7
+    path = tmp_path / "export-edited-broken-first.json"
+    path.write_text(json.dumps(runs))
+    code, _, err = gpuvet(capsys, argv[0], str(path), *argv[1:])
+    assert code == 2 and err.strip().splitlines() == [f"gpuvet: {path}: item 1 of 1: machine.gpus[1].clocks: a number where an object belongs"]

@@ -183,9 +183,11 @@ def first_run(loaded: Loaded) -> RunRecord:
     from ..record.load import EXPORT
 
     if loaded.kind == EXPORT and len(loaded.data) > 1:
-        say(f"gpuvet: {loaded.where} holds {len(loaded.data)} runs (a gpuvet export); this is the first. "
+        count, loaded.data = len(loaded.data), loaded.data[:1]
+        run = loaded.runs()[0]  # checked first: a refusal stays the only line
+        say(f"gpuvet: {loaded.where} holds {count} runs (a gpuvet export); this is the first. "
             f"For another: gpuvet import {loaded.where}, then gpuvet show ID")
-        loaded.data = loaded.data[:1]
+        return run
     return loaded.runs()[0]
 
 
