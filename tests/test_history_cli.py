@@ -49,15 +49,16 @@ def test_compare_takes_stored_runs_by_label(capsys, db):
     assert "| gpu.throttle | not checked (skip) | FAIL |" in out
 
 
-def test_compare_with_an_unknown_or_shared_label_says_so_in_one_line(capsys, db):
+def test_compare_with_an_unknown_label_says_so_in_one_line_and_a_shared_one_is_one_machine(capsys, db):
     code, _, err = gpuvet(capsys, "compare", "nope", "1", "--db", db)
     assert code == 2
-    assert err.strip() == ("gpuvet: nope: no such file, and no stored run has that label (labels: 'cpu box', 'h100 node'; "
-                           "gpuvet history lists the runs)")
+    assert err.strip() == ("gpuvet: nope: no such file, and no stored run has that label or platform (labels: 'cpu box', "
+                           "'h100 node'; gpuvet history lists the runs)")
     with Store(db) as store:
-        store.save(copy.deepcopy(record("cpu-sustained")), label="cpu box")
-    code, _, err = gpuvet(capsys, "compare", "cpu box", "2", "--db", db)
-    assert code == 2 and "2 stored runs have this label (#3, #1); give one's id" in err
+        store.save(copy.deepcopy(record("cpu-sustained")), label="cpu box")  # the same machine, measured again
+    code, out, err = gpuvet(capsys, "compare", "cpu box", "2", "--json", "--db", db)
+    assert code == 0, err
+    assert [run["name"] for run in json.loads(out)["runs"]] == ["#1+#3 cpu box", "#2 h100 node"]
 
 
 def test_compare_redact_removes_the_hostname_even_from_a_file_name(capsys, tmp_path):

@@ -12,13 +12,15 @@ import click
 
 from ..console import HAVE_RICH, RICH_MISSING, Console
 from ..compare import compare as compare_runs
-from ..compare import entry, find_run, history_trend, with_prices
+from ..compare import entry, history_trend, with_prices
+from ..compare.money import USD, Currency, currency, split_price
+from ..compare.platforms import merge_machines, platform_of, platform_sentences
 from ..probe.errors import CaptureError
 from ..record import RunRecord, exit_code
 from ..record.load import EXPORT, RUN, load, load_runs
 from ..report import compare_view, terminal
 from ..report.redact import Redactor
-from ..store import NoStoreYet, Store, StoreError, check_price
+from ..store import NoStoreYet, Store, StoreError, check_price, machine_identity
 from .base import PRICE, UsageProblem, check_out_path, cli, open_store, show_record
 from .stored import stored_run
 
@@ -239,36 +241,58 @@ def import_runs(path: str, as_json: bool, db: str | None) -> None:
                 click.echo(f"  to change them: gpuvet label {o.id} --label TEXT and/or --price USD_PER_HOUR")
 
 
-def _price_override(ctx, param, values: tuple[str, ...]) -> list[tuple[str, float]]:
-    """--price REF=USD, repeatable: a price for this comparison only."""
+def _price_override(ctx, param, values: tuple[str, ...]) -> list[tuple[str, float, str | None]]:
+    """--price REF=AMOUNT, repeatable: a price for this comparison only; a currency symbol or code
+    written with the amount ("¥3.5", "3.5 CNY") names the comparison's currency."""
     prices = []
     for value in values:
         ref, sep, amount = value.rpartition("=")
         if not sep or not ref.strip():
-            raise click.BadParameter(f"{value!r}: write it as REF=USD_PER_HOUR, e.g. 3=2.49", ctx, param)
+            raise click.BadParameter(f"{value!r}: write it as REF=PRICE_PER_HOUR, e.g. 3=2.49 or 3=¥3.5", ctx, param)
+        number, code = split_price(amount.strip())
         try:
-            prices.append((ref.strip(), check_price(amount.strip())))
+            prices.append((ref.strip(), check_price(number), code))
         except ValueError as err:
             raise click.BadParameter(f"{value!r}: {err}", ctx, param) from None
     return prices
 
 
+def _money(given: str | None, prices: list[tuple[str, float, str | None]]) -> Currency:
+    """--currency, else the one the prices were written in; two currencies are refused (gpuvet
+    converts nothing)."""
+    written = {code for _, _, code in prices if code}
+    chosen = {currency(given).code} if given else set()
+    if len(written | chosen) > 1:
+        raise UsageProblem(f"prices in {', '.join(sorted(written | chosen))}: give every price in one currency "
+                           "(gpuvet converts nothing)")
+    return currency((written | chosen).pop()) if written | chosen else USD
+
+
 @cli.command("compare")
-@click.argument("refs", nargs=-1, required=True, metavar="ID|LABEL|FILE...")
+@click.argument("refs", nargs=-1, required=True, metavar="ID|LABEL|PLATFORM|FILE...")
 @click.option("--job", metavar='"8 h on REF"', help="A job you know the length of on one run (its id, #id, file or label); "
                                                    "its time and cost on every run.")
-@click.option("--price", "prices", multiple=True, callback=_price_override, metavar="REF=USD",
-              help="Price per hour of one run for this comparison only (repeatable); `gpuvet label` stores one.")
+@click.option("--price", "prices", multiple=True, callback=_price_override, metavar="REF=PRICE",
+              help="Price per hour of one run for this comparison only (repeatable; 3=2.49, 3=¥3.5); `gpuvet label` stores one.")
+@click.option("--currency", "currency_code", metavar="CODE",
+              help="The currency of the prices (USD, CNY, EUR ...; default USD, or the symbol written with --price). "
+                   "Nothing is converted: give every price in it.")
+@click.option("--each-run", is_flag=True, help="Keep a machine's runs apart (before and after a change) instead of merging them.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--md", "as_md", is_flag=True, help="Print Markdown.")
 @click.option("-v", "--verbose", is_flag=True, help="Every shared measurement and finding.")
 @_redact
 @_db
-def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, float]], as_json: bool, as_md: bool,
-            verbose: bool, redact: bool, db: str | None) -> None:
-    """Put runs side by side (stored runs by id or label, or record files), with the cost per unit
-    of work where prices are known."""
-    entries = []
+def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, float, str | None]], currency_code: str | None,
+            each_run: bool, as_json: bool, as_md: bool, verbose: bool, redact: bool, db: str | None) -> None:
+    """Put runs side by side (stored runs by id or label, a platform by its labels' common start
+    "autodl" of "autodl/4090-A", or record files), a machine's runs merged with their spread, with
+    the cost per unit of work where prices are known."""
+    try:
+        money = _money(currency_code, prices)
+    except ValueError as err:
+        raise UsageProblem(str(err)) from None
+    entries: list[tuple] = []
     store = None
     try:
         for ref in refs:
@@ -276,19 +300,28 @@ def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, floa
             if run_id.isdigit():
                 store = store or open_store(db, read_only=True)
                 entries.append(entry(store.get(int(run_id)), f"#{run_id}"))
-            elif os.path.exists(ref) or os.sep in ref or ref.endswith(".json"):
+                continue
+            labelled = _labelled_entries(db, ref)  # a label first: "autodl/4090-A" is no file path
+            if labelled:
+                entries += labelled
+            elif os.path.exists(ref) or ref.endswith(".json"):
                 entries += _file_entries(ref)
             else:
-                store = store or _store_for_label(db, ref)
-                entries.append(_labelled_entry(store, ref))
+                raise ValueError(_no_such_label(db, ref))
         if redact:
             entries = _redacted_entries(entries)
-        comparison = compare_runs(with_prices(entries, prices), job)
+        notes: list[str] = []
+        if not each_run:
+            entries, notes = merge_machines(entries, lambda record: machine_identity(record.machine).key)
+        platforms = {name: p for name, record, _ in entries if (p := platform_of(record.options.get("label")))}
+        comparison = compare_runs(with_prices(entries, [(ref, price) for ref, price, _ in prices]), job, money)
     except (StoreError, ValueError, CaptureError) as err:
         raise UsageProblem(str(err)) from None
     finally:
         if store is not None:
             store.close()
+    comparison.platforms = platform_sentences(comparison, platforms, money)
+    comparison.notes = comparison.platforms + notes + comparison.notes
     if as_json:
         click.echo(json.dumps(compare_view.to_dict(comparison), indent=2))
     elif as_md:
@@ -297,29 +330,32 @@ def compare(refs: tuple[str, ...], job: str | None, prices: list[tuple[str, floa
         compare_view.render(comparison, _console(), verbose=verbose)
 
 
-def _store_for_label(db: str | None, label: str) -> Store:
+def _labelled_entries(db: str | None, ref: str) -> list[tuple]:
+    """The stored runs a label names (every run that has it), or a platform: the runs whose label
+    starts with REF/ ("autodl" for "autodl/4090-A" and "autodl/h100-B"); [] when none does, or
+    there is no store."""
     try:
-        return Store(db, create=False, read_only=True)
+        store = Store(db, create=False, read_only=True)
     except NoStoreYet:
-        raise UsageProblem(f"{label}: no such file, and no runs are stored yet to find it as a label") from None
+        return []
     except StoreError as err:
         raise UsageProblem(str(err)) from None
+    wanted = ref.strip().casefold()
+    with store:
+        labels = {s.id: s.label.strip().casefold() for s in store.runs() if s.label}
+        same = [run_id for run_id, label in labels.items() if label == wanted]
+        group = same or [run_id for run_id, label in labels.items() if label.startswith(wanted.rstrip("/") + "/")]
+        return [entry(store.get(run_id), f"#{run_id}") for run_id in sorted(group)]
 
 
-def _labelled_entry(store: Store, label: str) -> tuple:
-    """The stored run a label names, found as --job finds a run (exactly, then case-insensitively)."""
-    summaries = [s for s in store.runs() if s.label]
+def _no_such_label(db: str | None, ref: str) -> str:
     try:
-        i = find_run(label, [f"#{s.id} {s.label}" for s in summaries], [s.label for s in summaries], what=label)
-    except ValueError:
-        same = [f"#{s.id}" for s in summaries if s.label and s.label.casefold() == label.strip().casefold()]
-        if len(same) > 1:
-            raise ValueError(f"{label}: {len(same)} stored runs have this label ({', '.join(same)}); "
-                             f"give one's id, or `gpuvet label ID --label TEXT` to tell them apart") from None
-        known = ", ".join(dict.fromkeys(repr(s.label) for s in summaries[:10])) or "no stored run has one yet"
-        raise ValueError(f"{label}: no such file, and no stored run has that label (labels: {known}; "
-                         f"gpuvet history lists the runs)") from None
-    return entry(store.get(summaries[i].id), f"#{summaries[i].id}")
+        with Store(db, create=False, read_only=True) as store:
+            labels = list(dict.fromkeys(repr(s.label) for s in store.runs() if s.label))[:10]
+    except StoreError:
+        return f"{ref}: no such file, and no runs are stored yet to find it as a label"
+    known = ", ".join(labels) or "no stored run has one yet"
+    return f"{ref}: no such file, and no stored run has that label or platform (labels: {known}; gpuvet history lists the runs)"
 
 
 def _redacted_entries(entries: list[tuple]) -> list[tuple]:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from ..record import RunRecord
 from .data import COST_BASES, JOB_METRICS, SHAPE_DEPENDENT, SLOWEST_SUFFIX, TOKENS, machine_rate, machine_rates, run_figures, unit_of
+from .money import USD, Currency
 from .names import find_run, parse_job
 from .rows import make_row
 from .shapes import JobEstimate, Ranked, Row
 
 
 def cost_rows(runs: list[RunRecord], prices: list[float | None], notes: list[str],
-              shapes_differ: str | None = None) -> list[Row]:
+              shapes_differ: str | None = None, money: Currency = USD) -> list[Row]:
     """Price per unit of work, for each basis some priced run measured: on the sum of the GPUs'
     rates, and, where some machine's GPUs differ, paced by its slowest GPU (a data-parallel job)."""
     if all(p is None for p in prices):
         return []
     rows = []
     for metric, key, label, per_second_to_unit in COST_BASES:
+        label = label.replace("USD", money.code, 1)
         unit = unit_of(metric)
         totals: list[float | None] = []
         paced: list[float | None] = []
@@ -38,12 +40,12 @@ def cost_rows(runs: list[RunRecord], prices: list[float | None], notes: list[str
         if not any(v is not None for v in totals):
             continue
         not_comparable = shapes_differ if key in SHAPE_DEPENDENT else None
-        rows.append(make_row(key, label, "USD", totals, lower=True, not_comparable=not_comparable))
-        notes.append(_formula(key))
+        rows.append(make_row(key, label, money.code, totals, lower=True, not_comparable=not_comparable))
+        notes.append(_formula(key).replace("USD", money.code, 1))
         if any(t is not None and p is not None and p > t * 1.005 for t, p in zip(totals, paced)):
             rows.append(make_row(key + SLOWEST_SUFFIX, f"{label.removesuffix(')')}, paced by the slowest GPU)"
                                  if label.endswith(")") else f"{label} (paced by the slowest GPU)",
-                                 "USD", paced, lower=True, not_comparable=not_comparable))
+                                 money.code, paced, lower=True, not_comparable=not_comparable))
             notes.append(f"{label}, paced by the slowest GPU = price per hour / (slowest GPU's rate x GPUs): what a "
                          f"synchronous data-parallel job pays, since every step waits for the slowest GPU; the ranking "
                          f"uses the sum of the GPUs' rates (independent work on each GPU)")
@@ -91,12 +93,12 @@ def _job_metric(runs: list[RunRecord], ref: int, comparable_tokens: bool = True)
 # -- ranking ----------------------------------------------------------------------------------
 
 def rank_runs(names: list[str], runs: list[RunRecord], prices: list[float | None], costs: list[Row],
-              job: JobEstimate | None) -> tuple[str | None, str | None, list[Ranked], dict[str, str]]:
+              job: JobEstimate | None, money: Currency = USD) -> tuple[str | None, str | None, list[Ranked], dict[str, str]]:
     """Runs by cost per unit of work, cheapest first, on the first basis every priced run has (or
     the one most of them have)."""
     bases: list[tuple[str, str, list[float | None]]] = []
     if job and any(c is not None for c in job.cost_usd):
-        bases.append(("job", f"USD for the job ({job.description})", job.cost_usd))
+        bases.append(("job", f"{money.code} for the job ({job.description})", job.cost_usd))
     # Not the slowest-GPU rows (the sum is the basis, the notes say so), nor figures of different shapes.
     bases += [(row.name, row.label, row.values) for row in costs
               if not row.not_comparable and not row.name.endswith(SLOWEST_SUFFIX)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..record import RunRecord
 from .cost import speed_ratio
 from .data import COST_BASES
+from .money import USD, Currency
 from .shapes import JobEstimate, Ranked, Row
 
 NOISE_PCT = 3.0  # differences below this are run-to-run noise, not a day/night effect
@@ -16,26 +17,26 @@ NOISE_POINTS = 1.0  # a share (CPU steal, %) moves in points: 0% vs 2% is no "in
 
 
 def verdict_sentence(ranking: list[Ranked], unit: str | None, names: list[str], runs: list[RunRecord],
-                     prices: list[float | None], basis: str | None, job: JobEstimate | None) -> str:
+                     prices: list[float | None], basis: str | None, job: JobEstimate | None, money: Currency = USD) -> str:
     best = ranking[0]
     if len(ranking) == 1:
         return f"Only {best.name} has both a price and a measured throughput; give prices for more runs to rank them."
     cheapest_hour = min(ranking, key=lambda r: (r.price_per_hour, r.cost))
-    what = _unit_words(basis, unit)
+    what = _unit_words(basis, unit, money)
     if cheapest_hour.name == best.name:
         runner_up = ranking[1]
         speed = speed_ratio(runner_up.name, best.name, names, runs, basis, job)
-        both = (f"{best.name} is both the cheapest per hour (${best.price_per_hour:.2f}/h) and the cheapest per result "
-                f"({_money(best.cost)} {what})")
+        both = (f"{best.name} is both the cheapest per hour ({money.per_hour(best.price_per_hour)}) and the cheapest "
+                f"per result ({money.amount(best.cost)} {what})")
         compared = _next_best(runner_up.price_per_hour / best.price_per_hour, speed)
         return f"{both}: the next best, {runner_up.name}, {compared}." if compared else f"{both}."
     speed = speed_ratio(best.name, cheapest_hour.name, names, runs, basis, job)
     price_ratio = best.price_per_hour / cheapest_hour.price_per_hour
     for_price = "about the same price" if _same(price_ratio) else f"{_times(price_ratio)} the price"
     because = f", because it does the work {_times(speed)} as fast for {for_price}" if speed else ""
-    return (f"{cheapest_hour.name} is the cheapest per hour (${cheapest_hour.price_per_hour:.2f}/h vs "
-            f"${best.price_per_hour:.2f}/h) but not per result: {best.name} costs {_money(best.cost)} {what} against "
-            f"{_money(cheapest_hour.cost)}{because}.")
+    return (f"{cheapest_hour.name} is the cheapest per hour ({money.per_hour(cheapest_hour.price_per_hour)} vs "
+            f"{money.per_hour(best.price_per_hour)}) but not per result: {best.name} costs {money.amount(best.cost)} "
+            f"{what} against {money.amount(cheapest_hour.cost)}{because}.")
 
 
 def noise_caveat(basis: str | None, rows: list[Row], names: list[str], ranking: list[Ranked],
@@ -72,18 +73,14 @@ def _same(ratio: float) -> bool:
     return round(ratio, 1) == 1.0
 
 
-def _unit_words(basis: str | None, label: str | None) -> str:
+def _unit_words(basis: str | None, label: str | None, money: Currency = USD) -> str:
     if basis == "job":
         return "for the job"
-    return (label or "").removeprefix("USD ")
+    return (label or "").removeprefix(f"{money.code} ")
 
 
 def _times(ratio: float) -> str:
     return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.1f}x"
-
-
-def _money(usd: float) -> str:
-    return f"${usd:,.2f}" if usd >= 0.1 else f"${usd:.4f}"
 
 
 def day_night_sentence(label: str, unit: str, day: float | None, day_runs: int, night: float | None,

@@ -99,6 +99,9 @@ class Comparison:
     verdict: str | None  # the one sentence: is the cheapest per hour the cheapest per result?
     notes: list[str]  # formulas and assumptions
     single_run_measurements: int = 0  # quantities only one run has (not compared)
+    currency: str = "USD"  # the prices' currency (ISO 4217): the unit of every cost row
+    currency_symbol: str = "$"  # how its amounts are written
+    platforms: list[str] = field(default_factory=list)  # per platform (a label's group): its cheapest machine
 
 
 @dataclass
