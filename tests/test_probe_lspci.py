@@ -192,3 +192,34 @@ def test_every_fixture_is_claimed_only_if_it_is_lspci(path):
         parse_lspci(text)  # whatever the file, either devices or a CaptureError
     except CaptureError:
         assert not is_lspci or path == TREE
+
+
+# -- issue 25 (a): lspci -nn naming the GPU, and the documents' grep'd lines ------------------------
+
+@pytest.mark.parametrize("fixture, name", [
+    ("lspci-nn-a10-kvm.txt", "NVIDIA A10"),
+    ("lspci-nn-azure-8x-a100-sxm4-hyperv.txt", "NVIDIA A100 SXM4 80GB"),
+    ("lspci-vvv-rtx6000ada-wrx90-idle-downgraded-spaces.txt", "NVIDIA RTX 6000 Ada Generation"),
+    ("lspci-vvv-hgx-8x-h100-nvswitch.txt", None),  # an old pci.ids: "Device 2330", the device id alone
+])
+def test_the_gpus_name_is_the_product_name_lspci_prints(fixture, name):
+    from gpuvet.probe import lspci as probe_lspci
+
+    gpu = next(d for d in probe_lspci.parse_lspci((Path(__file__).parent / "fixtures/lspci" / fixture).read_text())
+               if d.is_nvidia_gpu)
+    assert probe_lspci.product_name(gpu.vendor_device) == name
+
+
+def test_grepped_link_lines_are_refused_with_the_command_for_a_whole_capture(capsys, tmp_path):
+    """`lspci -vv | grep -E "LnkCap|LnkSta"` (the seed documents' command), lines cut from the real
+    RTX 6000 Ada capture: which device each line belongs to is gone, so gpuvet names the command
+    that keeps it."""
+    from cli_runner import gpuvet
+
+    source = (Path(__file__).parent / "fixtures/lspci/lspci-vvv-rtx6000ada-wrx90-idle-downgraded-spaces.txt").read_text()
+    grepped = "".join(line + "\n" for line in source.splitlines() if "LnkCap" in line or "LnkSta" in line)
+    assert grepped
+    path = tmp_path / "lspci-vvv-rtx6000ada-edited-grep-lnk.txt"
+    path.write_text(grepped)
+    code, out, err = gpuvet(capsys, "inspect", str(path))
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and "`sudo lspci -vv -d 10de: > lspci.txt`" in err

@@ -32,6 +32,12 @@ _TREE_ROOT = re.compile(r"^-(?:\+-)?\[[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}\]")
 _SUDO_PROMPT = re.compile(r"^\[sudo\] password for ")
 # The first detail lines of a `-v` block: what a paste starts with when its device line was cut off.
 _HEADLESS_START = re.compile(r"^\s+(?:Subsystem|Control|Physical Slot|DeviceName):")
+# `lspci -vv | grep -E "LnkCap|LnkSta"` (the seed documents' command): link lines with no device
+# line above them, so which device (GPU, bridge, NVMe) each belongs to is cut away.
+_GREPPED_LINK = re.compile(r"^\s*(?:LnkCap|LnkSta|LnkCtl)2?:")
+WHOLE_COMMAND = "sudo lspci -vv -d 10de: > lspci.txt"
+# The product name lspci's pci.ids gives in brackets: "NVIDIA Corporation GA102GL [A10]" -> "A10".
+_BRACKETED_NAME = re.compile(r"\[([^\[\]]+)\]\s*$")
 _PCI_ID = re.compile(r"\[([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\]")
 _NUMERIC_ONLY = re.compile(r"^([0-9a-fA-F]{4}:[0-9a-fA-F]{4})\b")  # `lspci -n`: "10de:2236 (rev a1)"
 _TRAILERS = re.compile(r"\((?:rev|prog-if) [^()]*\)")  # "(rev a1)", "(prog-if 00 [VGA controller])"
@@ -77,7 +83,7 @@ def looks_like_lspci(text: str) -> bool:
     or the first detail line of a `-v` block whose device line was cut off."""
     first = _first_meaningful_line(text[:8192])
     return first is not None and any(
-        pattern.match(first) for pattern in (_TREE_ROOT, _HEADLESS_START)
+        pattern.match(first) for pattern in (_TREE_ROOT, _HEADLESS_START, _GREPPED_LINK)
     ) or (first is not None and device_line(first) is not None)
 
 
@@ -93,7 +99,13 @@ def parse_lspci(text: str) -> list[PciDevice]:
             "capture `sudo lspci -vvv -d 10de:` instead (as root, so LnkCap/LnkSta are printed)"
         )
     devices: list[PciDevice] = []
-    if _HEADLESS_START.match(_first_meaningful_line(text[:8192]) or ""):
+    first = _first_meaningful_line(text[:8192]) or ""
+    if _GREPPED_LINK.match(first) and not any(device_line(line) for line in text.splitlines()):
+        raise CaptureError(
+            "LnkCap/LnkSta lines without the device lines they belong to (`lspci -vv | grep`): which of them "
+            f"is a GPU's link cannot be told; capture the NVIDIA devices whole: `{WHOLE_COMMAND}`"
+        )
+    if _HEADLESS_START.match(first):
         devices.append(PciDevice(bus_id=None, class_name=None, vendor_device=None))
     for line in text.splitlines():
         if line[:1].isspace():
@@ -109,6 +121,17 @@ def parse_lspci(text: str) -> list[PciDevice]:
             f"found {_describe(text)}"
         )
     return devices
+
+
+def product_name(vendor_device: str | None) -> str | None:
+    """The GPU's name as lspci knows it: "NVIDIA Corporation GA102GL [A10]" -> "NVIDIA A10" (the
+    bracketed product name of pci.ids, which `lspci -nn` also prints); None when lspci printed only
+    the chip or "Device 2236" (an old pci.ids): then the device id is all there is."""
+    m = _BRACKETED_NAME.search(vendor_device or "")
+    if not m or not (vendor_device or "").lower().startswith("nvidia"):
+        return None
+    name = m.group(1).strip()
+    return name if name.lower().startswith("nvidia") else f"NVIDIA {name}"
 
 
 def gpu_link_readings(devices: list[PciDevice]) -> list[tuple[str, PcieLink]]:
