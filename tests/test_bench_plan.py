@@ -344,3 +344,29 @@ def test_the_link_under_load_is_the_one_held_while_the_pinned_copies_ran():
         {"name": "pcie.h2d_pinned", "subject": "gpu0", "value": 50.0, "unit": "GB/s",
          "details": {"load_window": [101.0, 102.0]}}]), lambda m: None, None, {})
     assert runner.load_window("gpu0") == (100.999, 102.001) and runner.load_window("gpu1") is None
+
+
+def test_the_cold_context_start_is_measured_before_any_gpuvet_process_holds_the_gpu(monkeypatch):
+    """The worker holds a context on every GPU while latency runs, so its children never see the
+    first process's start (persistence off, vGPU): the parent, which never creates a context,
+    measures one child first, in the worker's environment (GPUs in PCI bus order)."""
+    from gpuvet.bench import context_child
+
+    seen = {}
+
+    def child(ordinal, env=None, python=None):
+        seen.update(ordinal=ordinal, order=(env or {}).get("CUDA_DEVICE_ORDER"))
+        return context_child.InitTiming(cuinit_ms=900.0, context_ms=1150.0, load_ms=2.0)
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setattr(context_child, "run_child", child)
+    m = plan.cold_context_start()
+    assert m["name"] == "latency.context_cold" and m["value"] == 1150.0 and m["subject"] == "gpu0"
+    assert m["details"]["before_any_gpuvet_process"] is True
+    assert seen == {"ordinal": 0, "order": "PCI_BUS_ID"}
+
+
+def test_without_a_driver_the_cold_start_says_why():
+    m = plan.cold_context_start()  # no libcuda on this machine: the stdlib child says so
+    assert m["value"] is None and ("skipped" in m["details"] or "error" in m["details"])

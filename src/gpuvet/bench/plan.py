@@ -18,7 +18,8 @@ from ..facts import DRIVER_SOURCES, Gpu, Machine, PcieLink
 from ..probe import sysfs_pcie
 from ..record import Series
 from ..record.details import BenchNote
-from . import schedule
+from . import context_child, schedule
+from .common import Skip, measurement
 from .session import Worker, WorkerError
 
 ALL = schedule.GPU_BENCHMARKS
@@ -86,6 +87,9 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
         for name in names:
             outcome.note(name, device if device == "cpu" else "gpu", "skipped", reason)
         return outcome
+    if "latency" in names and device != "cpu":
+        progress("latency.context_cold: a first CUDA process before any gpuvet process holds the GPU")
+        outcome.measurements.append(cold_context_start())
     progress("starting the benchmark worker (imports PyTorch)")
     try:
         worker = Worker(env=worker_env())  # on Ctrl-C while it starts, it ends itself
@@ -107,6 +111,22 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
     finally:  # nothing may keep running on the GPUs
         (runner.worker if runner else worker).close(interrupted=interrupted)
     return outcome
+
+
+def cold_context_start(python: str = sys.executable) -> dict[str, Any]:
+    """The first CUDA process's context time on GPU 0, measured before the worker (or any gpuvet
+    process) holds a context: with persistence mode off or under vGPU it is what every job's first
+    process pays, and the later children, which find the driver kept loaded by the worker, never
+    show it."""
+    env = {name: value for name, value in {**os.environ, **worker_env()}.items() if value is not None}
+    try:
+        timing = context_child.run_child(0, env=env, python=python)
+    except Skip as why:
+        return measurement("latency.context_cold", None, "ms", "gpu0", skipped=str(why))
+    except context_child.ContextInitError as err:
+        return measurement("latency.context_cold", None, "ms", "gpu0", error=str(err))
+    return measurement("latency.context_cold", round(timing.context_ms, 3), "ms", "gpu0", cuinit_ms=round(timing.cuinit_ms, 3),
+                       before_any_gpuvet_process=True, measures=context_child.CONTEXT_INIT_WHAT)
 
 
 def cannot_run(machine: Machine, device: str) -> str | None:

@@ -318,6 +318,9 @@ def _link_for_bandwidth(gpu: Gpu) -> tuple[int | None, int | None, bool]:
     return r.max_gen, r.max_width, False  # an idle reading's current generation means nothing
 
 
+COLD_WARN_MS = 2000.0  # a first process slower than this: the driver was not kept loaded
+
+
 def check_context_init(ctx: Context) -> list[Finding]:
     if not planned(ctx, "latency"):
         return []
@@ -336,8 +339,18 @@ def check_context_init(ctx: Context) -> list[Finding]:
         words = f"a new process needs {m.value:.0f} ms to get a CUDA context"
         if status != PASS:
             words += " (a whole GPU passed through takes ~100 ms, a vGPU guest ~850 ms): every new Python process or notebook kernel pays it"
+        cold = one(ctx, "latency.context_cold", m.subject)
+        cold_words = ""
+        if cold is not None:  # the first process on the idle GPU, before gpuvet's worker held it
+            cold_words = f"; the first, before any gpuvet process held the GPU: {cold.value:.0f} ms"
+            if cold.value > COLD_WARN_MS and status == PASS:
+                status = WARN  # a setting (persistence mode) or vGPU, never the GPU's speed: never FAIL
+                words += (f"; but the first process on the idle GPU took {cold.value:.0f} ms: the driver unloads between "
+                          "jobs, so every job's first process pays it")
+                hint = hint or "`sudo nvidia-smi -pm 1` (persistence mode) keeps the driver loaded between processes; "
         findings.append(finding("gpu.context_init", m.subject, status, words,
-                                measured=f"median {m.value:.0f} ms of {len(m.details.get('runs', [])) or '?'} fresh processes",
+                                measured=f"median {m.value:.0f} ms of {len(m.details.get('runs', [])) or '?'} fresh processes"
+                                         + cold_words,
                                 expected="<= 500 ms", source="renters' measurements of a first CUDA call in a fresh process: 95-120 ms on a "
                                        "passed-through GPU, 850 ms under vGPU",
                                 remedy=None if status == PASS else hint + "rerun `gpuvet bench latency`"))
