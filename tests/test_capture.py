@@ -27,6 +27,7 @@ NOT_CAPTURES = {
     "lspci/lspci-vvv-nonGPU-nvme-carrier-width-x1-downgraded-spaces.txt": "lspci output with no NVIDIA GPU",
     "edited/make_edited.py": "not a capture gpuvet knows",
     "edited/make_edited_seeds.py": "not a capture gpuvet knows",  # the script that makes the seed commands' cuts
+    "grafana/dcgm-exporter-dashboard-12239.json": "not a capture gpuvet knows",  # a dashboard, read by the exporter's tests
     "jupyter/nbresuse-serverextension.json": "not a capture gpuvet knows",  # a Jupyter config file (env audit tests)  # the script that makes the edited captures
     "edited/dmon-h100-vm-idle-590.48.01-edited-gpu-index-20000000.txt": "GPU index '20000000' is not an index",
     "edited/dmon-h100-vm-idle-590.48.01-edited-gpu-index-2000000000.txt": "GPU index '2000000000' is not an index",

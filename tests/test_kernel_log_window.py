@@ -98,10 +98,11 @@ def test_since_boot_judges_the_old_xid_as_before(live_dmesg):
     assert any(f.status == "fail" and "Xid 79" in f.summary and "window" not in f.summary for f in _xid(record))
 
 
-def test_a_capture_with_only_seconds_since_boot_says_the_window_could_not_be_applied(capsys):
-    code, out, _ = gpuvet(capsys, "health", "--no-save", "--from", str(H100_Q), "--from", str(XID79_ON_GPU3),
-                          "--skip", "gpu.throttle", "--json")
-    record = json.loads(out)
+def test_a_capture_with_only_seconds_since_boot_says_the_window_could_not_be_applied(capsys, tmp_path):
+    out_file = tmp_path / "health.json"  # the whole record (--json prints the verdict object)
+    code, _, _ = gpuvet(capsys, "health", "--no-save", "--from", str(H100_Q), "--from", str(XID79_ON_GPU3),
+                        "--skip", "gpu.throttle", "--out", str(out_file))
+    record = json.loads(out_file.read_text())
     assert code == 1 and record["options"]["xid_window_s"] == 7200
     (xid79,) = [f for f in record["findings"] if f["check"] == "gpu.xid" and "Xid 79" in f["summary"]]
     assert xid79["status"] == "fail" and xid79["subject"] == "gpu3"
