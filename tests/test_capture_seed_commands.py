@@ -114,3 +114,18 @@ def test_nvlink_only_in_bridged_pairs_warns_and_names_what_the_all_reduce_crosse
     assert "4 NVLink groups" in nvlink[0]["summary"] and "(SYS)" in nvlink[0]["summary"]
     _, whole = _inspect(capsys, DGX_A100)  # the real NVSwitch box: one group, a pass
     assert {f["status"] for f in whole["findings"] if f["check"] == "gpu.nvlink"} == {"pass"}
+
+
+def test_an_unknown_error_in_an_xml_report_fails_gpu_ecc_too(tmp_path):
+    from gpuvet import judge
+    from gpuvet.probe import capture
+
+    real = (Path(__file__).parent / "fixtures" / "smi_xml" / "v100-pcie-32gb-passthrough-loaded-460.39-v11.xml").read_text()
+    # edited in the test: the volatile double-bit device-memory counter reads "Unknown Error"
+    head, sep, tail = real.partition("<double_bit>")
+    edited = tmp_path / "v100-edited-ecc-unknown-error.xml"
+    edited.write_text(head + sep + tail.replace("<device_memory>0</device_memory>",
+                                                "<device_memory>Unknown Error</device_memory>", 1))
+    machine = capture.merge(capture.read_captures(str(edited)))
+    (ecc,) = [f for f in judge.judge(machine) if f.check == "gpu.ecc"]
+    assert ecc.status == "fail" and "ecc_errors/device_memory" in ecc.evidence.measured
