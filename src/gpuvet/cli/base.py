@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _interrupt)
+    # Ctrl-C from here on is KeyboardInterrupt, ended below in one line (a quiet handler may have
+    # covered the imports before this).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     readable_anywhere()
     # A capture must arrive within 60 s of the command's start; run as a program (argv None), its
     # start is the process's, before the imports.
