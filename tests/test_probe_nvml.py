@@ -138,3 +138,65 @@ def test_memory_in_use_leaves_out_the_drivers_reserve_like_nvidia_smi(monkeypatc
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", old_driver)
     _, (gpu,), _, _ = nvml.collect()
     assert gpu.memory_used_mib == 600 and gpu.memory_reserved_mib is None
+
+
+def _one_gpu(**answers: object) -> dict[str, object]:
+    return {"nvmlSystemGetDriverVersion": "550.54.14", "nvmlDeviceGetCount": 1, "nvmlDeviceGetHandleByIndex": "h0",
+            "nvmlDeviceGetName": "NVIDIA H100 80GB HBM3", "nvmlDeviceGetMemoryInfo": _Memory(), **answers}
+
+
+def _raises(code: int):
+    def call(*_args):
+        raise pynvml.NVMLError(code)
+    return call
+
+
+def test_an_ecc_read_that_fails_live_is_a_failure_not_no_errors(monkeypatch):
+    # nvidia-smi prints "Unknown Error" where NVML answers NVML_ERROR_UNKNOWN: a GPU in trouble. The
+    # counters were read as "not read" and gpu.ecc passed on the mode alone ("ECC on").
+    from gpuvet import judge
+    from gpuvet.facts import ECC_READ_FAILED, Machine
+
+    _stand_in(monkeypatch, _one_gpu(nvmlDeviceGetEccMode=(1, 1),
+                                    nvmlDeviceGetTotalEccErrors=_raises(pynvml.NVML_ERROR_UNKNOWN),
+                                    nvmlDeviceGetRemappedRows=_raises(pynvml.NVML_ERROR_UNKNOWN)))
+    driver, gpus, _, _ = nvml.collect()
+    assert "ecc.volatile_uncorrected" in gpus[0].unavailable[ECC_READ_FAILED]
+    ecc = [f for f in judge.judge(Machine(driver=driver, gpus=gpus)) if f.check == "gpu.ecc"]
+    assert [f.status for f in ecc] == ["fail"] and ecc[0].action == "reset_gpu"
+
+
+def test_ecc_counters_a_gpu_lacks_are_not_a_failure(monkeypatch):
+    from gpuvet.facts import ECC_READ_FAILED
+
+    _stand_in(monkeypatch, _one_gpu(nvmlDeviceGetEccMode=(1, 1)))  # every counter: NotSupported
+    _, gpus, _, _ = nvml.collect()
+    assert ECC_READ_FAILED not in gpus[0].unavailable
+
+
+def test_fans_are_read_per_fan_and_a_failed_one_is_named(monkeypatch):
+    # A GeForce card's two fans, the second one's reading failing as nvidia-smi's ERR! does.
+    from gpuvet import judge
+    from gpuvet.facts import Machine
+
+    speeds = {0: 38}
+    _stand_in(monkeypatch, _one_gpu(nvmlDeviceGetNumFans=2,
+                                    nvmlDeviceGetFanSpeed_v2=lambda h, fan: speeds[fan] if fan in speeds else _raises(
+                                        pynvml.NVML_ERROR_UNKNOWN)()))
+    driver, gpus, _, _ = nvml.collect()
+    assert gpus[0].thermal.fan_pct == [38, None] and "fan 1" in gpus[0].unavailable["thermal.fan_pct"]
+    fans = [f for f in judge.judge(Machine(driver=driver, gpus=gpus)) if f.check == "gpu.fan_failure"]
+    assert [f.status for f in fans] == ["fail"] and "fan 1 of 2" in fans[0].summary and fans[0].action == "ask_provider"
+    speeds[1] = 41  # both answering
+    _, gpus, _, _ = nvml.collect()
+    assert gpus[0].thermal.fan_pct == [38, 41]
+
+
+def test_a_passive_gpu_without_fans_skips_the_fan_check(monkeypatch):
+    from gpuvet import judge
+    from gpuvet.facts import Machine
+
+    _stand_in(monkeypatch, _one_gpu())  # nvmlDeviceGetNumFans: NotSupported, as on an SXM board
+    driver, gpus, _, _ = nvml.collect()
+    fans = [f for f in judge.judge(Machine(driver=driver, gpus=gpus)) if f.check == "gpu.fan_failure"]
+    assert [f.status for f in fans] == ["skip"] and "passively cooled" in fans[0].summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..facts import (
+    ECC_READ_FAILED,
     Driver,
     Gpu,
     GpuProcess,
@@ -85,17 +86,28 @@ def init_error() -> str | None:
 
 
 class Query:
-    """Runs NVML calls for one GPU, keeping the reason of every failure."""
+    """Runs NVML calls for one GPU, keeping the reason of every failure, and which reads failed the
+    way a GPU in trouble fails them (Unknown Error, fallen off the bus), not as "not supported"."""
 
     def __init__(self, gpu: Gpu):
         self.gpu = gpu
+        self.broken: dict[str, str] = {}  # field -> reason, for reads that failed on a GPU in trouble
 
     def __call__(self, field: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception as err:  # NVMLError, missing symbols in old nvidia-ml-py, ctypes errors
             self.gpu.unavailable.setdefault(field, error_reason(err))
+            if _in_trouble(err):
+                self.broken[field] = error_reason(err)
             return None
+
+
+def _in_trouble(err: BaseException) -> bool:
+    """An NVML failure that says something is wrong with the GPU (nvidia-smi prints it as "Unknown
+    Error" or "GPU is lost"), not that the GPU or driver lacks the feature."""
+    return pynvml is not None and isinstance(err, pynvml.NVMLError) and getattr(err, "value", None) in (
+        pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_CORRUPTED_INFOROM)
 
 
 def collect() -> tuple[Driver, list[Gpu], Topology | None, str | None]:
@@ -379,6 +391,9 @@ def _ecc(gpu: Gpu, h: Any, q: Query) -> None:
         corr, unc, pending, failure = rows
         e.remapped_rows_correctable, e.remapped_rows_uncorrectable = corr, unc
         e.remapped_rows_pending, e.remapped_rows_failure = bool(pending), bool(failure)
+    broken = [field for field in q.broken if field.startswith("ecc.")]
+    if broken:  # a read that failed is never "no errors": gpu.ecc fails on it, live as from a capture
+        gpu.unavailable[ECC_READ_FAILED] = f"NVML answered \"{q.broken[broken[0]]}\" for {', '.join(broken)}"
 
 
 def _nvlinks(h: Any, q: Query) -> list[NvLink] | None:
