@@ -80,7 +80,7 @@ def test_history_piped_to_a_file_is_not_cut_at_80_columns(tmp_path):
 def test_an_ascii_terminal_gets_ascii_stand_ins_not_a_traceback():
     done = _gpuvet("inspect", H100_VM, PYTHONIOENCODING="ascii")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-600:]
-    assert "  +  Power limit at the default" in done.stdout and " - capture - " in done.stdout
+    assert "  +  Power limit at the default" in done.stdout and " - capture, inspected " in done.stdout
 
 
 def test_a_usage_error_points_to_the_subcommands_help():

@@ -367,7 +367,9 @@ def _measurements(record: RunRecord, console: Console) -> None:
 def header_line(record: RunRecord) -> str:
     when = record.started_at.replace("T", " ")[:16]
     redacted = " · redacted" if record.options.get("redacted") else ""
-    return f"gpuvet {record.tool.get('version', '')} · {record.machine.source} · {when} UTC · {record.duration_s:.1f} s{redacted}"
+    # A capture's record is dated when it was inspected; the capture's own time is on its line below.
+    source = "capture, inspected" if record.machine.source == "capture" else record.machine.source
+    return f"gpuvet {record.tool.get('version', '')} · {source} {when} UTC · {record.duration_s:.1f} s{redacted}"
 
 
 def options_line(record: RunRecord) -> str:
