@@ -89,12 +89,20 @@ def test_the_plugin_config_holds_to_node_problem_detectors_protocol():
     assert any("--config.custom-plugin-monitor=/config/gpuvet-health.json" == a for a in daemonset["containers"][0]["args"])
 
 
-def test_the_plugins_command_runs_and_fits_the_output_limit():
+def test_the_plugins_command_runs_and_fits_the_output_limit(tmp_path):
     rule = _plugin_config()["rules"][0]
     assert Path(rule["path"]).name == "gpuvet"
-    done = subprocess.run([sys.executable, "-m", "gpuvet", *rule["args"], "--no-save", "--from", str(HEALTHY)],
+    # The textfile folder is the DaemonSet's hostPath mount; here a folder of the test's own.
+    daemonset = _kind("DaemonSet", "node-problem-detector-gpuvet.yaml")["spec"]["template"]["spec"]
+    folder = rule["args"][rule["args"].index("--textfile") + 1]
+    mounts = {m["mountPath"]: m["name"] for m in daemonset["containers"][0]["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in daemonset["volumes"] if "hostPath" in v}
+    assert host[mounts[folder]] == "/var/lib/node_exporter/textfile_collector"
+    args = [str(tmp_path) if a == folder else a for a in rule["args"]]
+    done = subprocess.run([sys.executable, "-m", "gpuvet", *args, "--no-save", "--from", str(HEALTHY)],
                           check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and len(done.stdout.strip().encode()) <= _plugin_config()["pluginConfig"]["max_output_length"]
+    assert 'gpuvet_health_status{status="healthy"} 1.0' in (tmp_path / "gpuvet.prom").read_text()
 
 
 @pytest.mark.parametrize("file", ["gpuvet-run-job.yaml", "gpuvet-run-job-dra.yaml"])
