@@ -53,6 +53,7 @@ from ..facts import Storage
 from ..probe.host import storage_for
 from .common import measurement
 from .leftovers import owned_prefix, register, remove, sweep_stale
+from ..samples import quantile
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 SEQ_BLOCK = 1 * MIB
@@ -561,7 +562,7 @@ class BuiltinEngine:
             raise EngineError("no random read completed")
         latencies = sorted(moved.latencies_ns)
         return Pass(bytes=moved.bytes, seconds=moved.seconds, ops=moved.ops, extra={"io": moved.io},
-                    p50_us=_percentile(latencies, 50) / 1e3, p99_us=_percentile(latencies, 99) / 1e3)
+                    p50_us=quantile(latencies, 0.50) / 1e3, p99_us=quantile(latencies, 0.99) / 1e3)
 
     def _read(self, target: Target, block: int, depth: int, next_offset: Callable[[], int | None],
               seconds: float) -> Moved:
@@ -708,11 +709,6 @@ class KernelAio:
         return Moved(len(latencies), len(latencies) * block, elapsed, latencies, "linux-aio")
 
 
-def _percentile(ordered: list[int], pct: float) -> float:
-    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
-    return float(ordered[index])
-
-
 # -- fio engine -------------------------------------------------------------------------------
 
 class FioEngine:
@@ -834,8 +830,8 @@ def small_files(target: Target, seconds: float) -> Pass:
     read_seconds, files, latencies, rounds = _read_rounds(written, max(seconds - write_seconds, SMALL_READ_MIN_S))
     latencies.sort()
     return Pass(bytes=files * SMALL_FILE_BYTES, seconds=read_seconds, ops=files,
-                p50_us=_percentile(latencies, 50) / 1e3 if latencies else None,
-                p99_us=_percentile(latencies, 99) / 1e3 if latencies else None,
+                p50_us=quantile(latencies, 0.50) / 1e3 if latencies else None,
+                p99_us=quantile(latencies, 0.99) / 1e3 if latencies else None,
                 extra={"files": len(written), "write_files_s": round(len(written) / write_seconds, 1),
                        "read_rounds": rounds, "cache": "fsync+fadvise"})
 

@@ -270,37 +270,64 @@ def _hw_slowdown(ctx: _Ctx) -> Diagnosis | None:
     return Diagnosis("hw_slowdown", words, _base_evidence(ctx))
 
 
+@dataclass
+class _Sharing:
+    """Who else is on a watched GPU: what its process list and memory say."""
+
+    others: list[Any]  # other jobs' processes you can see (with --pid)
+    others_mib: float
+    unseen_mib: float | None  # memory no visible process accounts for (None: a visible one's is unknown)
+    util_theirs: bool  # the GPU is busy and none of its work is yours
+
+    @property
+    def hidden(self) -> bool:
+        return self.unseen_mib is not None and self.unseen_mib >= HIDDEN_MIB
+
+    @property
+    def shared(self) -> bool:
+        return self.hidden or self.util_theirs or self.others_mib >= HIDDEN_MIB
+
+
+def _sharing(ctx: _Ctx) -> _Sharing:
+    yours, used = ctx.yours, ctx.last("mem_used_mib")
+    processes = ctx.processes or []
+    others = [p for p in processes if p.visible and p not in yours]
+    visible_mib = [p.used_mib for p in processes if p.visible]
+    known_mib = [mib for mib in visible_mib if mib is not None]
+    unseen_mib = max(0, used - sum(known_mib)) if used is not None and len(known_mib) == len(visible_mib) else None
+    # Utilization on a GPU that lists no process and holds too little memory for a CUDA context
+    # is the driver waking it for each query (persistence mode off), not someone's kernel.
+    no_context = not processes and used is not None and used < NO_CONTEXT_MIB
+    util_theirs = not yours and not no_context and ctx.util is not None and ctx.util >= NEIGHBOUR_UTIL_PCT
+    return _Sharing(others, sum(p.used_mib or 0 for p in others), unseen_mib, util_theirs)
+
+
 def _neighbour(ctx: _Ctx) -> Diagnosis | None:
     if ctx.processes is None or ctx.unmapped_in_container:  # cannot tell whose they are
         return None
-    yours, used = ctx.yours, ctx.last("mem_used_mib")
-    others = [p for p in ctx.processes if p.visible and p not in yours]  # other jobs you can see (with --pid)
-    visible_mib = [p.used_mib for p in ctx.processes if p.visible]
-    known_mib = [mib for mib in visible_mib if mib is not None]
-    unseen_mib = max(0, used - sum(known_mib)) if used is not None and len(known_mib) == len(visible_mib) else None
-    others_mib = sum(p.used_mib or 0 for p in others)
-    # Utilization on a GPU that lists no process and holds too little memory for a CUDA context
-    # is the driver waking it for each query (persistence mode off), not someone's kernel.
-    no_context = not ctx.processes and used is not None and used < NO_CONTEXT_MIB
-    util_theirs = not yours and not no_context and ctx.util is not None and ctx.util >= NEIGHBOUR_UTIL_PCT
-    hidden = unseen_mib is not None and unseen_mib >= HIDDEN_MIB
-    if not (hidden or util_theirs or others_mib >= HIDDEN_MIB or (others and util_theirs)):
+    sharing = _sharing(ctx)
+    if not sharing.shared:
         return None
+    evidence = {**_base_evidence(ctx), "unseen_mib": sharing.unseen_mib, "other_jobs_mib": sharing.others_mib,
+                "your_processes": len(ctx.yours), "other_processes": len(sharing.others)}
+    return Diagnosis("neighbour", _neighbour_words(ctx, sharing), evidence)
+
+
+def _neighbour_words(ctx: _Ctx, sharing: _Sharing) -> str:
     parts = []
-    if util_theirs:
+    if sharing.util_theirs:
         parts.append(f"{ctx.util:.0f}% utilization")
-    if hidden and unseen_mib is not None:
-        parts.append(f"{unseen_mib / 1024:.1f} GiB in use")
+    if sharing.hidden and sharing.unseen_mib is not None:
+        parts.append(f"{sharing.unseen_mib / 1024:.1f} GiB in use")
     words = " and ".join(parts)
-    if words and (hidden or not others):
+    if words and (sharing.hidden or not sharing.others):
         words += " by processes you cannot see"
-    if others:
-        listed = ", ".join(f"{p.pid} {p.name or '?'}" for p in others[:3])
-        outside = f"{others_mib / 1024:.1f} GiB held by {len(others)} process(es) outside your job ({listed})"
+    if sharing.others:
+        listed = ", ".join(f"{p.pid} {p.name or '?'}" for p in sharing.others[:3])
+        outside = (f"{sharing.others_mib / 1024:.1f} GiB held by {len(sharing.others)} process(es) outside your job "
+                   f"({listed})")
         words += ("; " if words else "") + outside
-    evidence = {**_base_evidence(ctx), "unseen_mib": unseen_mib, "other_jobs_mib": others_mib,
-                "your_processes": len(yours), "other_processes": len(others)}
-    return Diagnosis("neighbour", words, evidence)
+    return words
 
 
 def _at_power_limit(ctx: _Ctx) -> bool:

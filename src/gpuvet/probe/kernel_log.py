@@ -145,79 +145,107 @@ def parse_kernel_log(text: str, source: str, boot_at: datetime | None = None) ->
     """Every NVIDIA-related event in `text`, with the span of time the text covers. `boot_at`
     (aware): when this machine booted, to date lines that carry only seconds since boot (read
     live; a capture's boot time is not known)."""
-    log = KernelLog(source=source, read=True)
-    last_dated: datetime | None = None
-    pending_fallen: tuple[str, str | None, float | None, int] | None = None  # bus, when, uptime, line number
-    last_aer: tuple[KernelEvent, int] | None = None  # the latest port AER error, and its line number
-    buses: dict[str, None] = {}
-    first_uptime: float | None = None
-    minute: tuple[datetime | None, float] = (None, 0.0)  # dmesg -H: the last "[Dec 3 10:01]" and the seconds after it
+    reader = _Reader(KernelLog(source=source, read=True), boot_at)
     for number, raw in enumerate(text.splitlines()):
         line = raw.strip()
         if not line or (raw[:1] == " " and "=" in line.split(" ", 1)[0] and not line.startswith("NVRM")):
             continue  # /dev/kmsg continuation records (" SUBSYSTEM=pci")
+        reader.read(number, line)
+    return reader.finish()
+
+
+class _Reader:
+    """parse_kernel_log's state, one step per concern: a line's time, its own event, the GPU an AER
+    report of the port above it names, a fallen-off-the-bus message spread over lines, the GPUs seen."""
+
+    def __init__(self, log: KernelLog, boot_at: datetime | None):
+        self.log, self.boot_at = log, boot_at
+        self.last_dated: datetime | None = None
+        self.pending_fallen: tuple[str, str | None, float | None, int] | None = None  # bus, when, uptime, line number
+        self.last_aer: tuple[KernelEvent, int] | None = None  # the latest port AER error, and its line number
+        self.buses: dict[str, None] = {}
+        self.first_uptime: float | None = None
+        self.minute: tuple[datetime | None, float] = (None, 0.0)  # dmesg -H: the last "[Dec 3 10:01]" and the seconds after it
+
+    def read(self, number: int, line: str) -> None:
         form, when, uptime, msg = _split(line)
         msg = msg.strip()
-        log.lines += 1
+        self.log.lines += 1
+        at = self._time_of(form, when, uptime, msg)
+        count = len(self.log.events)
+        event = _event(msg, when, uptime)
+        if event is not None:
+            self.log.events.append(event)
+            if event.kind == "aer":
+                self.last_aer = (event, number)
+        self._gpu_below_port(number, msg)
+        self._fallen_off_bus(number, msg, when, uptime)
+        for pattern in (_GPU_AT, _NVIDIA_DEVICE):
+            m = pattern.search(msg)
+            if m and (named := normal_bus(m.group("bus"))):
+                self.buses[named] = None
+        for added in self.log.events[count:]:  # this line's events (a multi-line one: a line or three before)
+            added.at = at
+            added.line_number = added.line_number or number + 1
+
+    def _time_of(self, form: str | None, when: str | None, uptime: float | None, msg: str) -> str | None:
+        """The line's time as ISO 8601 where it can be dated; keeps the log's span and boot marks."""
+        log = self.log
         if when is not None and form != "delta":
             log.first = log.first or when
             log.last = when
-        if uptime is not None and first_uptime is None:
-            first_uptime = uptime
+        if uptime is not None and self.first_uptime is None:
+            self.first_uptime = uptime
         if _BOOT_LINE.match(msg):
             log.since_boot = True
         dated = _dated(form, when)
         if form == "reltime":
-            minute = (dated, 0.0)
+            self.minute = (dated, 0.0)
         elif form == "delta" and when is not None:
-            minute = (minute[0], minute[1] + float(when[2:-1]))
-            dated = minute[0] + timedelta(seconds=minute[1]) if minute[0] is not None else None
-        if uptime is not None and boot_at is not None and (dated is None or dated.tzinfo is None):
-            dated = _after_boot(boot_at, uptime)  # live: boot time + seconds since boot beats a zone-less date
-        last_dated = dated or last_dated
-        at = dated.isoformat(timespec="seconds") if dated else None
-        count = len(log.events)
-        event = _event(msg, when, uptime)
-        if event is not None:
-            log.events.append(event)
-            if event.kind == "aer":
-                last_aer = (event, number)
+            self.minute = (self.minute[0], self.minute[1] + float(when[2:-1]))
+            dated = self.minute[0] + timedelta(seconds=self.minute[1]) if self.minute[0] is not None else None
+        if uptime is not None and self.boot_at is not None and (dated is None or dated.tzinfo is None):
+            dated = _after_boot(self.boot_at, uptime)  # live: boot time + seconds since boot beats a zone-less date
+        self.last_dated = dated or self.last_dated
+        return dated.isoformat(timespec="seconds") if dated else None
+
+    def _gpu_below_port(self, number: int, msg: str) -> None:
+        """An AER report of a root or switch port names the GPU below it a few lines on: count the
+        port's error against that GPU too."""
         below = _AER_BELOW.search(msg)
-        if below and last_aer is not None and number - last_aer[1] <= 8:
-            port_event, _ = last_aer
-            gpu_bus = normal_bus(below.group("bus"))
-            if gpu_bus and gpu_bus != port_event.bus_id:
-                log.events.append(KernelEvent("aer", gpu_bus, None, port_event.severity, None, port_event.when,
-                                              port_event.uptime_s, f"{port_event.line} (the port above {gpu_bus})"))
-            last_aer = None
-        if pending_fallen is not None:
+        if not below or self.last_aer is None or number - self.last_aer[1] > 8:
+            return
+        port_event, _ = self.last_aer
+        gpu_bus = normal_bus(below.group("bus"))
+        if gpu_bus and gpu_bus != port_event.bus_id:
+            self.log.events.append(KernelEvent("aer", gpu_bus, None, port_event.severity, None, port_event.when,
+                                               port_event.uptime_s, f"{port_event.line} (the port above {gpu_bus})"))
+        self.last_aer = None
+
+    def _fallen_off_bus(self, number: int, msg: str, when: str | None, uptime: float | None) -> None:
+        """"The NVIDIA GPU at PCI:... has fallen off the bus" spread over up to three lines."""
+        if self.pending_fallen is not None:
             if "fallen off the bus" in msg:
-                bus, p_when, p_up, start_line = pending_fallen
-                log.events.append(KernelEvent("fallen_off_bus", bus, 79, "fatal", None, p_when, p_up,
-                                              "NVRM: The NVIDIA GPU ... has fallen off the bus and is not responding to commands",
-                                              line_number=start_line + 1))
-                pending_fallen = None
-            elif number - pending_fallen[3] > 3:
-                pending_fallen = None
+                bus, p_when, p_up, start_line = self.pending_fallen
+                self.log.events.append(KernelEvent("fallen_off_bus", bus, 79, "fatal", None, p_when, p_up,
+                                                   "NVRM: The NVIDIA GPU ... has fallen off the bus and is not responding to commands",
+                                                   line_number=start_line + 1))
+                self.pending_fallen = None
+            elif number - self.pending_fallen[3] > 3:
+                self.pending_fallen = None
         start = _FALLEN_START.search(msg)
-        if start:
-            fallen_bus = normal_bus(start.group("bus"))
-            if fallen_bus:
-                pending_fallen = (fallen_bus, when, uptime, number)
-        for pattern in (_GPU_AT, _NVIDIA_DEVICE):
-            m = pattern.search(msg)
-            if m and (named := normal_bus(m.group("bus"))):
-                buses[named] = None
-        for added in log.events[count:]:  # this line's events (a multi-line one: a line or three before)
-            added.at = at
-            added.line_number = added.line_number or number + 1
-    if last_dated is not None:
-        _mend_years(log.events, last_dated)
-        log.now, log.now_is = last_dated.isoformat(timespec="seconds"), "last line"
-    if log.since_boot is None and first_uptime is not None:
-        log.since_boot = first_uptime < 10.0  # dmesg's first line a few seconds after boot: not wrapped
-    log.gpu_buses = list(buses)
-    return log
+        if start and (fallen_bus := normal_bus(start.group("bus"))):
+            self.pending_fallen = (fallen_bus, when, uptime, number)
+
+    def finish(self) -> KernelLog:
+        log = self.log
+        if self.last_dated is not None:
+            _mend_years(log.events, self.last_dated)
+            log.now, log.now_is = self.last_dated.isoformat(timespec="seconds"), "last line"
+        if log.since_boot is None and self.first_uptime is not None:
+            log.since_boot = self.first_uptime < 10.0  # dmesg's first line a few seconds after boot: not wrapped
+        log.gpu_buses = list(self.buses)
+        return log
 
 
 def _after_boot(boot_at: datetime, uptime: float) -> datetime | None:
