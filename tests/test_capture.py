@@ -144,3 +144,13 @@ def test_missing_file_and_directory(tmp_path):
         capture.read_captures(str(tmp_path / "nope.xml"))
     with pytest.raises(CaptureError, match="directory"):
         capture.read_captures(str(tmp_path))
+
+
+def test_a_captures_own_time_is_a_record_field_beside_the_inspection_time():
+    # The 8x H100 report says "Timestamp : Fri Jun 21 02:03:08 2024"; the record is dated when inspected.
+    from gpuvet import runner
+
+    record = runner.inspect([str(FIXTURES / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt")])
+    (entry,) = record.machine.captures
+    assert entry["taken_at"] == "2024-06-21T02:03:08" and "by its own timestamp" in entry["note"]
+    assert not record.started_at.startswith("2024-06-21")

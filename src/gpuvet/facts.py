@@ -209,14 +209,14 @@ class Gpu:
     unavailable: dict[str, str] = field(default_factory=dict)  # dotted field -> why
 
 
-@dataclass
-class Topology:
-    """`nvidia-smi topo -m`: how each pair of devices connects (X, NV#, PIX, PXB, PHB, NODE, SYS)."""
-
 # Gpu.unavailable key for memory-health fields nvidia-smi printed as "Unknown Error": a read that
 # failed (a GPU in trouble), which gpu.ecc fails rather than reading as "no errors".
 ECC_READ_FAILED = "ecc_read"
 
+
+@dataclass
+class Topology:
+    """`nvidia-smi topo -m`: how each pair of devices connects (X, NV#, PIX, PXB, PHB, NODE, SYS)."""
 
     devices: list[str] = field(default_factory=list)  # column order: GPU0.., NIC0.. / mlx5_0..
     links: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -388,6 +388,10 @@ class CaptureEntry(_CaptureEntryBase, total=False):
 
     note: str  # why it could not be read, for kind "error"
     attached: int  # GPUs on the machine by the report's header (more than it lists with `-i N`)
+    # When the capture was taken by its own timestamp (nvidia-smi's "Timestamp", the capturing
+    # machine's local time, zone unknown): a report is dated when it was inspected, and a
+    # provider's capture may be months older than that.
+    taken_at: str
 
 
 @dataclass

@@ -414,6 +414,8 @@ def _entry(c: Capture, now: datetime | None = None) -> CaptureEntry:
     taken = _taken_words(c.timestamp, now or datetime.now())
     if c.note or taken:
         entry["note"] = "; ".join(part for part in (taken, c.note) if part)
+    if c.timestamp is not None:
+        entry["taken_at"] = c.timestamp.isoformat(timespec="seconds")
     if c.attached:  # "Attached GPUs: 4" of a `-i 0` report: the machine has more than it lists
         entry["attached"] = c.attached
     return entry
