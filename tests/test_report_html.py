@@ -291,3 +291,19 @@ def test_ids_wrap_only_after_a_dot_and_details_read_as_words():
     assert "<td>mean of the first fifth of the windows vs the last fifth, dtype bfloat16" in page
     assert html_report.detail_text("p99_us", 95.8) == "p99 95.8 µs"
     assert html_report.detail_text("file_bytes", 1 << 30) == "file 1 GiB"
+
+
+def test_a_watch_logs_diagnosis_changes_are_on_the_clock_asked_for(capsys):
+    """`gpuvet report LOG --format html --utc-offset 8`: 3 a.m. in the renter's zone, not +10800 s."""
+    from datetime import datetime, timedelta, timezone
+
+    from cli_runner import gpuvet
+
+    log = RECORDS / "watch-replay-rtx-3080-595.58.03.jsonl"  # a real log; its header's t0 is when it started
+    t0 = json.loads(log.read_text().splitlines()[0])["t0"]
+    code, page, err = gpuvet(capsys, "report", str(log), "--format", "html", "--utc-offset", "8")
+    assert code == 0, err
+    changes = page[page.index('id="diagnosis-changes"'):]
+    assert "<th>Time (UTC+8)</th>" in changes
+    first = datetime.fromtimestamp(t0, timezone(timedelta(hours=8)))
+    assert f'<td class="num">{first:%Y-%m-%d %H:%M:%S} <small>(+0 s)</small></td><td>gpu0</td><td>neighbour</td>' in changes

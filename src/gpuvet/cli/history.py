@@ -36,7 +36,7 @@ def _console() -> Console:
     return terminal.stdout_console()
 
 
-def _local_clock() -> tuple[float, str]:
+def local_clock() -> tuple[float, str]:
     """This machine's offset from UTC now, in hours, and its time zone's name."""
     now = datetime.now().astimezone()
     offset = now.utcoffset()
@@ -86,7 +86,7 @@ def history(machine: str | None, limit: int | None, kind: str | None, utc_offset
                     compare_view.render_history(summaries, _console())
                 return
             if utc_offset is None:
-                offset, local_zone = _local_clock()
+                offset, local_zone = local_clock()
                 zone = None if (offset, local_zone) in ((0.0, "UTC"), (0.0, "GMT")) else f"local time {local_zone}"
             else:
                 offset, zone = utc_offset, None

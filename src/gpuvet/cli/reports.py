@@ -15,6 +15,7 @@ from ..record.load import CLUSTER, WATCH, load
 from ..record.schema import KINDS as SCHEMA_KINDS
 from ..record.schema import shipped as shipped_schema
 from .base import UsageProblem, check_out_path, cli, first_run, load_run_file, show_record, write_atomically
+from .history import local_clock
 from .stored import stored_run, stored_run_id
 
 
@@ -26,11 +27,13 @@ from .stored import stored_run, stored_run_id
 @click.option("--redact", is_flag=True, help="Remove hostnames, serials, UUIDs and IP/MAC addresses (to share publicly).")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @click.option("--db", metavar="PATH", help="The history database a run id is read from.")
+@click.option("--utc-offset", type=click.FloatRange(min=-14, max=14), metavar="HOURS",
+              help="A watch log's times on this clock (default: this machine's time zone), e.g. 8 for UTC+8.")
 @click.option("--for-provider", is_flag=True,
               help="The evidence pack to send the provider (md or html): failing findings first, the GPUs' identity "
                    "kept, your host names, users, addresses and paths removed, the capture lines each rests on.")
 def report(path: str, fmt: str, as_json: bool, out: str | None, redact: bool, verbose: bool, db: str | None,
-           for_provider: bool) -> None:
+           utc_offset: float | None, for_provider: bool) -> None:
     """Render a stored run (its id, as "saved as run N" gave it), a run record or `gpuvet export`
     file (judged again with this version's rules), a `gpuvet watch --log` file or a cluster record."""
     fmt = "json" if as_json else fmt
@@ -56,6 +59,9 @@ def report(path: str, fmt: str, as_json: bool, out: str | None, redact: bool, ve
         raise UsageProblem(str(err)) from None
     if record is None:  # load() told it a watch log: its header is one
         raise UsageProblem(f"{loaded.where}: not a gpuvet watch log")
+    if loaded.kind == WATCH and fmt == "html":  # on the clock (3 a.m., not +10800 s)
+        _watch_page(record, local_clock()[0] if utc_offset is None else utc_offset, out, redact)
+        return
     show_record(record, fmt, out, redact, verbose)
 
 
@@ -89,6 +95,18 @@ def _capture_text(path: str) -> str | None:
         return clean_document(read_bounded(path).decode("utf-8", errors="replace"))
     except (OSError, CaptureError):
         return None
+
+
+def _watch_page(record, utc_offset_hours: float, out: str | None, redact: bool) -> None:
+    from ..report.html import render_html
+    from ..report.redact import redact as redact_record
+
+    page = render_html(redact_record(record) if redact else record, utc_offset_hours=utc_offset_hours)
+    if out:
+        write_atomically(out, page, redacted=redact)
+        click.echo(f"html report written to {out}")
+    else:
+        click.echo(page, nl=False)
 
 
 @cli.command("schema")

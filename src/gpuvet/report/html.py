@@ -13,6 +13,7 @@ import html
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,8 @@ from .terminal import (header_line, is_watch_log, machine_lines, options_line, p
 GIB = 1024**3
 
 
-def render_html(record: RunRecord) -> str:
+def render_html(record: RunRecord, utc_offset_hours: float = 0.0) -> str:
+    """The page; `utc_offset_hours`: the clock a watch log's moments are given on."""
     plots = render_plots(record)
     watched = is_watch_log(record)
     banner = _banner(record)  # says whole the reasons said_once shortens below
@@ -37,7 +39,7 @@ def render_html(record: RunRecord) -> str:
         banner,
         "" if watched else _checklist(record),
         _problems(record.findings),
-        _watched_section(record, plots) if watched else _plots_section(record, plots),
+        _watched_section(record, plots, utc_offset_hours) if watched else _plots_section(record, plots),
         _quiet(record.findings),
         _measurements(record),
         _facts(record.machine),
@@ -450,7 +452,7 @@ CAPTIONS = {
 }
 
 
-def _watched_section(record: RunRecord, plots: list[Plot]) -> str:
+def _watched_section(record: RunRecord, plots: list[Plot], utc_offset_hours: float = 0.0) -> str:
     """A watch log: the plots of the watched time, and each diagnosis change."""
     head = '<section id="plots"><h2>Watched job</h2>'
     log = record.options.get("log")
@@ -461,10 +463,10 @@ def _watched_section(record: RunRecord, plots: list[Plot]) -> str:
     else:
         figures = "\n".join(f'<figure class="plot" id="plot-{p.key}">{p.svg}<figcaption>{_e(CAPTIONS[p.key])}</figcaption></figure>'
                             for p in plots)
-    return f"{head}\n{note}\n{figures}\n{_diagnosis_changes(record)}\n</section>"
+    return f"{head}\n{note}\n{figures}\n{_diagnosis_changes(record, utc_offset_hours)}\n</section>"
 
 
-def _diagnosis_changes(record: RunRecord) -> str:
+def _diagnosis_changes(record: RunRecord, utc_offset_hours: float = 0.0) -> str:
     from ..judge.diagnose import LABELS
 
     rows = []
@@ -479,13 +481,30 @@ def _diagnosis_changes(record: RunRecord) -> str:
     if not rows:
         return '<h3 id="diagnosis-changes">Diagnosis changes</h3><p class="note">The log records no diagnosis.</p>'
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    body = "".join(f'<tr class="state-{_e(state)}"><td class="num">+{t:.0f} s</td><td>{_e(subject)}</td>'
+    zone = timezone(timedelta(hours=utc_offset_hours))
+    body = "".join(f'<tr class="state-{_e(state)}"><td class="num">{_wall_clock(t0, t, zone)}</td><td>{_e(subject)}</td>'
                    f"<td>{_e(LABELS.get(state, state))}</td><td>{_e(text)}</td></tr>"
-                   for _, t, subject, state, text in rows)
+                   for t0, t, subject, state, text in rows)
     return ('<h3 id="diagnosis-changes">Diagnosis changes</h3><p class="note">Each line: the moment a subject\'s diagnosis '
             "changed; it holds until that subject's next line.</p>"
-            f"<table><thead><tr><th>Time</th><th>Subject</th><th>State</th><th>What was seen</th></tr></thead>"
+            f"<table><thead><tr><th>Time ({_zone_name(zone)})</th><th>Subject</th><th>State</th><th>What was seen</th></tr></thead>"
             f"<tbody>{body}</tbody></table>")
+
+
+def _wall_clock(t0: float, t: float | None, zone: timezone) -> str:
+    """When it happened on the clock ("2026-12-04 03:00:12"), with the seconds into the watch
+    session after it; a log without its start time gives those seconds alone."""
+    if t is None or math.isnan(t):
+        return "?"
+    if not t0:
+        return f"+{t:.0f} s"
+    wall = datetime.fromtimestamp(t0 + t, zone)
+    return f"{wall:%Y-%m-%d %H:%M:%S} <small>(+{t:.0f} s)</small>"
+
+
+def _zone_name(zone: timezone) -> str:
+    hours = (zone.utcoffset(None) or timedelta()).total_seconds() / 3600
+    return "UTC" if hours == 0 else f"UTC{hours:+g}"
 
 
 def _plots_section(record: RunRecord, plots: list[Plot]) -> str:
