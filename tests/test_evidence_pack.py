@@ -76,3 +76,16 @@ def test_a_capture_gone_from_its_path_is_named_for_the_renter_to_attach(inspecte
     assert code == 0, err
     assert "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt: no longer at its path here" in pack
     assert "HW power brake" in pack and "```text" not in pack  # the evidence, without excerpts
+
+
+def test_a_kernel_logs_host_name_is_dropped_and_its_lines_kept(capsys, tmp_path):
+    """A real syslog capture of a GPU the driver could not start (RmInitAdapter failed), on host worker4."""
+    log = FIXTURES / "kernel_log" / "syslog-rminitadapter-failed-gpu-operator.txt"
+    record = tmp_path / "run.json"
+    gpuvet(capsys, "inspect", str(log), "--out", str(record))
+    code, pack, err = gpuvet(capsys, "report", str(record), "--for-provider")
+    assert code == 0, err
+    assert "worker4" not in pack
+    assert ("     1: Dec  2 11:49:53 HOST-REDACTED-1 kernel: [  885.242168] NVRM: GPU 0000:0a:00.0: RmInitAdapter failed! "
+            "(0x24:0x72:1568)") in pack
+    assert "reproduce on the machine: `sudo dmesg -T | grep -E" in pack

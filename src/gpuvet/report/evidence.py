@@ -129,7 +129,7 @@ def build(record: RunRecord, captures: dict[str, str | None], benchmarks: dict[s
           now: datetime | None = None) -> Pack:
     """The pack of `record` (any run record); `captures`: each capture path of the record -> its
     text (None: not readable now); `benchmarks`: check id -> the benchmark that measures it."""
-    redaction = ProviderRedaction(record)
+    redaction = ProviderRedaction(record, [text for text in captures.values() if text is not None])
     clean = redaction.record()
     texts = {_name(path): redaction.text(text) for path, text in captures.items() if text is not None}
     missing = [_name(path) for path, text in captures.items() if text is None]

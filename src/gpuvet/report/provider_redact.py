@@ -10,7 +10,7 @@ them. Paths outside the system's own trees are cut to their file name: a capture
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from ..record import RunRecord
 from .redact import Redactor
@@ -18,16 +18,21 @@ from .redact import Redactor
 _TOKEN = re.compile(r"\b(?:GPU|MIG|UUID|SERIAL)-REDACTED-\d+\b")
 # System trees whose paths say what was read, not whose machine it was.
 _SYSTEM_ROOTS = ("dev", "proc", "sys", "usr", "etc", "lib", "lib64", "opt", "bin", "sbin", "run", "var")
+# A syslog or `journalctl` line names its host after the time: "Dec  2 11:49:53 worker4 kernel: ...".
+_LOG_HOST = re.compile(r"^((?:\w{3} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:?\d\d|Z)?) )"
+                       r"(?!kernel:)([\w.-]+)( [\w.-]+(?:\[\d+\])?:)", re.M)
 _PATH = re.compile(r"(?<![\w.~:/-])(?:~|\.{1,2})?/(?!(?:%s)(?:/|\b))[^\s'\"`,;()<>\[\]]+" % "|".join(_SYSTEM_ROOTS))
 
 
 class ProviderRedaction:
     """Learns a record's identifying values once; `.record()` and `.text()` give what the provider sees."""
 
-    def __init__(self, record: RunRecord):
+    def __init__(self, record: RunRecord, captures: Sequence[str] = ()):
         self._data = record.to_dict()
         self._redactor = Redactor()
-        self._redactor.learn(self._data)
+        # The hosts the captures' log lines name, wherever else they appear (a finding quoting one).
+        hosts = {m.group(2) for text in captures for m in _LOG_HOST.finditer(text)}
+        self._redactor.learn([self._data, *({"hostname": host} for host in sorted(hosts))])
         self._kept: dict[str, str] = {}
         for gpu in self._data.get("machine", {}).get("gpus", []):
             uuid, serial = (gpu.get("uuid") or "").strip(), (gpu.get("serial") or "").strip()
@@ -43,6 +48,8 @@ class ProviderRedaction:
         return RunRecord.from_dict(clean)
 
     def text(self, value: str) -> str:
+        """A capture's text (or any text) as the provider gets it; a log line's host is replaced too."""
+        value = _LOG_HOST.sub(lambda m: m.group(1) + self._redactor.token("HOST", m.group(2)) + m.group(3), value)
         return self._finish(self._redactor.text(value))
 
     def _walk(self, data: Any) -> Any:
