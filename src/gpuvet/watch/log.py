@@ -20,7 +20,7 @@ from ..judge.diagnose import Diagnosis
 from ..record import RecordError
 from ..record.watch import WATCH_SCHEMA, check_watch_line
 from ..samples import COLUMNS, to_series
-from ..untrusted_text import clean_strings
+from ..untrusted_text import clean_strings, one_line
 from .snapshot import GpuView, Snapshot
 
 LOG_SCHEMA = WATCH_SCHEMA
@@ -186,7 +186,7 @@ class WatchLog:
     def _fail(self, err: OSError) -> None:
         self.failed = (f"--log {self.path}: cannot write to it ({err.strerror or err}); {self._lines_kept} "
                        "line(s) of this session kept, watching goes on without the log")
-        print(f"gpuvet watch: {self.failed}", file=sys.stderr, flush=True)
+        print(one_line(f"gpuvet watch: {self.failed}"), file=sys.stderr, flush=True)
         self.close()
 
     def write(self, snap: Snapshot) -> None:

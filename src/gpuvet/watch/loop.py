@@ -19,6 +19,7 @@ from rich.live import Live
 
 from ..facts import Machine
 from ..samples import next_tick
+from ..untrusted_text import one_line
 from .keys import Keys, NoStream
 from .log import WatchLog, snapshot_to_dict
 from .monitor import SLOW_EVERY_S, Monitor
@@ -120,7 +121,7 @@ def _once(monitor: Monitor, as_json: bool, console: Console, outputs: _Outputs) 
 
 
 def _error(message: str) -> int:
-    print(f"gpuvet watch: {message}", file=sys.stderr)
+    print(one_line(f"gpuvet watch: {message}"), file=sys.stderr)  # it may quote a path: cleaned, cut
     return EXIT_USAGE
 
 
@@ -200,7 +201,7 @@ def watch(interval_s: float = 1.0, pid: int | None = None, once: bool = False, a
         outputs.close()
         monitor.close()
         if outputs.log is not None and outputs.log.failed and ui and console.is_terminal:
-            print(f"gpuvet watch: {outputs.log.failed}", file=sys.stderr)  # said under the live screen: again
+            print(one_line(f"gpuvet watch: {outputs.log.failed}"), file=sys.stderr)  # said under the live screen: again
 
 
 def _headless_banner(monitor: Monitor, log_path: str | None) -> str:
