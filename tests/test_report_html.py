@@ -307,3 +307,5 @@ def test_a_watch_logs_diagnosis_changes_are_on_the_clock_asked_for(capsys):
     assert "<th>Time (UTC+8)</th>" in changes
     first = datetime.fromtimestamp(t0, timezone(timedelta(hours=8)))
     assert f'<td class="num">{first:%Y-%m-%d %H:%M:%S} <small>(+0 s)</small></td><td>gpu0</td><td>neighbour</td>' in changes
+    texts = _plot_texts(page)["GPU utilization"]
+    assert "time (UTC+8)" in texts and f"{first:%H:%M:%S}.{first.microsecond // 100000}" in texts  # the axis too

@@ -19,7 +19,7 @@ import html
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Sequence, TypeGuard
+from typing import Callable, Sequence, TypeGuard
 
 MAX_POINTS = 1200  # per line: a 60-minute soak at 10 Hz still draws in a light page
 HOVER_BANDS = 120  # tooltips per chart: one per 5 s of a 10-minute soak
@@ -84,8 +84,10 @@ def colour(label: str, fallback: int) -> str:
 
 
 def line_chart(key: str, title: str, axis: str, lines: Sequence[Line], limits: Sequence[Limit] = (),
-               unit: str = "", x_title: str = "time since start (s)") -> str | None:
-    """`axis`: the y axis' title with its unit ("power (W)"); `unit` follows each hover value."""
+               unit: str = "", x_title: str = "time since start (s)",
+               x_ticks: Callable[[float], str] | None = None) -> str | None:
+    """`axis`: the y axis' title with its unit ("power (W)"); `unit` follows each hover value;
+    `x_ticks`: how a time tick is written (a watch log's wall clock), seconds by default."""
     # Time series on a shared time axis, with the limits dashed; None when nothing is known.
     lines = [line for line in lines if any(_known(v) for v in line.y)]
     if not lines:
@@ -97,7 +99,7 @@ def line_chart(key: str, title: str, axis: str, lines: Sequence[Line], limits: S
     x = _Scale(min(ts), max(ts) if max(ts) > min(ts) else min(ts) + 1, LEFT, RIGHT)
     y = _Scale(bottom, top, BOTTOM, TOP)
     svg = _Svg(key, title)
-    _frame(svg, title, axis, x_title, x, y)
+    _frame(svg, title, axis, x_title, x, y, x_ticks=x_ticks)
     for n, line in enumerate(lines):
         stroke = colour(line.label, n)
         t, v = thin(line.t, line.y)
@@ -146,7 +148,7 @@ def dot_chart(key: str, title: str, axis: str, dots: Sequence[Dot], limits: Sequ
 # -- pieces ----------------------------------------------------------------------------------------
 
 def _frame(svg: _Svg, title: str, unit: str, x_title: str, x: _Scale, y: _Scale,
-           categories: list[str] | None = None) -> None:
+           categories: list[str] | None = None, x_ticks: Callable[[float], str] | None = None) -> None:
     svg.add(f'<text x="{LEFT}" y="20" font-size="15" font-weight="700" fill="#101828">{_e(title)}</text>')
     svg.add(f'<rect x="{LEFT}" y="{TOP}" width="{RIGHT - LEFT}" height="{BOTTOM - TOP}" fill="#fff" stroke="#98a2b3"/>')
     for v in nice_ticks(y.lo, y.hi):
@@ -157,7 +159,8 @@ def _frame(svg: _Svg, title: str, unit: str, x_title: str, x: _Scale, y: _Scale,
         for v in nice_ticks(x.lo, x.hi):
             px = x(v)
             svg.add(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{BOTTOM}" stroke="#eaecf0"/>'
-                    f'<text x="{px:.1f}" y="{BOTTOM + 16}" text-anchor="middle" fill="#475467">{_value(v)}</text>')
+                    f'<text x="{px:.1f}" y="{BOTTOM + 16}" text-anchor="middle" fill="#475467">'
+                    f"{_e(x_ticks(v)) if x_ticks else _value(v)}</text>")
     else:
         step = max(1, math.ceil(len(categories) / 12))  # at most a dozen names fit under the axis
         for i in range(0, len(categories), step):

@@ -31,7 +31,7 @@ GIB = 1024**3
 
 def render_html(record: RunRecord, utc_offset_hours: float = 0.0) -> str:
     """The page; `utc_offset_hours`: the clock a watch log's moments are given on."""
-    plots = render_plots(record)
+    plots = render_plots(record, utc_offset_hours)
     watched = is_watch_log(record)
     banner = _banner(record)  # says whole the reasons said_once shortens below
     record = said_once(record)
@@ -325,8 +325,9 @@ class _Series:
         return [_number(row[i]) for row in self.rows]
 
 
-def render_plots(record: RunRecord) -> list[Plot]:
-    """Every time series the record holds, as inline SVG (report/charts.py: no plotting library)."""
+def render_plots(record: RunRecord, utc_offset_hours: float = 0.0) -> list[Plot]:
+    """Every time series the record holds, as inline SVG (report/charts.py: no plotting library);
+    a watch log of one session on the wall clock of `utc_offset_hours`."""
     telemetry = [_Series.of(s) for s in record.series if s.get("name", "").endswith(".telemetry")]
     throughput = [_Series.of(s) for s in record.series if s.get("name") == "sustained.throughput"]
     gpus = {f"gpu{g.index}": g for g in record.machine.gpus}
@@ -352,12 +353,30 @@ def render_plots(record: RunRecord) -> list[Plot]:
             ("job_io", "Followed job: storage IO", "MB/s", "MB/s",
              _job_lines(job, (("read_bps", "read", 1e-6), ("write_bps", "write", 1e-6))), []),
         ]
+    ticks, x_title = _watch_clock(record, utc_offset_hours)
     plots = []
     for key, title, axis, unit, lines, limits in charts:
-        svg = charts_lib.line_chart(key, title, axis, lines, limits, unit=unit)
+        svg = charts_lib.line_chart(key, title, axis, lines, limits, unit=unit, x_title=x_title, x_ticks=ticks)
         if svg:
             plots.append(Plot(key, title, svg))
     return plots
+
+
+def _watch_clock(record: RunRecord, utc_offset_hours: float):
+    """A watch log of one session: time ticks on the clock (03:00, not 10800). Several sessions
+    share the seconds axis, each from its own start, so they keep it."""
+    starts = {s.get("t0") for s in record.series if s.get("name", "").startswith("watch.")}
+    t0 = next(iter(starts)) if len(starts) == 1 else None
+    if not is_watch_log(record) or not isinstance(t0, (int, float)) or not t0:
+        return None, "time since start (s)"
+    zone = timezone(timedelta(hours=utc_offset_hours))
+    short = record.duration_s < 60  # ticks under a second apart: tenths, or they would read alike
+
+    def tick(t: float) -> str:
+        text = f"{datetime.fromtimestamp(t0 + t, zone):%H:%M:%S.%f}"
+        return text[:-5] if short else text[:-7]
+
+    return tick, f"time ({_zone_name(zone)})"
 
 
 def _host_lines(host: list[_Series]) -> list[charts_lib.Line]:
