@@ -309,3 +309,4 @@ def test_a_watch_logs_diagnosis_changes_are_on_the_clock_asked_for(capsys):
     assert f'<td class="num">{first:%Y-%m-%d %H:%M:%S} <small>(+0 s)</small></td><td>gpu0</td><td>neighbour</td>' in changes
     texts = _plot_texts(page)["GPU utilization"]
     assert "time (UTC+8)" in texts and f"{first:%H:%M:%S}.{first.microsecond // 100000}" in texts  # the axis too
+    assert re.search(r"<title>\d\d:\d\d:\d\d\.\d \(t = [\d.]+ s\)\ngpu0 ", page)  # and each moment's tooltip

@@ -112,7 +112,7 @@ def line_chart(key: str, title: str, axis: str, lines: Sequence[Line], limits: S
                 f'stroke-width="1.2" stroke-dasharray="{"6 4" if n == 0 else "2 3"}"><title>{_e(lim.label)}</title></line>')
     _legend(svg, [(line.label, colour(line.label, n), None) for n, line in enumerate(lines)]
             + [(lim.label, "#333", "6 4" if n == 0 else "2 3") for n, lim in enumerate(limits)])
-    _hover_bands(svg, lines, unit, x)
+    _hover_bands(svg, lines, unit, x, x_ticks)
     return svg.done()
 
 
@@ -186,7 +186,8 @@ def _legend(svg: _Svg, entries: list[tuple[str, str, str | None]]) -> None:
         svg.add(f'{mark}<text x="{lx + 24}" y="{ly + 4}" fill="#101828">{_e(text)}<title>{_e(label)}</title></text>')
 
 
-def _hover_bands(svg: _Svg, lines: Sequence[Line], unit: str, x: _Scale) -> None:
+def _hover_bands(svg: _Svg, lines: Sequence[Line], unit: str, x: _Scale,
+                 x_ticks: Callable[[float], str] | None = None) -> None:
     """Invisible vertical bands over the plot area, each with a tooltip: the time and every
     line's reading nearest to the middle of the band. CSS (.band:hover) shades the one under
     the pointer, so a reader sees which moment the values are for."""
@@ -198,7 +199,8 @@ def _hover_bands(svg: _Svg, lines: Sequence[Line], unit: str, x: _Scale) -> None
         values = [f"{line.label} {_value(v)} {unit}" for line in lines if (v := _nearest(line, t, width / (RIGHT - LEFT) * (x.hi - x.lo))) is not None]
         if not values:
             continue
-        tip = f"t = {_value(t)} s\n" + "\n".join(values)
+        when = f"{x_ticks(t)} (t = {_value(t)} s)" if x_ticks else f"t = {_value(t)} s"
+        tip = when + "\n" + "\n".join(values)
         svg.add(f'<rect class="band" x="{LEFT + i * width:.1f}" y="{TOP}" width="{width:.2f}" height="{BOTTOM - TOP}">'
                 f"<title>{_e(tip)}</title></rect>")
     svg.add("</g>")
