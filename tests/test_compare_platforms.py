@@ -78,3 +78,13 @@ def test_each_run_keeps_a_machines_runs_apart(capsys, db):
     code, out, err = gpuvet(capsys, "compare", "autodl/4090-A", "--each-run", "--json", "--db", db)
     assert code == 0, err
     assert [run["name"] for run in json.loads(out)["runs"]] == ["#1 autodl/4090-A", "#5 autodl/4090-A"]
+
+
+def test_a_job_timed_on_a_labelled_machine_is_priced_on_the_others_as_the_readme_shows(capsys, db):
+    code, out, err = gpuvet(capsys, "compare", "autodl/4090-A", "vast/a100-C", "--job", "8 h on autodl/4090-A",
+                            "--currency", "CNY", "--json", "--db", db)
+    assert code == 0, err
+    job = json.loads(out)["job"]
+    assert job["reference"] == "#1+#5 autodl/4090-A" and job["hours"][0] == 8.0
+    assert job["hours"][1] == pytest.approx(8 * 145 / 250)  # the A100s do it in 4.6 h
+    assert job["cost_usd"] == [pytest.approx(8 * 16.0), pytest.approx(8 * 145 / 250 * 70.0)]  # in CNY, as asked
