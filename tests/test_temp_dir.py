@@ -44,3 +44,23 @@ def test_a_killed_runs_temp_folder_is_its_own_and_the_next_run_removes_it(tmp_pa
     assert finished.returncode == 0, finished.stderr
     assert not owned.exists()  # the dead run's folder, with its pymp-*, is gone
     assert list(tmp_path.iterdir()) == []  # and the finished run removed its own at exit
+
+
+def test_a_report_write_killed_midway_leaves_a_temporary_file_the_next_write_removes(tmp_path):
+    """--out writes through a temporary file renamed over the target; kill -9 in between leaves
+    it, named after the dead process, and the next write to that folder removes it."""
+    code = textwrap.dedent(f"""
+        import os, signal, tempfile
+        from gpuvet import private_file
+        real = os.replace
+        os.replace = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)  # dies just before the rename
+        private_file.write_private({str(tmp_path / 'report.md')!r}, "# gpuvet report\\n")
+    """)
+    killed = _run(code, tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    left = list(tmp_path.glob(".gpuvet-out-*"))
+    assert len(left) == 1 and not (tmp_path / "report.md").exists()
+    from gpuvet.private_file import write_private
+
+    write_private(str(tmp_path / "report.md"), "# gpuvet report\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]

@@ -4,7 +4,9 @@ Records and reports hold hostnames, GPU serials and IP addresses, so a new one i
 (an existing one keeps the mode its owner gave it); a `--redact`ed one is meant to be shared and
 gets the mode a plain open() would give it (0666 less the umask). The
 text goes through a temporary file in the same folder, removed if anything fails (a full disk,
-Ctrl-C), so neither a half-written file nor a stray temporary one is left.
+Ctrl-C), so neither a half-written file nor a stray temporary one is left. A kill -9 mid-write
+leaves the temporary file (named after the process and host, as bench.leftovers names scratch):
+the next write to that folder removes it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,15 @@ import contextlib
 import os
 import tempfile
 
+from .bench.leftovers import owned_prefix, sweep_stale
+
+TEMP_PREFIX = ".gpuvet-out-"
+
 
 def write_private(path: str, text: str, redacted: bool = False) -> None:
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gpuvet-", dir=folder)  # mkstemp: 0600
+    sweep_stale(TEMP_PREFIX, folder)
+    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(TEMP_PREFIX), dir=folder)  # mkstemp: 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
