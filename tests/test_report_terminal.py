@@ -85,7 +85,7 @@ def test_passes_are_counted_in_one_line_and_verbose_lists_them_all():
 def test_a_clean_machine_is_quiet():
     out = text(runner.inspect([str(FIXTURES / "smi_text/q-titan-v-560.35.03.txt")]))
     assert "Problems" not in out and "PASS  " not in out
-    assert "\n7 passed (7 checks; -v lists them)\n" in out
+    assert "\n8 passed (8 checks; -v lists them)\n" in out  # gpu.fan_failure among them
     assert re.search(r"SKIP  gpu\.ecc +gpu0 +no ECC on this GPU \(or not in the capture\)", out)  # a skip says why
     # the subject column stays aligned past the longest id shown (gpu.throttle_history)
     ecc, history = (next(line for line in out.splitlines() if f"SKIP  {check} " in line)
