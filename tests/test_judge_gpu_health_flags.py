@@ -31,10 +31,12 @@ def test_corrupted_inforom_warns_in_gpu_ecc_with_the_command_to_confirm():
     assert {found[f"gpu{i}"].status for i in range(7)} == {"pass"}
 
 
-def test_fan_err_warns_in_gpu_temperature_with_the_command_to_confirm():
-    f = results(machine_from("smi_text/default-table-err-fan-525.125.06.txt"), "gpu.temperature")["gpu0"]
-    assert f.status == "warn" and "ERR!" in f.summary
+def test_fan_err_fails_gpu_fan_failure_with_the_command_to_confirm():
+    machine = machine_from("smi_text/default-table-err-fan-525.125.06.txt")
+    f = results(machine, "gpu.fan_failure")["gpu0"]
+    assert f.status == "fail" and "ERR!" in f.summary
     assert "--query-gpu=fan.speed" in f.remedy and "provider" in f.remedy
+    assert "ERR!" not in results(machine, "gpu.temperature")["gpu0"].summary  # said once, by the fan's check
 
 
 def test_ecc_pass_does_not_claim_ecc_on_when_the_mode_is_unknown():

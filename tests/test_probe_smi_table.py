@@ -88,7 +88,7 @@ def test_v100_corrupted_inforom_warning_lands_on_its_gpu():
 def test_err_fan_table_keeps_what_is_readable():
     driver, (gpu,) = parse("default-table-err-fan-525.125.06.txt")
     assert (driver.version, driver.cuda_version) == ("525.125.06", "12.0")
-    assert gpu.unavailable["fan"] == "nvidia-smi printed ERR!"
+    assert gpu.unavailable["thermal.fan_pct"] == "nvidia-smi printed ERR!" and gpu.thermal.fan_pct == [None]
     assert (gpu.thermal.gpu_c, gpu.pstate) == (38.0, 5)
     assert (gpu.power.draw_w, gpu.power.enforced_limit_w) == (49.0, 450.0)
     assert (gpu.memory_used_mib, gpu.memory_total_mib) == (2021, 23028)

@@ -154,25 +154,7 @@ _IDLE_RULE_SOURCE = "gpuvet rule of thumb: NVIDIA GPUs slow down near 85-97 C, s
 
 
 def check_temperature(ctx: Context) -> list[Finding]:
-    return [_temperature(gpu) for gpu in ctx.machine.gpus]
-
-
-def _temperature(gpu: Gpu) -> Finding:
-    return _fan_error(gpu) or _temperature_reading(gpu)
-
-
-def _fan_error(gpu: Gpu) -> Finding | None:
-    """nvidia-smi printed ERR! for the fan: the fan (or its tachometer) failed, so cooling is in doubt."""
-    fan = why_missing(gpu, "fan", "")
-    if "ERR!" not in fan:
-        return None
-    now = f"; {gpu.thermal.gpu_c:.0f} C now" if gpu.thermal.gpu_c is not None else ""
-    return finding("gpu.temperature", subject(gpu), WARN,
-                   f"fan reading failed (nvidia-smi shows ERR!){now}: a dead fan or sensor lets the GPU overheat under load",
-                   measured=f"fan: {fan}{now}", expected="a fan speed in percent",
-                   source="nvidia-smi fan column (ERR!: the driver could not read the fan)",
-                   remedy=f"confirm with `nvidia-smi -i {gpu.index} --query-gpu=fan.speed,temperature.gpu --format=csv` "
-                          "under load; ask the provider to check the fan")
+    return [_temperature_reading(gpu) for gpu in ctx.machine.gpus]
 
 
 def _temperature_reading(gpu: Gpu) -> Finding:

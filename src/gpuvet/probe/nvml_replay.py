@@ -389,6 +389,21 @@ class Replay(ModuleType):
     def nvmlDeviceGetTemperatureV(self, h: Device, sensor: int, version: Any = None) -> int:
         return self.nvmlDeviceGetTemperature(h, sensor)
 
+    def nvmlDeviceGetNumFans(self, h: Device) -> int:
+        """The capture prints one fan speed (its first fan's): one fan where it printed a speed or a
+        failed reading (ERR!, Unknown Error); a passive GPU's N/A is NVML's NotSupported."""
+        try:
+            _raw(h.element, "fan_speed")
+        except real.NVMLError as err:
+            if getattr(err, "value", None) == real.NVML_ERROR_NOT_SUPPORTED:
+                raise
+        return 1
+
+    def nvmlDeviceGetFanSpeed_v2(self, h: Device, fan: int) -> int:
+        if fan != 0:
+            _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
+        return _int(h.element, "fan_speed")
+
     def nvmlDeviceGetTemperatureThreshold(self, h: Device, threshold: int) -> int:
         tag = _THRESHOLDS.get(threshold)
         if tag is None:

@@ -176,8 +176,25 @@ def _clocks(r: Reader, gpu: Gpu) -> None:
         c.event_reasons = [name for name, active in states.items() if active]
 
 
+def fan_speeds(gpu: Gpu, raw: str | None) -> None:
+    """Thermal.fan_pct from what nvidia-smi printed for the fan (one value: its first fan): a speed;
+    ERR! or "Unknown Error", a fan whose reading failed (None in the list); N/A or Not Supported, no
+    fan of its own (passively cooled), said in unavailable."""
+    if raw is None:
+        return
+    pct = v.integer(raw)
+    if pct is not None:
+        gpu.thermal.fan_pct = [pct]
+        return
+    reason = v.missing_reason(raw) or f"nvidia-smi printed {raw.strip()[:20]}"
+    if raw.strip() == "ERR!" or "error" in reason:
+        gpu.thermal.fan_pct = [None]
+    gpu.unavailable["thermal.fan_pct"] = reason
+
+
 def _thermal(r: Reader, gpu: Gpu) -> None:
     t = gpu.thermal
+    fan_speeds(gpu, r.raw("fan_speed"))
     t.gpu_c = r.get("temp_gpu", "thermal.gpu_c", v.number)
     t.memory_c = r.get("temp_memory", "thermal.memory_c", v.number)
     t.slowdown_c = r.get("temp_slowdown", "thermal.slowdown_c", v.number)

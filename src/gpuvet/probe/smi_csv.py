@@ -197,6 +197,7 @@ PATHS: Paths = {
     "clock_max_memory": ("clocks.max.memory",),
     "clock_app_graphics": ("clocks.applications.graphics",),
     "clock_default_app_graphics": ("clocks.default_applications.graphics",),
+    "fan_speed": ("fan.speed",),
     "temp_gpu": ("temperature.gpu",),
     "temp_memory": ("temperature.memory",),
     # Degrees below T.Limit; the slowdown offset (about -2 C) is not a --query-gpu field, so the

@@ -18,6 +18,7 @@ from . import values as v
 from ..untrusted_text import quote
 from .bounded_read import check_gpu_index
 from .errors import CaptureError
+from .smi_common import fan_speeds
 
 _HEADER = re.compile(
     r"NVIDIA-SMI\s+\S+\s+(?:Driver|KMD) Version:\s*(?P<driver>\S+)"
@@ -187,8 +188,7 @@ def _read_power_cell(gpu: Gpu, cell: str) -> None:
     if not m:
         gpu.unavailable["power.draw_w"] = f"unreadable in the default nvidia-smi table: {quote(cell.strip())}"
         return
-    if m.group("fan") == "ERR!":  # the sensor read failed: worth showing, but Gpu has no fan field
-        gpu.unavailable["fan"] = "nvidia-smi printed ERR!"
+    fan_speeds(gpu, m.group("fan"))  # ERR!: the fan's reading failed (gpu.fan_failure)
     gpu.thermal.gpu_c = _value(gpu, "thermal.gpu_c", m.group("temp"), v.number)
     gpu.pstate = _value(gpu, "pstate", m.group("perf"), v.pstate)
     gpu.power.draw_w = _value(gpu, "power.draw_w", m.group("draw"), v.number)

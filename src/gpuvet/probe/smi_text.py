@@ -78,6 +78,7 @@ PATHS: Paths = {
     "clock_max_memory": ("Max Clocks/Memory",),
     "clock_app_graphics": ("Applications Clocks/Graphics",),
     "clock_default_app_graphics": ("Default Applications Clocks/Graphics",),
+    "fan_speed": ("Fan Speed",),
     "temp_gpu": ("Temperature/GPU Current Temp",),
     "temp_memory": ("Temperature/Memory Current Temp",),
     "temp_slowdown": ("Temperature/GPU Slowdown Temp",),
@@ -276,7 +277,13 @@ def _missing_sections(first: Node, last: Node) -> list[str]:
 
 
 def _size(node: Node) -> int:
-    return len(node.children) + sum(_size(c) for c in node.children)
+    """Lines under `node`, counted without recursion: a damaged report can nest thousands deep."""
+    count, stack = 0, [node]
+    while stack:
+        children = stack.pop().children
+        count += len(children)
+        stack.extend(children)
+    return count
 
 
 def _gpus(count: int) -> str:

@@ -60,6 +60,7 @@ PATHS: Paths = {
     "clock_max_memory": ("max_clocks/mem_clock",),
     "clock_app_graphics": ("applications_clocks/graphics_clock",),
     "clock_default_app_graphics": ("default_applications_clocks/graphics_clock",),
+    "fan_speed": ("fan_speed",),
     "temp_gpu": ("temperature/gpu_temp",),
     "temp_memory": ("temperature/memory_temp",),
     "temp_slowdown": ("temperature/gpu_temp_slow_threshold",),
@@ -155,6 +156,24 @@ def without_dtd(text: str) -> str:
     return text[:start] + text[close + 1:]
 
 
+# nvidia-smi nests its elements about 6 deep; a file nested a million deep (<d><d><d>...) took
+# 16 s and 340 MB to build and free as a tree before it was refused for holding no GPU.
+MAX_NESTING = 64
+_TAG = re.compile(r"<(/?)[A-Za-z_][^<>]*>")
+
+
+def _check_nesting(body: str) -> None:
+    """Refuse elements nested deeper than MAX_NESTING before any tree is built (one scan of the tags)."""
+    depth = 0
+    for tag in _TAG.finditer(body):
+        if tag.group(1):
+            depth -= 1
+        elif tag.group()[-2] != "/":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise ET.ParseError(f"elements nested more than {MAX_NESTING} deep; nvidia-smi nests about 6")
+
+
 def load_xml(text: str) -> ET.Element:
     """The root element of an `nvidia-smi -q -x` report, parsed as untrusted input: its DOCTYPE
     is dropped, and a DOCTYPE or entity declaration left anywhere else is refused before the
@@ -163,6 +182,7 @@ def load_xml(text: str) -> ET.Element:
     body = without_dtd(text)
     if "<!DOCTYPE" in body or "<!ENTITY" in body:
         raise ET.ParseError("a DOCTYPE or entity declaration where nvidia-smi writes none; not expanded")
+    _check_nesting(body)
     root = ET.fromstring(body)
     # A character reference (&#x9b; a CSI, &#x202e; a bidi override) becomes the character only
     # here, after the text was cleaned: each element's text and attributes are cleaned again.
