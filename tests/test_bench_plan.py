@@ -200,6 +200,9 @@ def test_sustained_telemetry_is_judged_only_while_the_load_ran():
         def stop(self):
             return {0: idle + loaded + tail}
 
+        def energy(self):
+            return {}  # a GPU without the energy counter (before Volta): the samples' mean stands
+
     runner.record_telemetry(Sampler(), "sustained")
     (summary,) = [m["details"] for m in outcome.measurements if m["name"] == "sustained.telemetry"]
     assert summary["count"] == 301 and summary["sm_mhz"]["min"] == 1755
@@ -370,3 +373,12 @@ def test_the_cold_context_start_is_measured_before_any_gpuvet_process_holds_the_
 def test_without_a_driver_the_cold_start_says_why():
     m = plan.cold_context_start()  # no libcuda on this machine: the stdlib child says so
     assert m["value"] is None and ("skipped" in m["details"] or "error" in m["details"])
+
+
+def test_the_sustained_loads_mean_power_comes_from_the_energy_counter():
+    from gpuvet.samples import Sample
+
+    samples = [Sample(t=100.0 + i, power_w=400.0, power_limit_w=700.0) for i in range(11)]  # a lagging 1 s average
+    energy = [(100.0 + i, 1_000_000 + 650_000 * i) for i in range(11)]  # 650 W really drawn
+    assert plan.energy_mean(energy, samples) == {"energy_mean_w": 650.0, "energy_mean_pct_of_limit": 92.86}
+    assert plan.energy_mean([], samples) == {}

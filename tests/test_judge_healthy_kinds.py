@@ -200,3 +200,12 @@ def test_the_first_process_on_an_idle_gpu_is_measured_and_a_slow_one_is_a_settin
 def test_a_vgpu_context_start_still_fails():
     f = found(machine("smi_text/q-h100-80gb-hbm3-vm-590.48.01-idle.txt"), context(4000.0, 4200.0), "gpu.context_init", "latency")["gpu0"]
     assert f.status == "fail"
+
+
+def test_the_energy_counters_mean_power_is_what_the_clock_rule_reads():
+    """A GPU at its power limit by the energy counter is not 'held back by something else' because
+    NVML's 1 s average read low (issue 24)."""
+    figures = sustained(1500.0, 60.0)
+    figures[-1].details["energy_mean_w"], figures[-1].details["energy_mean_pct_of_limit"] = 430.0, 95.6
+    f = found(machine(RTX4090_8X), figures, "gpu.sustained", "sustained")["gpu0"]
+    assert f.status == "pass" and "430 W from the energy counter (96% of limit)" in f.summary

@@ -377,3 +377,21 @@ def test_summarize_names_unlisted_bits_and_ignores_a_reset_counter():
     summary = summarize(samples)
     assert summary["reasons"] == {"0x200": 0.5}
     assert summary["violation_s"]["power"] is None
+
+
+def test_the_mean_power_comes_from_the_energy_counter(monkeypatch):
+    """Energy since the driver loaded, read each tick: the mean power of a window is the energy
+    it used over its length, whatever the power did between samples."""
+    clock = [1000.0]
+    energy = iter([5_000_000, 5_650_000, 6_300_000])  # +650 J a second
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    _NvmlStandIn(monkeypatch, _healthy_gpu_answers(nvmlDeviceGetTotalEnergyConsumption=lambda handle: next(energy)))
+    sampler = Sampler([0])
+    assert sampler.open()
+    for _ in range(3):
+        sampler.sample_once()
+        clock[0] += 1.0
+    readings = sampler.energy()[0]
+    assert telemetry.mean_power_w(readings) == pytest.approx(650.0)
+    assert telemetry.mean_power_w(readings, start=1001.5) is None  # one reading left in the window
+    assert telemetry.mean_power_w([(0.0, 10), (1.0, 5)]) is None  # the counter went back: a driver reload

@@ -51,6 +51,8 @@ def _readings() -> tuple[_Reading, ...]:
     # Built on first use: the constants need pynvml, which a broken install may lack.
     p = pynvml
     return (
+        # nvmlDeviceGetPowerUsage: what nvidia-smi shows as power.draw, a 1 s average on Ampere and
+        # newer; the exact mean of a window comes from the energy counter (Sampler.energy).
         _Reading("power_w", (("nvmlDeviceGetPowerUsage", ()),), _watts),
         # The enforced limit only changes when someone sets it: once a second is plenty.
         _Reading("power_limit_w", (("nvmlDeviceGetEnforcedPowerLimit", ()),), _watts, every_s=1.0),
@@ -118,8 +120,9 @@ class _GpuReader:
         self.handle = handle
         self.unavailable: dict[str, str] = {}
         self.lost: str | None = None
-        self._calls = {r.field: list(r.calls) for r in _readings()}
+        self._calls = {r.field: list(r.calls) for r in (*_readings(), _ENERGY)}
         self._last: dict[str, tuple[float, Any]] = {}  # field -> (monotonic read time, value)
+        self.last_energy: tuple[float, int] | None = None  # (time.time(), mJ since the driver loaded)
 
     def read(self) -> Sample:
         sample = Sample(t=time.time())
@@ -129,6 +132,9 @@ class _GpuReader:
             setattr(sample, reading.field, self._value(reading))
         if self.lost is not None:  # what was read before the GPU went is not a reading of it either
             return Sample(t=sample.t)
+        millijoules = self._call(_ENERGY)
+        self.unavailable.pop(_ENERGY.field, None)  # not a sample's field: its absence only leaves the mean to the samples
+        self.last_energy = (sample.t, millijoules) if isinstance(millijoules, int) else None
         return sample
 
     def _value(self, reading: _Reading) -> Any:
@@ -159,6 +165,19 @@ class _GpuReader:
                 if not calls:
                     self.unavailable[reading.field] = error_reason(err)
         return None
+
+
+# Volta and newer: the total energy since the driver loaded, in mJ.
+_ENERGY = _Reading("energy_mj", (("nvmlDeviceGetTotalEnergyConsumption", ()),), int)
+
+
+def mean_power_w(energy: list[tuple[float, int]], start: float | None = None, end: float | None = None) -> float | None:
+    """Mean power over [start, end] (epoch seconds; None: all) from the energy counter's readings;
+    None with fewer than two readings in it or a counter that went back (driver reload)."""
+    inside = [(t, mj) for t, mj in energy if (start is None or t >= start) and (end is None or t <= end)]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0] or inside[-1][1] < inside[0][1]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / 1000.0 / (inside[-1][0] - inside[0][0])
 
 
 def _open_gpus(indices: list[int] | None) -> tuple[list[_GpuReader], dict[int, str], str | None]:
@@ -198,6 +217,8 @@ class Sampler:
         self.gpu_errors: dict[int, str] = {}
         self._readers: list[_GpuReader] = []
         self._samples: dict[int, deque[Sample]] = {}
+        # The energy counter's readings, apart from the samples: the mean power of any window, exactly.
+        self._energy: dict[int, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -247,11 +268,19 @@ class Sampler:
         with self._lock:
             for index, sample in taken.items():
                 self._samples[index].append(sample)
+            for reader in self._readers:
+                if reader.last_energy is not None:
+                    self._energy.setdefault(reader.index, deque(maxlen=self.max_samples)).append(reader.last_energy)
         return taken
 
     def latest(self) -> dict[int, Sample]:
         with self._lock:
             return {index: kept[-1] for index, kept in self._samples.items() if kept}
+
+    def energy(self) -> dict[int, list[tuple[float, int]]]:
+        """GPU index -> (time, mJ) readings of the energy counter, for the GPUs that have one."""
+        with self._lock:
+            return {index: list(kept) for index, kept in self._energy.items()}
 
     def stop(self) -> dict[int, list[Sample]]:
         """Stop sampling, release NVML, and return the samples kept per opened GPU."""

@@ -113,6 +113,17 @@ def run(machine: Machine, names: list[str], device: str = "cuda", force: bool = 
     return outcome
 
 
+def energy_mean(energy: list[tuple[float, int]], samples: list[telemetry.Sample]) -> dict[str, Any]:
+    """The mean power of the samples' span from the energy counter (exact, where NVML's power
+    reading is a 1 s average), and its share of the enforced limit; {} without the counter."""
+    watts = telemetry.mean_power_w(energy, samples[0].t, samples[-1].t) if samples else None
+    if watts is None:
+        return {}
+    limits = [s.power_limit_w for s in samples if s.power_limit_w]
+    share = {"energy_mean_pct_of_limit": round(100 * watts / (sum(limits) / len(limits)), 2)} if limits else {}
+    return {"energy_mean_w": round(watts, 2), **share}
+
+
 def cold_context_start(python: str = sys.executable) -> dict[str, Any]:
     """The first CUDA process's context time on GPU 0, measured before the worker (or any gpuvet
     process) holds a context: with persistence mode off or under vGPU it is what every job's first
@@ -380,13 +391,15 @@ class Runner:
 
     def record_telemetry(self, sampler: telemetry.Sampler, name: str) -> None:
         by_gpu = sampler.stop()
+        energy = sampler.energy()
         for target in self.targets:
             samples = by_gpu.get(target.gpu.index, []) if target.gpu else []
             samples = self._under_load(samples, name, target.subject)
             if not samples:
                 continue
             self.outcome.series.append(telemetry.to_series(samples, f"{name}.telemetry", target.subject, sampler.interval_s))
-            details = {**telemetry.summarize(samples), "interval_s": sampler.interval_s}
+            details = {**telemetry.summarize(samples), "interval_s": sampler.interval_s,
+                       **energy_mean(energy.get(target.gpu.index, []) if target.gpu else [], samples)}
             self.outcome.measurements.append({"name": f"{name}.telemetry", "value": None, "unit": "",
                                               "subject": target.subject, "details": details})
 

@@ -139,7 +139,7 @@ def _clocks(gpu: Gpu, ref: Reference | None, telemetry: dict) -> list[tuple[str,
     """Clocks well below the rated clock under load: power-limited (normal at the limit), or held back by something else."""
     sm = (telemetry.get("sm_mhz") or {}).get("mean")
     top, rated = rated_clock(gpu, ref)
-    power_pct = (telemetry.get("power") or {}).get("mean_pct_of_limit")
+    power_pct = _power_pct(telemetry)
     if not sm or not top or sm >= CLOCK_HELD_RATIO * top:
         return []
     shares = telemetry.get("reasons")
@@ -197,12 +197,24 @@ def _degrees_from(margin: float) -> str:
     return f"{-margin:.0f} C past" if margin < 0 else f"{margin:.0f} C from"
 
 
+def _power_pct(telemetry: dict) -> float | None:
+    """Mean power as a share of the limit: from the energy counter where the run read it (exact),
+    else the mean of NVML's power readings."""
+    energy = telemetry.get("energy_mean_pct_of_limit")
+    if isinstance(energy, (int, float)) and not isinstance(energy, bool):
+        return float(energy)
+    return (telemetry.get("power") or {}).get("mean_pct_of_limit")
+
+
 def _power_words(telemetry: dict) -> str:
     power = telemetry.get("power") or {}
     sm = telemetry.get("sm_mhz") or {}
     hottest = (telemetry.get("temp_c") or {}).get("max")
     parts = []
-    if power.get("mean_w") is not None:
+    energy_w, pct = telemetry.get("energy_mean_w"), _power_pct(telemetry)
+    if isinstance(energy_w, (int, float)) and not isinstance(energy_w, bool):
+        parts.append(f"{energy_w:.0f} W from the energy counter" + (f" ({pct:.0f}% of limit)" if pct else ""))
+    elif power.get("mean_w") is not None:
         parts.append(f"{power['mean_w']:.0f} W" + (f" ({power['mean_pct_of_limit']:.0f}% of limit)" if power.get("mean_pct_of_limit") else ""))
     if sm.get("mean") is not None:
         parts.append(f"SM {sm['mean']:.0f} MHz")
