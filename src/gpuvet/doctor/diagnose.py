@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..judge.common import subject_range
+from ..wording import subject_range
 from ..record import FAIL, PASS, SKIP, WARN, Finding, RunRecord
 from .shapes import CONFIRMED, RULED_OUT, UNKNOWN, Cause, CauseResult, Diagnosis, FactVerdict, Symptom
 from . import vocabulary

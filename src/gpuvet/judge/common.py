@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import actions, catalog
 from ..facts import Gpu, Machine
+from ..wording import NOT_IN_PLAY, subject_range  # noqa: F401 (words the report shares: kept below both)
 from ..occupancy import NO_CONTEXT_MIB, holds_no_context  # noqa: F401 (whether a CUDA context is on a GPU: run's rule too)
 from ..record import FAIL, PASS, SKIP, WARN, Evidence, Finding, Measurement
 from ..specs import reference
@@ -15,9 +15,6 @@ from ..specs.reference import Reference
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "Context", "finding", "why_missing", "gib", "pct", "holds_no_context", "NO_CONTEXT_MIB", "NOT_IN_PLAY"]
 
-# What a skip says when the check has nothing to judge on this machine by its make-up ("one GPU:
-# NVLink not in play"): the question does not arise, which the checklist shows as not applicable.
-NOT_IN_PLAY = "not in play"
 
 
 @dataclass
@@ -68,16 +65,3 @@ def pct(part: float, whole: float) -> str:
 
 def subject(gpu: Gpu) -> str:
     return f"gpu{gpu.index}"
-
-
-def subject_range(subjects: list[str]) -> str:
-    """["gpu0", "gpu1", "gpu2"] -> "gpu0-2"; ["gpu0", "gpu2", "gpu3"] -> "gpu0,2,3"."""
-    if len(subjects) == 1:
-        return subjects[0]
-    numbers = [m for m in (re.fullmatch(r"gpu(\d+)", s) for s in subjects) if m]
-    if subjects and len(numbers) == len(subjects):
-        idx = sorted(int(m.group(1)) for m in numbers)
-        if idx[-1] - idx[0] + 1 == len(set(idx)) == len(idx):  # consecutive; never sized by an index's value
-            return f"gpu{idx[0]}-{idx[-1]}"
-        return "gpu" + ",".join(str(i) for i in idx)
-    return ",".join(dict.fromkeys(subjects))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..facts import Gpu
+from ..wording import DIAGNOSIS_LABELS
 from ..record import MEASURED, Finding
 from ..record.details import TelemetrySummary
 from ..samples import Sample, summarize
@@ -49,24 +50,7 @@ _HOST_CAUSES = ("cpu_steal", "input_bound", "io_bound")
 _HW_CUT = ("hw_slowdown", "hw_power_brake_slowdown")
 
 # state -> the words a person reads first. States are stable: they are Prometheus label values.
-LABELS = {
-    "lost": "lost",  # NVML can no longer read the GPU: fell off the bus, needs a reset, driver gone
-    "ok": "ok",
-    "idle": "idle",
-    "no_data": "no data",
-    "thermal": "thermal",
-    "hw_slowdown": "clocks cut",
-    "neighbour": "neighbour",
-    "power_capped": "power-capped",
-    "clocks_held": "clocks held",
-    "cpu_steal": "CPU steal",
-    "input_bound": "input-bound",
-    "io_bound": "IO-bound",
-    "slowing": "slower and slower",
-    "underused": "underused",
-    "no_gpu": "no GPU",  # a followed job that holds none (or none this container can tell)
-    "job_gone": "job ended",
-}
+LABELS = DIAGNOSIS_LABELS
 STATES: tuple[str, ...] = tuple(LABELS)
 GPU_STATES: tuple[str, ...] = tuple(s for s in STATES if s not in ("no_gpu", "job_gone"))
 

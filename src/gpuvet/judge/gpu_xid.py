@@ -16,6 +16,7 @@ from datetime import datetime
 from importlib import resources
 
 from .. import actions
+from ..wording import duration_text  # noqa: F401 (the report words windows the same way)
 from ..facts import Gpu, KernelEvent, KernelLog
 from ..record import MEASURED, Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
@@ -114,14 +115,6 @@ def _no_gpu_here(ctx: Context) -> bool:
     if machine.source == "capture" or machine.gpus or not machine.gpu_error or machine.nvml_xid_events:
         return False
     return log is None or not (log.events or log.gpu_buses)
-
-
-def duration_text(seconds: float) -> str:
-    """7200 -> "2 h", 5400 -> "90 min", 86400 -> "1 d" (a window as a user gives it)."""
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
 
 
 def _age_text(seconds: float) -> str:

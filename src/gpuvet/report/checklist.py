@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..facts import Gpu
-from ..judge.common import NOT_IN_PLAY, subject_range
+from ..wording import NOT_IN_PLAY, subject_range
 from ..judge.gpu_sustained import (
     FAULTS,
     POWER_FAULTS,

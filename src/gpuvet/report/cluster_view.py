@@ -207,7 +207,7 @@ def render_html(record: dict[str, Any], verbose: bool = True) -> str:
 def spread_plots(record: dict[str, Any]) -> list[str]:
     """One dot chart per figure the cluster compared (its baselines): every node's values, in node
     order, with the baseline and the straggler threshold drawn."""
-    from ..judge.cluster import METRICS
+    from ..specs.cluster_metrics import METRICS
     from . import charts
 
     plots = []

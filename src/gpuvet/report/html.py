@@ -486,7 +486,7 @@ def _watched_section(record: RunRecord, plots: list[Plot], utc_offset_hours: flo
 
 
 def _diagnosis_changes(record: RunRecord, utc_offset_hours: float = 0.0) -> str:
-    from ..judge.diagnose import LABELS
+    from ..wording import DIAGNOSIS_LABELS as LABELS
 
     rows = []
     for s in record.series:

@@ -219,7 +219,7 @@ def _watched(record: RunRecord) -> str:
 
 
 def _diagnosis_changes(record: RunRecord) -> str:
-    from ..judge.diagnose import LABELS
+    from ..wording import DIAGNOSIS_LABELS as LABELS
 
     rows = []
     for s in record.series:

@@ -13,7 +13,7 @@ from itertools import groupby
 
 from ..console import Console, escape, Text
 from ..facts import CaptureEntry, Machine
-from ..judge.gpu_xid import duration_text
+from ..wording import duration_text
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 from .numbers import number
 from .checklist import CROSSED, GROUP_SOURCES, GROUP_TITLES, TICKED, UNKNOWN, WARNED, checklist, grouped
