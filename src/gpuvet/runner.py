@@ -20,7 +20,7 @@ from .probe import capture, live, nvml, nvml_events
 from .probe.errors import CaptureError
 from .record import SCHEMA, Measurement, RecordError, RunOptions, RunRecord, Series, timestamp
 from .record.load import RUN, load
-from .record.watch import check_watch_line, is_watch_header
+from .record.watch import check_watch_line, is_watch_header, parse_log
 
 
 # Every benchmark, in the order a default run takes them: the host first (no GPU needed), then
@@ -289,7 +289,6 @@ def load_watch_log(path: str) -> RunRecord | None:
 
 def watch_log_record(data: bytes, path: str) -> RunRecord | None:
     """load_watch_log of a log already read (`path`: where it came from, "stdin" for `-`)."""
-    from . import watch
     from .judge.watch_log import judge_watch_log
 
     # The header is the first line that is not blank, as record.load and watch.read_log take it.
@@ -304,7 +303,7 @@ def watch_log_record(data: bytes, path: str) -> RunRecord | None:
     started = timestamp(datetime.fromtimestamp(header.get("t0") or 0, timezone.utc))
     notes: list[str] = []
     try:
-        series = watch.parse_log(data, notes)
+        series = parse_log(data, notes)
         machine = _watched_machine(header, series)
         sessions = _watch_sessions(series)
     except RecordError as err:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import json
 import math
 import os
@@ -17,10 +16,9 @@ from typing import Any
 from .. import __version__
 from ..facts import Gpu, Host
 from ..judge.diagnose import Diagnosis
-from ..record import RecordError
-from ..record.watch import WATCH_SCHEMA, check_watch_line
+from ..record.watch import WATCH_SCHEMA, parse_log, read_log  # noqa: F401 (the log's reader lives with its types)
 from ..samples import COLUMNS, to_series
-from ..untrusted_text import clean_strings, one_line
+from ..untrusted_text import one_line
 from .snapshot import GpuView, Snapshot
 
 LOG_SCHEMA = WATCH_SCHEMA
@@ -233,84 +231,3 @@ def _ends_mid_line(path: str) -> bool:
             return f.read(1) != b"\n"
     except OSError:
         return False
-
-
-def _lines(data: bytes, notes: list[str] | None) -> list[dict[str, Any]]:
-    """The log's JSON lines. A line cut off where a session ends (the last line of the file, or the
-    one before a new session's header: a watch killed mid-write, or one still writing) is skipped,
-    with a note; a broken line anywhere else raises ValueError."""
-    # bytes: a line cut inside a character is still counted right
-    lines = [(number, line) for number, line in enumerate(io.BytesIO(data), 1) if line.strip()]
-    objects: list[dict[str, Any]] = []
-    for i, (number, line) in enumerate(lines):
-        try:
-            obj = json.loads(line.decode("utf-8", errors="replace"))
-        except RecursionError:
-            raise RecordError(f"line {number}: nested too deeply to be a watch log line") from None
-        except ValueError as err:
-            following = lines[i + 1][1] if i + 1 < len(lines) else None
-            if following is not None and not _is_header(following):
-                raise ValueError(f"line {number}: {err}") from None
-            where = "the last line" if following is None else f"line {number} (the end of a session)"
-            if notes is not None:
-                cut = len(line.rstrip(b"\r\n"))
-                notes.append(f"{where} was cut off: {cut} bytes skipped "
-                             "(a watch stopped mid-write, or one still writing)")
-            continue
-        # Types checked (RecordError names the line and field); a log may come from elsewhere:
-        # no escape sequences shown.
-        objects.append(clean_strings(check_watch_line(obj, f"line {number}")))
-    return objects
-
-
-def _is_header(line: bytes) -> bool:
-    try:
-        obj = json.loads(line.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(obj, dict) and obj.get("kind") == "header"
-
-
-def read_log(path: str, notes: list[str] | None = None) -> list[dict[str, Any]]:
-    """The watch log at `path` as series (parse_log)."""
-    with open(path, "rb") as f:
-        return parse_log(f.read(), notes)
-
-
-def parse_log(data: bytes, notes: list[str] | None = None) -> list[dict[str, Any]]:
-    """A watch log's bytes -> series like telemetry.to_series makes ({"name", "subject", "interval_s", "t0",
-    "columns", "rows"}), one per subject and session, plus a "watch.diagnosis" series (t, state, text).
-    A GPU's series also holds the facts its header gave ("facts": gpu_facts(), or its name and uuid
-    in logs written before the facts were). A line cut off at the end of a session is skipped and
-    `notes` (when given) says so; a broken line elsewhere raises ValueError."""
-    series: list[dict[str, Any]] = []
-    session: dict[str, dict[str, Any]] = {}
-    for obj in _lines(data, notes):
-        if obj.get("kind") == "header":
-            session = {}
-            for subject, spec in obj["series"].items():
-                session[subject] = {"name": spec["name"], "subject": subject, "interval_s": obj["interval_s"],
-                                    "t0": obj["t0"], "columns": spec["columns"], "rows": []}
-                if spec.get("facts") or spec.get("gpu"):  # older logs: the name alone
-                    session[subject]["facts"] = spec.get("facts") or {"name": spec.get("gpu"), "uuid": spec.get("uuid")}
-                if spec.get("pid") is not None:  # the followed job's
-                    session[subject]["pid"] = spec["pid"]
-                series.append(session[subject])
-            continue
-        subject = obj.get("subject")
-        if "row" in obj and subject in session:
-            session[subject]["rows"].append(obj["row"])
-        elif "diagnosis" in obj:
-            if not isinstance(obj.get("t"), (int, float)):  # NaN (read as None) or no time: not placeable
-                if notes is not None:
-                    notes.append(f"a diagnosis of {str(subject)[:40]} without a time was skipped")
-                continue
-            key = f"{subject}.diagnosis"
-            if key not in session:
-                any_series = next(iter(session.values()), {"t0": None, "interval_s": None})
-                session[key] = {"name": "watch.diagnosis", "subject": subject, "interval_s": any_series["interval_s"],
-                                "t0": any_series["t0"], "columns": ["t", "state", "text"], "rows": []}
-                series.append(session[key])
-            d = obj["diagnosis"]
-            session[key]["rows"].append([obj["t"], d["state"], d["text"]])
-    return series
