@@ -124,3 +124,17 @@ def test_an_export_whose_first_run_is_broken_is_one_line_not_two(capsys, tmp_pat
     path.write_text(json.dumps(runs))
     code, _, err = gpuvet(capsys, argv[0], str(path), *argv[1:])
     assert code == 2 and err.strip().splitlines() == [f"gpuvet: {path}: item 1 of 1: machine.gpus[1].clocks: a number where an object belongs"]
+
+
+def test_a_q_report_nested_thousands_deep_is_read_not_a_recursion_error(capsys, tmp_path):
+    """Found by this round's re-check: each line one space deeper than the last made the check for
+    a cut report recurse 5,000 deep (RecursionError)."""
+    text = "==============NVSMI LOG==============\nAttached GPUs : 1\nGPU 00000000:01:00.0\n"
+    inspect(capsys, tmp_path, "q-edited-deep.txt", text + "".join(" " * i + f"L{i}\n" for i in range(1, 5000)))
+
+
+def test_xml_nested_a_million_deep_is_refused_before_a_tree_is_built(capsys, tmp_path):
+    """16 s and 340 MB to build and free the tree; refused by one scan of the tags now."""
+    text = '<?xml version="1.0" ?>\n<nvidia_smi_log>' + "<d>" * 1_000_000 + "</d>" * 1_000_000 + "</nvidia_smi_log>"
+    code, _, err = inspect(capsys, tmp_path, "xml-edited-deep.xml", text)
+    assert code == 2 and "nested more than 64 deep" in err
