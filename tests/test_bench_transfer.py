@@ -382,3 +382,13 @@ def test_allreduce_rank_that_fails_is_reported_with_its_step():
     with pytest.raises(allreduce.RankFailed, match=r"rank \d exited with 1 during 'init_process_group'"):
         allreduce.run_ranks("no-such-backend", ["cpu", "cpu"], timeout_s=60.0)
     assert live_children() <= before
+
+
+def test_pcie_together_copies_only_the_pinned_directions_under_their_own_names(fake_gpus, monkeypatch):
+    """The orchestrator starts every GPU's job at once with params["together"]: each reports its
+    pinned copies as *_together, beside (not instead of) the figures it gave alone."""
+    monkeypatch.setattr(pcie, "PHASE_CAP_S", 0.05)
+    ctx = BenchContext("cuda:1", "gpu1", Budget(1.0), {"bytes": 8 * MiB, "together": True, "cpu_affinity": [0]})
+    results = {m["name"]: m for m in pcie.run(ctx)}
+    assert list(results) == ["pcie.h2d_pinned_together", "pcie.d2h_pinned_together"]
+    assert all(m["value"] > 0 and m["details"]["numa_bound"] for m in results.values())

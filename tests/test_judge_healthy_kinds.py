@@ -209,3 +209,20 @@ def test_the_energy_counters_mean_power_is_what_the_clock_rule_reads():
     figures[-1].details["energy_mean_w"], figures[-1].details["energy_mean_pct_of_limit"] = 430.0, 95.6
     f = found(machine(RTX4090_8X), figures, "gpu.sustained", "sustained")["gpu0"]
     assert f.status == "pass" and "430 W from the energy counter (96% of limit)" in f.summary
+
+
+# -- every GPU copying at once ---------------------------------------------------------------------
+
+# 8x RTX 4090 on Gen4 x16, one GPU at a time: 23.90-26.38 GB/s host-to-device (nvbandwidth,
+# NVIDIA/nvbandwidth#15). Two GPUs per switch uplink (HGX) halve it with all copying: healthy.
+# Eight behind one x16 uplink leave each an eighth: the data loader starves, and it shows only so.
+@pytest.mark.parametrize("together, status", [(12.5, "pass"), (3.1, "warn")])
+def test_copies_with_every_gpu_at_once_show_a_shared_uplink(together, status):
+    figures = []
+    for i in range(8):
+        figures += [Measurement("pcie.h2d_pinned", 25.0, "GB/s", f"gpu{i}"), Measurement("pcie.d2h_pinned", 26.5, "GB/s", f"gpu{i}"),
+                    Measurement("pcie.h2d_pinned_together", together, "GB/s", f"gpu{i}")]
+    f = found(machine(RTX4090_8X), figures, "gpu.pcie_bandwidth", "pcie")["gpu0"]
+    assert f.status == status and f"H2D with every GPU copying at once {together:.1f} GB/s" in f.evidence.measured
+    if status == "warn":
+        assert "the GPUs share a host link" in f.summary

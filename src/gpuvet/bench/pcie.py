@@ -8,6 +8,9 @@ bytes, as nvbandwidth counts them.
 - pinned: `non_blocking` copies queued on a side stream, each timed with CUDA events (the copy
   engine's own time, as nvbandwidth's CE copies).
 - bidirectional: half the pinned buffer each way at once, on two streams (GB/s of both together).
+- together (`params["together"]`): the pinned copies while every GPU's job copies at once, named
+  `pcie.h2d_pinned_together` / `pcie.d2h_pinned_together`: GPUs that share a switch's uplink to
+  the host look fine one at a time and starve a data loader feeding them all.
 - pageable: the driver stages through its own pinned buffer on the calling thread, so the figure
   is what a plain `tensor.to("cuda")` costs: a blocking copy timed by the wall clock.
 
@@ -50,6 +53,7 @@ MIN_BUFFER_BYTES = 8 * MiB
 DEFAULT_MIN_LOAD_S = 1.0
 LOAD_PHASE = "pcie.h2d_pinned"
 BIDIRECTIONAL = "pcie.bidir_pinned"
+TOGETHER = "_together"  # params["together"]: every GPU copying at once (the orchestrator starts them side by side)
 PHASE_CAP_S = 0.5  # per phase beyond the load window: enough for a stable median
 MIN_REPEATS = 3
 MAX_REPEATS = 5000  # a cap for small buffers on fast links (256 MiB on Gen5: ~200 per second)
@@ -152,6 +156,8 @@ def _measure(ctx: BenchContext, nbytes: int, numa: dict[str, Any], copies_s: flo
                 _Phase("pcie.d2h_pinned", lambda: host.copy_(gpu_buffer, non_blocking=True), pinned=True),
                 _Phase(BIDIRECTIONAL, both_ways(stream, torch.cuda.Stream(device), host, gpu_buffer), pinned=True),
             ]
+        if ctx.params.get("together"):  # every GPU's job copies at once: the pinned directions only
+            phases = [_Phase(p.name + TOGETHER, p.copy, p.pinned) for p in phases[:2] if p.pinned]
         # The budget is for the copies: it starts once the context and the buffers are ready, so a
         # first context (up to a second under vGPU) does not cut the load window short.
         budget = Budget(max(copies_s, 0.0))
@@ -165,7 +171,7 @@ def _measure(ctx: BenchContext, nbytes: int, numa: dict[str, Any], copies_s: flo
                                                reason="the time budget ran out before this copy", **details))
                     continue
                 results.append(_run_phase(ctx, budget, phase, stream, nbytes, left, details, setup_s))
-        if host is None:
+        if host is None and not ctx.params.get("together"):
             for name in ("pcie.h2d_pinned", "pcie.d2h_pinned", BIDIRECTIONAL):
                 results.append(measurement(name, None, "GB/s", ctx.subject, bytes=nbytes,
                                            reason=f"pinned host memory could not be allocated: {pinned.error}",

@@ -259,6 +259,10 @@ class Runner:
         elif name == "pcie":
             for target in self.targets:  # one at a time: they would share the host's bandwidth
                 self._with_link_readings(target, name)
+            if len(self.targets) > 1:  # then all at once: a shared switch uplink shows only so
+                jobs = [{**self._job(name, t, together=True, **self._numa(t)), "budget_s": schedule.PCIE_TOGETHER_S}
+                        for t in self.targets]
+                self.run_jobs(jobs, name)
         elif name == "latency":
             self.run_jobs([self._job(name, t) for t in self.targets[:1]], name)
         elif name == "workload":  # one GPU is enough to prove the platform end to end
@@ -349,14 +353,17 @@ class Runner:
     def _with_link_readings(self, target: Target, name: str) -> None:
         """PCIe copies, with the link's generation and width read by NVML while they run."""
         sampler = self.start_sampler([target])
-        cpus, where = numa_cpus(self.machine, target.gpu)
-        params = {"cpu_affinity": cpus, "cpu_affinity_source": where} if target.gpu else {}
+        params = self._numa(target)
         try:
             self.run_jobs([self._job(name, target, **params)], name)
         finally:
             if sampler is not None and target.gpu is not None:  # a sampler only for a GPU
                 samples = sampler.stop().get(target.gpu.index, [])
                 add_loaded_link(target.gpu, samples, self.load_window(target.subject))
+
+    def _numa(self, target: Target) -> dict[str, Any]:
+        cpus, where = numa_cpus(self.machine, target.gpu)
+        return {"cpu_affinity": cpus, "cpu_affinity_source": where} if target.gpu else {}
 
     def load_window(self, subject: str) -> tuple[float, float] | None:
         """When the pinned copies held the link busy (epoch seconds, from the pcie job's details)."""

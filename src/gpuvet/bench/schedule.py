@@ -45,6 +45,7 @@ SUSTAINED_SETUP_S = 2.0
 FACTS_S = 3.0  # NVML, sysfs, /proc and PyTorch's versions read in a subprocess
 WORKER_START_S = 5.0  # the benchmark worker imports PyTorch and sees the GPUs
 RUN_TARGET_S = 120.0  # the promise for the default run on 8 GPUs
+PCIE_TOGETHER_S = 1.0  # every GPU's pinned copies at once, after the GPU-by-GPU ones (0.5 s a direction)
 
 CPU_CAPABLE = tuple(b.name for b in catalog.BENCHMARKS if b.where == "gpu" and b.cpu_capable)
 SIDE_BY_SIDE = ("gemm", "membw", "sustained")  # one job per GPU, all at once
@@ -188,8 +189,10 @@ def _gpu_step(name: str, gpus: list[Gpu], device: str, profile: str, soak_minute
                "sustained": f"GEMM load held {sustained_s(device, soak_minutes, profile):g} s with telemetry"}[name]
         return Step(name, gpu_span(indices), budget, how + (" on all GPUs at once" if len(indices) > 1 else ""))
     if name == "pcie":
-        return Step(name, gpu_span(indices), budget * len(indices),
-                    f"host<->GPU copies, one GPU at a time ({budget:g} s each)" if len(indices) > 1 else "host<->GPU copies")
+        if len(indices) < 2:
+            return Step(name, gpu_span(indices), budget, "host<->GPU copies")
+        return Step(name, gpu_span(indices), budget * len(indices) + PCIE_TOGETHER_S,
+                    f"host<->GPU copies, one GPU at a time ({budget:g} s each), then all at once ({PCIE_TOGETHER_S:g} s)")
     if name == "latency":
         return Step(name, gpu_span(indices[:1]), budget, "CUDA context start-up in fresh processes, kernel launch")
     if name == "workload":

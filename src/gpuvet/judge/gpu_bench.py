@@ -266,6 +266,14 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
             if box:
                 words += f"; {m.name.split('.')[1].split('_')[0].upper()} {box_words}"
                 status = worst(status if status != MEASURED else PASS, box)
+        together = one(ctx, "pcie.h2d_pinned_together", s)
+        if together is not None:
+            measured_text += f"; H2D with every GPU copying at once {together.value:.1f} GB/s"
+            if together.value < SHARED_UPLINK_WARN * h2d.value:
+                words += (f"; with every GPU copying at once it gets only {together.value:.1f} GB/s "
+                          f"({100 * together.value / h2d.value:.0f}% of its own): the GPUs share a host link, and a data "
+                          "loader feeding them all will starve (`nvidia-smi topo -m`: GPUs behind one switch)")
+                status = worst(status if status != MEASURED else PASS, WARN)
         if status == MEASURED:
             words += ": no link width or model reference to judge it against"
         findings.append(finding(
@@ -275,6 +283,11 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
             "compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
             "rerun `gpuvet bench pcie`"))
     return findings
+
+
+# Two GPUs behind one switch share its uplink by design (HGX: each gets ~half with both copying);
+# four or more behind one x16 uplink starve a data loader.
+SHARED_UPLINK_WARN = 0.25
 
 
 def _binding(details: dict) -> str:
