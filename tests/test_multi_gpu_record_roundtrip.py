@@ -4,7 +4,7 @@
 
 The measurements are written by the benchmarks' own code, on the CPU build: p2p with the CUDA
 stand-in of test_bench_multi_gpu (peer access refused, as on RTX 4090s), the sustained load and
-the memory copy on the CPU device under a GPU's subject. The machine is a real 8x RTX 4090 capture."""
+the memory copy and the GEMM sweep on the CPU device under a GPU's subject. The machine is a real 8x RTX 4090 capture."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import gpuvet
-from gpuvet.bench import membw, p2p, sustained
+from gpuvet.bench import gemm, membw, p2p, sustained
 from gpuvet.bench.common import STUCK_ON_GPU, BenchContext, Budget
 from gpuvet.judge import judge
 from gpuvet.probe import capture
@@ -48,6 +48,7 @@ def per_gpu_measurements(gpus: int) -> list[dict]:
         subject = f"gpu{index}"
         results += sustained.run(BenchContext("cpu", subject, Budget(30.0), {"duration_s": 0.2, "size": 128}))
         results += membw.run(BenchContext("cpu", subject, Budget(0.2), {"buffer_bytes": 4 * MiB}))
+        results += gemm.run(BenchContext("cpu", subject, Budget(0.3), {"shapes": [[128, 128, 128]]}))
     return results
 
 
@@ -58,7 +59,7 @@ def test_a_multi_gpu_run_is_read_back_by_every_reader(capsys, tmp_path, monkeypa
     machine.gpus = machine.gpus[:gpus]
     written = per_gpu_measurements(gpus) + (p2p_measurements(monkeypatch, gpus) if gpus > 1 else [])
     measurements = [Measurement(m["name"], m["value"], m["unit"], m["subject"], m["details"]) for m in written]
-    benchmarks = ["sustained", "membw"] + (["p2p"] if gpus > 1 else [])
+    benchmarks = ["gemm", "sustained", "membw"] + (["p2p"] if gpus > 1 else [])
     options = {"benchmarks": benchmarks, "device": "cuda"}
     record = RunRecord(machine=machine, started_at=timestamp(), measurements=measurements,
                        findings=judge(machine, measurements, options), options=options)
@@ -71,6 +72,6 @@ def test_a_multi_gpu_run_is_read_back_by_every_reader(capsys, tmp_path, monkeypa
         code, out, err = gpuvet(capsys, *argv)
         assert code in (0, 1), f"{argv[0]}: exit {code}: {err}"
     code, out, err = gpuvet(capsys, "show", "1", "--format", "md")
-    assert code in (0, 1) and "gpu.sustained" in out, err
+    assert code in (0, 1) and "gpu.sustained" in out and "gpu.gemm" in out, err
     if gpus > 1:
         assert "gpu.p2p" in out
