@@ -138,3 +138,26 @@ def test_xml_nested_a_million_deep_is_refused_before_a_tree_is_built(capsys, tmp
     text = '<?xml version="1.0" ?>\n<nvidia_smi_log>' + "<d>" * 1_000_000 + "</d>" * 1_000_000 + "</nvidia_smi_log>"
     code, _, err = inspect(capsys, tmp_path, "xml-edited-deep.xml", text)
     assert code == 2 and "nested more than 64 deep" in err
+
+
+@pytest.mark.parametrize("fixture, old", [
+    ("smi_text/q-titan-v-560.35.03.txt", "TITAN V"),
+    ("smi_xml/rtx-3080-595.58.03-v13.xml", "NVIDIA GeForce RTX 3080"),
+    ("smi_text/default-table-h100-vm-590.48.01.txt", "NVIDIA H100 80GB HBM3"),
+    ("smi_text/nvlink-status-8x-a100-sxm4.txt", "NVIDIA A100-SXM4-80GB"),
+])
+def test_a_gpu_name_of_ten_thousand_characters_makes_no_line_over_2000(capsys, tmp_path, fixture, old):
+    """A 10,000-character name made a 10 KB line in every report; a capture's text values are cut
+    at values.MAX_TEXT (saying how many characters more there were)."""
+    text = (FIXTURES / fixture).read_text()
+    assert old in text
+    path = tmp_path / f"{Path(fixture).stem}-edited-long-name{Path(fixture).suffix}"
+    before, _, after = text.rpartition(old)  # the last: a first line that long is no capture's first line
+    path.write_text(before + "NVIDIA " + "V" * 10_000 + after)
+    code, out, err = gpuvet(capsys, "inspect", str(path), "-v")
+    assert code in (0, 1) and "more characters" in out, err
+    assert max(len(line) for line in out.splitlines()) <= 2000
+    record = tmp_path / "record.json"
+    gpuvet(capsys, "inspect", str(path), "--json", "--out", str(record))
+    code, out, _ = gpuvet(capsys, "report", str(record), "--format", "md")
+    assert max(len(line) for line in out.splitlines()) <= 2000

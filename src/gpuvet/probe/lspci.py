@@ -182,7 +182,7 @@ def _device(bus: str, class_name: str, cls_id: str | None, rest: str) -> PciDevi
     return PciDevice(
         bus_id=values.bus_id(bus) or bus,
         class_name=class_name,
-        vendor_device=" ".join(vendor_device.split()),
+        vendor_device=values.cut(" ".join(vendor_device.split())),
         pci_id=ids[-1].lower() if ids else None,
         class_id=class_id.lower() if class_id else None,
     )

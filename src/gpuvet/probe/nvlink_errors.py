@@ -86,7 +86,7 @@ def parse_nvlink_errors(text: str) -> list[NvlinkErrors]:
     gpus: list[NvlinkErrors] = []
     for match, lines in gpu_blocks(text, _GPU_LINE, "nvlink -e"):
         name = (match.group(2) or match.group(4) or "").strip()
-        gpu = NvlinkErrors(index=int(match.group(1)), name=name or None, uuid=match.group(3))
+        gpu = NvlinkErrors(index=int(match.group(1)), name=values.cut(name) or None, uuid=match.group(3) and values.cut(match.group(3)))
         for line in lines:
             _read_line(line, gpu)
         gpus.append(gpu)

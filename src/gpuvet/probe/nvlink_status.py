@@ -63,7 +63,7 @@ def parse_nvlink_status(text: str) -> list[NvlinkStatus]:
     """
     gpus: list[NvlinkStatus] = []
     for match, lines in gpu_blocks(text, _GPU_LINE, "nvlink -s"):
-        gpu = NvlinkStatus(index=int(match.group(1)), name=match.group(2).rstrip(), uuid=match.group(3))
+        gpu = NvlinkStatus(index=int(match.group(1)), name=values.cut(match.group(2).rstrip()), uuid=values.cut(match.group(3)))
         for line in lines:
             _read_gpu_line(line, gpu)
         gpus.append(gpu)

@@ -160,7 +160,7 @@ def _read_name_cell(gpu: Gpu, cell: str) -> None:
         return
     check_gpu_index(index, "this nvidia-smi table")
     gpu.index = index
-    gpu.name, mode = name_mode[0].rstrip(), name_mode[1]
+    gpu.name, mode = v.cut(name_mode[0].rstrip()), name_mode[1]
     if gpu.name.endswith("..."):
         gpu.unavailable["name"] = TRUNCATED_NAME
     if mode.upper() in _DRIVER_MODELS:  # Windows shows the driver model in this place
@@ -248,7 +248,7 @@ def _add_processes(lines: list[str], gpus: list[Gpu]) -> None:
         listed[index].append(
             GpuProcess(
                 pid=v.whole(m.group("pid")),
-                name=name_memory[0],  # may be cut at the front: "...\NVIDIA Share.exe"
+                name=v.cut(name_memory[0]),  # may be cut at the front: "...\NVIDIA Share.exe"
                 type=m.group("type"),
                 used_memory_mib=v.mib(name_memory[1]),
             )

@@ -51,11 +51,22 @@ def missing_reason(raw: str | None) -> str | None:
     return _NOT_AVAILABLE.get(raw.strip().lower())
 
 
+# The longest text nvidia-smi prints for one value is a process's path; a GPU name is under 40
+# characters. A value of 10,000 characters (a damaged or hostile capture) made a 10 KB line in
+# every report: it is cut here, saying so.
+MAX_TEXT = 300
+
+
+def cut(raw: str) -> str:
+    """`raw` (a name, a path) at most MAX_TEXT characters, saying how many more there were."""
+    return f"{raw[:MAX_TEXT]}... ({len(raw) - MAX_TEXT} more characters)" if len(raw) > MAX_TEXT else raw
+
+
 def text(raw: str | None) -> str | None:
     if raw is None:
         return None
     raw = raw.strip()
-    return None if missing_reason(raw) and raw.lower() != "none" else raw
+    return None if missing_reason(raw) and raw.lower() != "none" else cut(raw)
 
 
 def cuda_version(raw: str | None) -> str | None:
