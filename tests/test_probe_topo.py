@@ -202,7 +202,7 @@ def _every_fixture() -> list[Path]:
 def test_every_fixture_is_claimed_only_if_it_is_a_topo_matrix(path):
     text = path.read_text(encoding="utf-8", errors="replace")
     # topo/ holds the matrices; an edited one elsewhere says so in its name ("...-topo-m-edited-...").
-    is_topo_matrix = (path.parent == TOPO and path != WINDOWS_ERROR) or "-topo-m-" in path.name
+    is_topo_matrix = path != WINDOWS_ERROR and (path.parent == TOPO or "-topo-m-" in path.name)
     assert looks_like_topo(text) is is_topo_matrix
     try:
         parse_topo(text)  # whatever the file, either a Topology or a CaptureError
