@@ -154,7 +154,7 @@ def _event_time_ns(reason: str) -> Callable[[ET.Element], tuple[str, int]]:
 # Field ids by name: an older nvidia-ml-py (the declared floor) lacks the newer ones, whose calls
 # then find no reader and answer NotSupported, as they would from that library.
 _FIELD_READERS: dict[str, Callable[[ET.Element], tuple[str, int]]] = {
-    "NVML_FI_DEV_MEMORY_TEMP": lambda e: ("uiVal", _int(e, "temperature/memory_temp")),
+    "NVML_FI_DEV_MEMORY_TEMP": lambda e: ("uiVal", _int(e, *PATHS["temp_memory"])),
     "NVML_FI_DEV_POWER_AVERAGE": lambda e: ("uiVal", _milliwatts(e, "average_power_draw")),
     "NVML_FI_DEV_POWER_INSTANT": lambda e: ("uiVal", _milliwatts(e, "instant_power_draw")),
     "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": lambda e: ("uiVal", _enum(e, nvml_names.RECOVERY_ACTIONS, "gpu_recovery_action")),
@@ -237,7 +237,7 @@ class Replay(ModuleType):
     nvmlDeviceGetPowerState = nvmlDeviceGetPerformanceState
 
     def nvmlDeviceGetVirtualizationMode(self, h: Device) -> int:
-        word = v.virtualization_mode(_raw(h.element, "gpu_virtualization_mode/virtualization_mode"))
+        word = v.virtualization_mode(_raw(h.element, *PATHS["virtualization"]))
         return _code(nvml_names.VIRTUALIZATION_MODES, word or "")
 
     def nvmlDeviceGetDriverModel(self, h: Device) -> list[int]:
@@ -247,7 +247,7 @@ class Replay(ModuleType):
     nvmlDeviceGetDriverModel_v2 = nvmlDeviceGetDriverModel
 
     def nvmlDeviceGetUtilizationRates(self, h: Device) -> SimpleNamespace:
-        return SimpleNamespace(gpu=_int(h.element, "utilization/gpu_util"),
+        return SimpleNamespace(gpu=_int(h.element, *PATHS["utilization"]),
                                memory=_int(h.element, "utilization/memory_util"))
 
     # -- memory -------------------------------------------------------------------------------
@@ -255,17 +255,17 @@ class Replay(ModuleType):
         e = h.element
         total, used, free = (_bytes(e, f"fb_memory_usage/{k}") for k in ("total", "used", "free"))
         if version:  # v2: reserved apart, as nvidia-smi shows it (drivers 510+ print <reserved>)
-            return SimpleNamespace(version=version, total=total, reserved=_bytes(e, "fb_memory_usage/reserved"),
+            return SimpleNamespace(version=version, total=total, reserved=_bytes(e, PATHS["memory_reserved"][0]),
                                    free=free, used=used)
         try:  # v1 counts the driver's reserve as used
-            used += _bytes(e, "fb_memory_usage/reserved")
+            used += _bytes(e, PATHS["memory_reserved"][0])
         except real.NVMLError:
             pass
         return SimpleNamespace(total=total, free=free, used=used)
 
     # -- MIG ----------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, h: Device) -> list[int]:
-        return [_enabled(h.element, "mig_mode/current_mig"), _enabled(h.element, "mig_mode/pending_mig")]
+        return [_enabled(h.element, *PATHS["mig_current"]), _enabled(h.element, *PATHS["mig_pending"])]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, h: Device) -> int:
         self.nvmlDeviceGetMigMode(h)
@@ -326,7 +326,7 @@ class Replay(ModuleType):
 
     # -- PCIe ---------------------------------------------------------------------------------
     def nvmlDeviceGetPciInfo(self, h: Device) -> SimpleNamespace:
-        bus = h.element.findtext("pci/pci_bus_id") or h.element.get("id")
+        bus = h.element.findtext(PATHS["bus_id"][0]) or h.element.get("id")
         if not bus:
             _refuse()
         return SimpleNamespace(busId=bus, busIdLegacy=bus, pciDeviceId=v.hex_or_int("0x" + (h.element.findtext("pci/pci_device_id") or "0")))
@@ -338,7 +338,7 @@ class Replay(ModuleType):
     nvmlDeviceGetGpuMaxPcieLinkGeneration = _getter(_int, f"{_LINK}/pcie_gen/max_device_link_gen")
     nvmlDeviceGetCurrPcieLinkWidth = _getter(_int, f"{_LINK}/link_widths/current_link_width")
     nvmlDeviceGetMaxPcieLinkWidth = _getter(_int, f"{_LINK}/link_widths/max_link_width")
-    nvmlDeviceGetPcieReplayCounter = _getter(_int, "pci/replay_counter")
+    nvmlDeviceGetPcieReplayCounter = _getter(_int, *PATHS["pcie_replays"])
 
     def nvmlDeviceGetPcieThroughput(self, h: Device, counter: int) -> int:
         tag = {real.NVML_PCIE_UTIL_TX_BYTES: "tx_util", real.NVML_PCIE_UTIL_RX_BYTES: "rx_util"}.get(counter)
@@ -384,7 +384,7 @@ class Replay(ModuleType):
     def nvmlDeviceGetTemperature(self, h: Device, sensor: int) -> int:
         if sensor != real.NVML_TEMPERATURE_GPU:
             _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
-        return _int(h.element, "temperature/gpu_temp")
+        return _int(h.element, *PATHS["temp_gpu"])
 
     def nvmlDeviceGetTemperatureV(self, h: Device, sensor: int, version: Any = None) -> int:
         return self.nvmlDeviceGetTemperature(h, sensor)
@@ -393,7 +393,7 @@ class Replay(ModuleType):
         """The capture prints one fan speed (its first fan's): one fan where it printed a speed or a
         failed reading (ERR!, Unknown Error); a passive GPU's N/A is NVML's NotSupported."""
         try:
-            _raw(h.element, "fan_speed")
+            _raw(h.element, *PATHS["fan_speed"])
         except real.NVMLError as err:
             if getattr(err, "value", None) == real.NVML_ERROR_NOT_SUPPORTED:
                 raise
@@ -402,7 +402,7 @@ class Replay(ModuleType):
     def nvmlDeviceGetFanSpeed_v2(self, h: Device, fan: int) -> int:
         if fan != 0:
             _refuse(real.NVML_ERROR_INVALID_ARGUMENT)
-        return _int(h.element, "fan_speed")
+        return _int(h.element, *PATHS["fan_speed"])
 
     def nvmlDeviceGetTemperatureThreshold(self, h: Device, threshold: int) -> int:
         tag = _THRESHOLDS.get(threshold)
@@ -410,7 +410,7 @@ class Replay(ModuleType):
             _refuse()
         return _int(h.element, f"temperature/{tag}")
 
-    nvmlDeviceGetMarginTemperature = _getter(_int, "temperature/gpu_temp_tlimit")
+    nvmlDeviceGetMarginTemperature = _getter(_int, *PATHS["temp_tlimit"])
 
     def nvmlDeviceGetFieldValues(self, h: Device, field_ids: list[Any]) -> Any:
         values = (real.c_nvmlFieldValue_t * len(field_ids))()
@@ -430,7 +430,7 @@ class Replay(ModuleType):
 
     # -- ECC and memory health ----------------------------------------------------------------
     def nvmlDeviceGetEccMode(self, h: Device) -> list[int]:
-        return [_enabled(h.element, "ecc_mode/current_ecc"), _enabled(h.element, "ecc_mode/pending_ecc")]
+        return [_enabled(h.element, *PATHS["ecc_current"]), _enabled(h.element, *PATHS["ecc_pending"])]
 
     def nvmlDeviceGetTotalEccErrors(self, h: Device, error_type: int, counter_type: int) -> int:
         scope = "volatile" if counter_type == real.NVML_VOLATILE_ECC else "aggregate"
@@ -451,18 +451,17 @@ class Replay(ModuleType):
         addresses = [a for a in listed if a is not None]
         return addresses if len(addresses) == count else list(range(count))  # the count is what a capture always has
 
-    nvmlDeviceGetRetiredPagesPendingStatus = _getter(_enabled, "retired_pages/pending_retirement",
-                                                     "retired_pages/pending_blacklist")
+    nvmlDeviceGetRetiredPagesPendingStatus = _getter(_enabled, *PATHS["retired_pending"])
 
     def nvmlDeviceGetRowRemapperHistogram(self, h: Device) -> SimpleNamespace:
         return SimpleNamespace(**{level: _int(h.element, *PATHS["remap_bank_" + level]) for level in REMAP_LEVELS})
 
     def nvmlDeviceGetGpuFabricInfo(self, h: Device, info: Any) -> int:
         """Fills nvidia-ml-py's c_nvmlGpuFabricInfo_t (passed by reference) from <fabric>."""
-        state = _enum(h.element, nvml_names.FABRIC_STATES, "fabric/state")
+        state = _enum(h.element, nvml_names.FABRIC_STATES, *PATHS["fabric_state"])
         target = getattr(info, "_obj", info)  # ctypes.byref(...) keeps the structure in _obj
         target.state = state
-        status = (h.element.findtext("fabric/status") or "").strip()
+        status = (h.element.findtext(PATHS["fabric_status"][0]) or "").strip()
         target.status = real.NVML_SUCCESS if status.lower() in ("success", "", "n/a") else real.NVML_ERROR_UNKNOWN
         return real.NVML_SUCCESS
 
