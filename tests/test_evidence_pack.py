@@ -58,6 +58,8 @@ def test_the_html_pack_carries_the_whole_capture_and_reads_as_html(inspected, ca
     assert page.index('class="finding fail"') < page.index('class="finding warn"')
     assert f"<code>{GPU2[0]}</code>" in page and "<summary>q-8x-h100-sxm-vm-swpowercap-535.183.01.txt (whole)</summary>" in page
     assert "alice" not in page and str(tmp_path) not in page
+    assert "<summary>Every fact and figure gpuvet read (JSON, gpuvet.run/1)</summary>" in page
+    assert page.count(GPU2[0]) > 3  # in the record too: identity kept there as well
 
 
 def test_a_live_run_loses_its_host_name_and_addresses_but_not_system_paths():

@@ -123,6 +123,7 @@ class Pack:
     items: list[Item]
     captures: dict[str, str]  # file name -> its text (redacted), for the HTML page's appendix
     missing: list[str]  # captures named by the record but not readable now
+    record_json: str = ""  # the run record as the provider gets it: every fact and figure behind the findings
 
 
 def build(record: RunRecord, captures: dict[str, str | None], benchmarks: dict[str, str | None],
@@ -139,7 +140,7 @@ def build(record: RunRecord, captures: dict[str, str | None], benchmarks: dict[s
     driver = " · ".join(x for x in (m.driver.version and f"driver {m.driver.version}",
                                      m.driver.cuda_version and f"CUDA {m.driver.cuda_version}") if x)
     return Pack(title=f"Evidence for the provider: {_gpu_names(m.gpus) or 'no GPU'}", when=_when(clean, now),
-                gpus=m.gpus, driver=driver, items=items, captures=texts, missing=missing)
+                gpus=m.gpus, driver=driver, items=items, captures=texts, missing=missing, record_json=clean.to_json())
 
 
 def _ours(item: Item) -> bool:
@@ -337,6 +338,8 @@ def render_html(pack: Pack) -> str:
                   for name, text in pack.captures.items()]
         parts += [f"<p><code>{_e(name)}</code>: no longer at its path here; attach it from where it is kept.</p>"
                   for name in pack.missing]
+    parts.append("<h2>The run record</h2><details><summary>Every fact and figure gpuvet read (JSON, gpuvet.run/1)"
+                 f"</summary><pre>{_e(pack.record_json)}</pre></details>")
     parts.append("<footer>Made by gpuvet. The renter's host names, user names, addresses and paths are removed; the "
                  "GPUs' identity is kept so that the provider can find them.</footer>")
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
