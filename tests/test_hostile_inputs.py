@@ -7,6 +7,7 @@ never a traceback; no piece of anyone else's text that drives the terminal; no "
 from __future__ import annotations
 
 import json
+import time
 import re
 from pathlib import Path
 
@@ -161,3 +162,20 @@ def test_a_gpu_name_of_ten_thousand_characters_makes_no_line_over_2000(capsys, t
     gpuvet(capsys, "inspect", str(path), "--json", "--out", str(record))
     code, out, _ = gpuvet(capsys, "report", str(record), "--format", "md")
     assert max(len(line) for line in out.splitlines()) <= 2000
+
+
+def test_a_day_long_query_loop_is_read_in_seconds_and_thinned(tmp_path):
+    """A --query-gpu loop of 17,000 rows of ~200 fields (26 MB: a day of `-l 5`) took 15 s, most
+    of it building every field of every row and judging and writing 17,000 samples. Rows keep
+    only the fields a sample reads, and a GPU's series keeps 2,000 evenly spaced samples, saying so.
+    Built from the real loop capture (edited: its rows repeated)."""
+    from gpuvet.probe import capture, smi_series
+
+    lines = (FIXTURES / "edited/csv-h100-load-590.48.01-edited-indexed-loop-l5-heating.csv").read_text().splitlines(keepends=True)
+    path = tmp_path / "csv-h100-load-edited-17000-rows.csv"
+    path.write_text(lines[0] + "".join(lines[1:]) * (17_000 // (len(lines) - 1)))
+    start = time.monotonic()
+    [loop] = capture.read_captures(str(path))
+    assert time.monotonic() - start < 10
+    [samples] = loop.series.values()
+    assert len(samples) <= smi_series.MAX_SAMPLES + 1 and "evenly spaced" in loop.note

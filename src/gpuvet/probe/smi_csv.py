@@ -58,23 +58,28 @@ def parse_smi_csv_loop(text: str) -> tuple[Driver, list[Gpu], dict[int, list[dic
                 f"truncated --query-gpu CSV: its last row has {len(data[-1])} of {len(header)} values; "
                 "capture it again with the same `nvidia-smi --query-gpu=... --format=csv > gpus.csv`"
             )
-    rows = [_row(header, cells) for cells in data]
-    if not rows:
+    if not data:
         raise CaptureError("the --query-gpu CSV has a header but no GPU rows")
-    driver = _driver(rows[0])
+    # Every row keeps the fields that tell GPUs apart and the sampled ones; only the rows that
+    # become a GPU's facts are read whole (a day of `-l 5` is 17,000 rows of ~200 fields).
+    kept = [(i, name) for i, name in enumerate(header) if name in _IDENTITY or name in _SAMPLE_FIELDS]
+    rows = [_row(header, cells, kept) for cells in data]
+    driver = _driver(_row(header, data[0]))
     keys, note = _gpu_keys(header, rows)
-    by_gpu: dict[object, list[Row]] = {}
-    for key, row in zip(keys, rows):
-        by_gpu.setdefault(key, []).append(row)
+    by_gpu: dict[object, list[int]] = {}
+    for number, key in enumerate(keys):
+        by_gpu.setdefault(key, []).append(number)
     if all(len(group) == 1 for group in by_gpu.values()):  # a snapshot: one row per GPU
-        return driver, [_gpu(row, position) for position, row in enumerate(rows)], {}, None
+        return driver, [_gpu(_row(header, cells), position) for position, cells in enumerate(data)], {}, None
     gpus, series = [], {}
     for position, group in enumerate(by_gpu.values()):
-        gpu = _gpu(group[-1], position)
+        gpu = _gpu(_row(header, data[group[-1]]), position)
         gpus.append(gpu)
-        samples = [_sample(row) for row in group]
+        samples, thinned = smi_series.thin([_sample(rows[number]) for number in group])
         timed = smi_series.relative_times(samples)
         series[gpu.index] = samples
+        if thinned and thinned not in (note or ""):
+            note = (note + "; " if note else "") + thinned
         if not timed:
             note = (note + "; " if note else "") + "no timestamp column: the interval between samples is not known"
     return driver, gpus, series, note
@@ -105,6 +110,12 @@ def _gpu_keys(header: list[str], rows: list[Row]) -> tuple[list[object], str | N
 
 def _zeroed(raw: str) -> bool:
     return raw.startswith("GPU-00000000-0000") or set(raw) <= {"0"}  # redacted before sharing
+
+
+# The fields _sample reads.
+_SAMPLE_FIELDS = {"timestamp", "temperature.gpu", "power.draw", "power.draw.average", "power.draw.instant",
+                  "enforced.power.limit", "power.limit", "clocks.current.sm", "clocks.current.graphics",
+                  "clocks.current.memory", "utilization.gpu", "memory.used"}
 
 
 def _sample(row: Row) -> dict:
@@ -150,9 +161,12 @@ def _data_rows(text: str) -> list[list[str]]:
         raise CaptureError(f"a --query-gpu CSV that nvidia-smi did not write: data line {reader.line_num}: {err}") from None
 
 
-def _row(header: list[str], cells: list[str]) -> Row:
+def _row(header: list[str], cells: list[str], fields: list[tuple[int, str]] | None = None) -> Row:
+    """A row's values by field name: all of them, or only `fields` ((position, name) pairs)."""
     if len(cells) != len(header):
         raise CaptureError(f"a --query-gpu CSV row has {len(cells)} values for {len(header)} header fields")
+    if fields is not None:
+        return {name: cells[i].strip() for i, name in fields}
     return {name: cell.strip() for name, cell in zip(header, cells)}
 
 

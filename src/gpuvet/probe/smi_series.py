@@ -73,6 +73,23 @@ def timestamp(raw: str | None) -> float | None:
     return None
 
 
+# A monitoring loop's samples kept per GPU: 2,000 are 2.8 hours of `-l 5`, more than a trend needs;
+# a day of `-l 1` (86,400 rows) would make a record of tens of MB and minutes of judging.
+MAX_SAMPLES = 2000
+
+
+def thin(samples: list[dict], limit: int = MAX_SAMPLES) -> tuple[list[dict], str | None]:
+    """At most about `limit` of `samples`, evenly spaced, the first and the last kept; and a note
+    saying so (None when all were kept)."""
+    if len(samples) <= limit:
+        return samples, None
+    step = -(-len(samples) // limit)
+    kept = samples[::step]
+    if kept[-1] is not samples[-1]:
+        kept.append(samples[-1])
+    return kept, f"{len(samples)} samples per GPU: every {step}th kept ({len(kept)}), evenly spaced"
+
+
 def relative_times(samples: list[dict]) -> bool:
     """Make each sample's "t" seconds since the first one; False (and t None) when any sample has no time."""
     times = [s.get("t") for s in samples]

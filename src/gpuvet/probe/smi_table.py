@@ -363,8 +363,9 @@ def dmon_series(samples: list[dict]) -> dict[int, list[dict]]:
             "sm_mhz": row.get("pclk"), "mem_mhz": row.get("mclk"), "util_pct": row.get("sm"),
             "mem_used_mib": row.get("fb"),
         })
-    for rows in series.values():
-        smi_series.relative_times(rows)
+    for index, rows in series.items():
+        series[index], _ = smi_series.thin(rows)  # capture's note counts the samples kept
+        smi_series.relative_times(series[index])
     return series
 
 
