@@ -447,6 +447,15 @@ def is_check(check_id: str) -> bool:
     return check_id in BY_ID
 
 
+def checked(check_id: str) -> str:
+    """`check_id`, which must be in the catalogue: how a rule names the checks it judges (a module
+    declares each once, `GPU_ECC = checked("gpu.ecc")`), so a misspelt or removed id stops the import
+    instead of emitting findings of no check."""
+    if check_id not in BY_ID:
+        raise KeyError(f"{check_id!r} is not in gpuvet's catalogue of checks")
+    return check_id
+
+
 def as_json() -> dict[str, Any]:
     checks = [{**asdict(c), "levels": list(c.levels), "inputs": c.inputs} for c in CHECKS]
     return {"checks": checks, "benchmarks": [asdict(b) for b in BENCHMARKS], "levels": list(LEVELS),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..wording import DIAGNOSIS_LABELS
 from ..record import MEASURED, Finding
@@ -24,6 +25,11 @@ from .common import FAIL, NO_CONTEXT_MIB, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
 from .gpu_sustained import FAULTS as FAULT_LABELS  # short names of the slowdown reasons
 from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+WATCH_DIAGNOSIS = checked("watch.diagnosis")
+WATCH_GPUS = checked("watch.gpus")
+WATCH_JOB = checked("watch.job")
 
 WINDOW_S = 60.0  # "the last minute": smooths NVML's 1/6..1 s utilization periods, still recent
 TREND_WINDOW_S = 600.0  # "slower and slower" compares the first and last fifth of 10 minutes
@@ -655,7 +661,7 @@ def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str
             expected="ok (or idle) for the whole watch", source=WATCH_SOURCE, remedy=WATCH_REMEDIES.get(state)))
     if not out:
         calm = [LABELS[s] for s in ("ok", "idle") if s in durations]
-        out.append(finding("watch.diagnosis", subject, PASS,
+        out.append(finding(WATCH_DIAGNOSIS, subject, PASS,
                            f"{' or '.join(calm) or 'ok'} for all {_minutes(watched)} watched",
                            measured=f"{_minutes(watched)} watched", expected="ok (or idle) for the whole watch",
                            source=WATCH_SOURCE))
@@ -700,13 +706,13 @@ def watch_job_finding(pid: Any, sessions: list[tuple[list[str], list[list[Any]]]
     processes = [int(n) for n in numbers("processes")]
     measured = (f"{len(values)} readings" + (f"; up to {max(processes)} processes in its tree" if processes else "")
                 + (f"; CPU {min(cpu):.0f}..{max(cpu):.0f}% of one core" if cpu else ""))
-    return finding("watch.job", f"job {pid}", MEASURED, "; ".join(parts), measured=measured, source=JOB_SOURCE)
+    return finding(WATCH_JOB, f"job {pid}", MEASURED, "; ".join(parts), measured=measured, source=JOB_SOURCE)
 
 
 def watch_without_gpus(reason: str | None) -> Finding:
     """A watch log that holds no GPU: a SKIP that says why, not a pass."""
     why = reason or "the log names no GPU"
-    return finding("watch.gpus", "host", SKIP, f"no GPU was watched: {why}", measured=f"0 GPUs in the log; {why}",
+    return finding(WATCH_GPUS, "host", SKIP, f"no GPU was watched: {why}", measured=f"0 GPUs in the log; {why}",
                    expected="the GPUs of the watched machine", source="the log's header (gpu_error: why NVML gave no GPU)",
                    remedy="`nvidia-smi` on the machine says whether the driver sees a GPU; `gpuvet run --quick` reads "
                           "the facts and says why NVML cannot start")

@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import ipaddress
 
+from ..catalog import checked
 from ..facts import Audit, Listener
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+ENV_AUTHORIZED_KEYS = checked("env.authorized_keys")
+ENV_CUDA_MODULE_LOADING = checked("env.cuda_module_loading")
+ENV_EXPOSED_SERVERS = checked("env.exposed_servers")
+ENV_JUPYTER = checked("env.jupyter")
+ENV_SSH_KEEPALIVE = checked("env.ssh_keepalive")
+ENV_SSH_LOGIN = checked("env.ssh_login")
 
 SECURITY_SOURCE = ("GPU time is stolen through open notebook servers and SSH reverse tunnels; sshd_config(5) "
                  "(PermitRootLogin, PasswordAuthentication, AllowTcpForwarding), authorized_keys options in sshd(8), "
@@ -59,7 +68,7 @@ _RUNS_CODE = {"jupyter", "ray-dashboard", "code-server"}
 
 def check_exposed_servers(audit: Audit) -> list[Finding]:
     if not audit.listeners and "listeners" in audit.unavailable:
-        return [finding("env.exposed_servers", "host", SKIP, f"listening sockets not readable: {audit.unavailable['listeners']}",
+        return [finding(ENV_EXPOSED_SERVERS, "host", SKIP, f"listening sockets not readable: {audit.unavailable['listeners']}",
                         remedy="`sudo ss -ltnp` lists them")]
     exposed = [item for item in audit.listeners if reachable_from_network(item)]
     findings = []
@@ -75,7 +84,7 @@ def check_exposed_servers(audit: Audit) -> list[Finding]:
     if findings:
         return findings
     listing = ", ".join(_describe(item) for item in exposed) or "none"
-    return [finding("env.exposed_servers", "host", PASS,
+    return [finding(ENV_EXPOSED_SERVERS, "host", PASS,
                     f"no server without a login listens on the network ({len(exposed)} listening beyond loopback)",
                     measured=f"listening beyond loopback: {listing}", expected=EXPOSED_EXPECTED, source=SECURITY_SOURCE)]
 
@@ -102,7 +111,7 @@ def _open_unknown(listener: Listener) -> Finding:
     bind = (f"publish the container's port on loopback only: `docker run -p 127.0.0.1:{port}:{port} ...`" if container else
             "if it is not meant for the network, restart it bound to 127.0.0.1 (its --bind / --host / --listen option)")
     return finding(
-        "env.exposed_servers", "host", WARN,
+        ENV_EXPOSED_SERVERS, "host", WARN,
         f"{where} listens on every interface{named}: {what}, with no login gpuvet can see; anyone who can reach port {port} "
         "can use whatever it serves",
         measured=f"{where}: {listener.note or 'kind unknown'}", expected=EXPOSED_EXPECTED, source=SECURITY_SOURCE,
@@ -136,7 +145,7 @@ def _exposed(listener: Listener, exposure: tuple[str, str]) -> Finding:
         status = WARN
         summary = f"{where} listens on the network and gpuvet cannot tell whether it has a token or password"
         expected = "a token or password known to be set, or bound to 127.0.0.1"
-    return finding("env.exposed_servers", "host", status, summary,
+    return finding(ENV_EXPOSED_SERVERS, "host", status, summary,
                    measured=f"{where}: {listener.note or 'no details'}", expected=expected,
                    source=SECURITY_SOURCE + ("; Jupyter docs: a server without token or password runs code for anyone who "
                                            "connects" if listener.kind == "jupyter" else ""),
@@ -181,7 +190,7 @@ def _ssh_listening(audit: Audit) -> bool | None:
 
 def check_ssh_login(audit: Audit) -> list[Finding]:
     if not _has_sshd(audit):
-        return [finding("env.ssh_login", "host", SKIP, f"no SSH server configuration: {audit.unavailable.get('sshd')}")]
+        return [finding(ENV_SSH_LOGIN, "host", SKIP, f"no SSH server configuration: {audit.unavailable.get('sshd')}")]
     values = {opt: sshd_value(audit, opt) for opt in ("PermitRootLogin", "PasswordAuthentication",
                                                      "KbdInteractiveAuthentication", "PermitEmptyPasswords", "GatewayPorts")}
     passwords = values["PasswordAuthentication"][0] == "yes" or values["KbdInteractiveAuthentication"][0] == "yes"
@@ -202,12 +211,12 @@ def check_ssh_login(audit: Audit) -> list[Finding]:
     listening = _ssh_listening(audit)
     state = {True: "sshd is listening", False: "sshd is not listening now", None: "sshd listening state unknown"}[listening]
     if not problems:
-        return [finding("env.ssh_login", "host", PASS, f"SSH logins need a key ({state})", measured=measured,
+        return [finding(ENV_SSH_LOGIN, "host", PASS, f"SSH logins need a key ({state})", measured=measured,
                         expected="PermitRootLogin no/prohibit-password, PasswordAuthentication no", source=SECURITY_SOURCE)]
     if listening is False:  # an installed but stopped sshd: the risk starts the moment it does
         status = WARN
     suffix = "" if listening is not False else " (applies when sshd starts)"
-    return [finding("env.ssh_login", "host", status, "; ".join(problems) + suffix, measured=f"{measured}; {state}",
+    return [finding(ENV_SSH_LOGIN, "host", status, "; ".join(problems) + suffix, measured=f"{measured}; {state}",
                     expected="; ".join(SSHD_HARDENED) + "; GatewayPorts no",
                     source=SECURITY_SOURCE + "; sshd_config(5): the first value obtained for an option is used",
                     remedy=("make sure your key logs in, then put these lines in /etc/ssh/sshd_config.d/00-gpuvet.conf "
@@ -225,26 +234,26 @@ KEY_OPTIONS = "no-port-forwarding,no-X11-forwarding,no-agent-forwarding"
 def check_authorized_keys(audit: Audit) -> list[Finding]:
     reason = audit.unavailable.get("authorized_keys", "")
     if not audit.authorized_keys and reason and not reason.startswith("no "):
-        return [finding("env.authorized_keys", "host", SKIP, f"authorized_keys not readable: {reason}")]
+        return [finding(ENV_AUTHORIZED_KEYS, "host", SKIP, f"authorized_keys not readable: {reason}")]
     if not audit.authorized_keys:
-        return [finding("env.authorized_keys", "host", PASS, "no authorized_keys entries for this user",
+        return [finding(ENV_AUTHORIZED_KEYS, "host", PASS, "no authorized_keys entries for this user",
                         measured=reason or "the file has no keys", expected=_KEYS_EXPECTED, source=SECURITY_SOURCE)]
     loose = [key for key in audit.authorized_keys if key.get("restricted") != "yes"]
     listing = "; ".join(_key_words(key) for key in loose)
     measured = f"{len(audit.authorized_keys)} key(s), {len(loose)} without no-port-forwarding and no-X11-forwarding: {listing}"
     if not loose:
-        return [finding("env.authorized_keys", "host", PASS,
+        return [finding(ENV_AUTHORIZED_KEYS, "host", PASS,
                         f"all {len(audit.authorized_keys)} authorized key(s) are restricted (no forwarding)",
                         measured=f"{len(audit.authorized_keys)} key(s), all restricted", expected=_KEYS_EXPECTED,
                         source=SECURITY_SOURCE)]
     forwarding, where = sshd_value(audit, "AllowTcpForwarding")
     if forwarding in ("no", "local"):
-        return [finding("env.authorized_keys", "host", PASS,
+        return [finding(ENV_AUTHORIZED_KEYS, "host", PASS,
                         f"{len(loose)} key(s) without forwarding restrictions, but sshd forbids reverse tunnels "
                         f"(AllowTcpForwarding {forwarding}, {where})", measured=measured, expected=_KEYS_EXPECTED,
                         source=SECURITY_SOURCE)]
     return [finding(
-        "env.authorized_keys", "host", WARN,
+        ENV_AUTHORIZED_KEYS, "host", WARN,
         f"{len(loose)} of {len(audit.authorized_keys)} authorized key(s) may open tunnels (ssh -R / -L) into and out of "
         f"this machine: whoever holds such a key can expose its services or use its GPUs through a tunnel",
         measured=measured, expected=f"each line starting with {KEY_OPTIONS} (or `restrict,pty`)",
@@ -276,17 +285,17 @@ def check_ssh_keepalive(audit: Audit) -> list[Finding]:
               + "; or on this machine (root) add `ClientAliveInterval 30` and `ClientAliveCountMax 3` to /etc/ssh/sshd_config")
     expected = "ClientAliveInterval > 0 in this machine's sshd (or ServerAliveInterval 30 on the computer you connect from)"
     if server:
-        return [finding("env.ssh_keepalive", "host", PASS, "SSH keep-alive is on: this machine's sshd probes idle sessions",
+        return [finding(ENV_SSH_KEEPALIVE, "host", PASS, "SSH keep-alive is on: this machine's sshd probes idle sessions",
                         measured=measured, expected=expected, source=TUNING_SOURCE + ": TCPKeepAlive yes, ServerAliveInterval 30")]
     listening = _ssh_listening(audit)
     if listening is False or (not _has_sshd(audit) and listening is None):
-        return [finding("env.ssh_keepalive", "host", SKIP,
+        return [finding(ENV_SSH_KEEPALIVE, "host", SKIP,
                         "no SSH server running here; if you reach this machine with ssh, keep idle sessions alive from your side",
                         measured=measured, source=TUNING_SOURCE, remedy=remedy)]
     # ~/.ssh/config here sets what ssh *from* this machine sends: it keeps no session *to* it alive.
     own_client = ("; this machine's own ~/.ssh/config sets ServerAliveInterval, which only keeps ssh sessions from it "
                   "to other machines alive") if client else ""
-    return [finding("env.ssh_keepalive", "host", WARN,
+    return [finding(ENV_SSH_KEEPALIVE, "host", WARN,
                     "no SSH keep-alive on the server side: idle sessions to this machine (a long training run in the "
                     "foreground, an rsync, a tunnel to Jupyter) are dropped by NAT and cloud firewalls after minutes of "
                     f"silence unless the computer you connect from sends keep-alives{own_client}",
@@ -311,7 +320,7 @@ def check_jupyter(audit: Audit) -> list[Finding]:
     settings = audit.jupyter
     running = settings.get("running") == "yes"
     if not running and not settings.get("config_files") and not settings.get("resource_monitors"):
-        return [finding("env.jupyter", "host", SKIP, "no Jupyter server running and no Jupyter configuration here",
+        return [finding(ENV_JUPYTER, "host", SKIP, "no Jupyter server running and no Jupyter configuration here",
                         remedy=f"if you start Jupyter here: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} and a "
                                "root_dir on local disk")]
     where = settings.get("server") or f"config {settings.get('config_files') or settings.get('resource_monitors')}"
@@ -332,7 +341,7 @@ def _resource_monitors(settings: dict[str, str]) -> Finding | None:
     if not monitors:
         return None
     names = [part.split(" (", 1)[0] for part in monitors.split(", ")]
-    return finding("env.jupyter", "host", WARN,
+    return finding(ENV_JUPYTER, "host", WARN,
                    f"Jupyter resource-monitor extension enabled: {monitors}: it polls processes and nvidia-smi every "
                    "few seconds, taking CPU from your training and delaying its scheduling",
                    measured=f"enabled: {monitors}", expected="no resource-monitor server extension",
@@ -347,7 +356,7 @@ def _autosave_on_network(settings: dict[str, str]) -> Finding | None:
     autosave = settings.get("autosave") or ""
     if not autosave.startswith("on") or settings.get("root_dir.kind") != "network":
         return None
-    return finding("env.jupyter", "host", WARN,
+    return finding(ENV_JUPYTER, "host", WARN,
                    f"Jupyter autosave is {autosave} onto the network file system of its notebook directory "
                    f"({settings.get('root_dir')}): the writes compete with your data loading for the storage's IOPS",
                    measured=f"autosave {autosave}; root_dir {settings.get('root_dir')} on {settings.get('root_dir.fs_type')}",
@@ -358,27 +367,27 @@ def _autosave_on_network(settings: dict[str, str]) -> Finding | None:
 
 def _iopub(settings: dict[str, str], where: str) -> Finding:
     if settings.get("limit_rate", "").lower() == "false":
-        return finding("env.jupyter", "host", PASS, "Jupyter's output rate limit is off (limit_rate False)",
+        return finding(ENV_JUPYTER, "host", PASS, "Jupyter's output rate limit is off (limit_rate False)",
                        measured=f"limit_rate False ({settings.get('limit_rate.at')}); {where}",
                        expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=JUPYTER_RATE_SOURCE)
     raw = settings.get("iopub_data_rate_limit")
     try:
         limit = float(raw) if raw is not None else IOPUB_DEFAULT
     except ValueError:
-        return finding("env.jupyter", "host", SKIP, f"iopub_data_rate_limit is {raw}: not a number gpuvet can read")
+        return finding(ENV_JUPYTER, "host", SKIP, f"iopub_data_rate_limit is {raw}: not a number gpuvet can read")
     measured = (f"iopub_data_rate_limit {limit:.3g} bytes/s ({settings.get('iopub_data_rate_limit.at', 'not set: Jupyter default')}); "
                 f"{where}")
     if settings.get("notebook_app_ignored"):  # the seed's NotebookApp line, which this server does not read
         measured += f"; {settings['notebook_app_ignored']} ({settings.get('server_packages')})"
     if limit > 0 and limit < IOPUB_MIN:
-        return finding("env.jupyter", "host", WARN,
+        return finding(ENV_JUPYTER, "host", WARN,
                        f"Jupyter limits cell output to {limit:.3g} bytes/s: large outputs (big plots, printed tensors, "
                        "progress bars) stop with 'IOPub data rate exceeded'",
                        measured=measured, expected=f">= {IOPUB_MIN:.0e} bytes/s", source=JUPYTER_RATE_SOURCE,
                        remedy=f"in ~/.jupyter/jupyter_server_config.py: c.ServerApp.iopub_data_rate_limit = {IOPUB_MIN:.0f} "
                               f"(classic Notebook < 7: c.NotebookApp.iopub_data_rate_limit), or start it with "
                               f"--ServerApp.iopub_data_rate_limit={IOPUB_MIN:.0f}; restart Jupyter")
-    return finding("env.jupyter", "host", PASS, f"Jupyter's output rate limit is {limit:.3g} bytes/s", measured=measured,
+    return finding(ENV_JUPYTER, "host", PASS, f"Jupyter's output rate limit is {limit:.3g} bytes/s", measured=measured,
                    expected=f"no limit, or >= {IOPUB_MIN:.0e} bytes/s", source=JUPYTER_RATE_SOURCE)
 
 
@@ -387,7 +396,7 @@ def _network_root(settings: dict[str, str]) -> Finding | None:
         return None
     root = settings.get("root_dir")
     return finding(
-        "env.jupyter", "host", WARN,
+        ENV_JUPYTER, "host", WARN,
         f"Jupyter's notebook directory {root} is on a network file system ({settings.get('root_dir.fs_type')}): "
         "every file a notebook opens is a network round trip (the seed: loading a model from a notebook took 4.3 s "
         "against 1.8 s)",
@@ -403,7 +412,7 @@ def _ephemeral_root(settings: dict[str, str]) -> Finding | None:
         return None
     root = settings.get("root_dir")
     return finding(
-        "env.jupyter", "host", WARN,
+        ENV_JUPYTER, "host", WARN,
         f"Jupyter's notebook directory {root} does not survive: {reason}; notebooks and the checkpoints saved next to "
         "them are lost with it",
         measured=f"root_dir {root} ({settings.get('root_dir.at')}) on {settings.get('root_dir.fs_type')}: {reason}",
@@ -429,40 +438,40 @@ def check_cuda_module_loading(ctx: Context, audit: Audit) -> list[Finding]:
     value = audit.environment.get("CUDA_MODULE_LOADING") or (stack.cuda_module_loading if stack else None)
     torch = stack.torch if stack else None
     if not ctx.machine.gpus and not (torch and torch.cuda):
-        return [finding("env.cuda_module_loading", "host", SKIP, "no GPU here: CUDA module loading does not matter")]
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", SKIP, "no GPU here: CUDA module loading does not matter")]
     driver_cuda = _version(ctx.machine.driver.cuda_version)
     measured = (f"CUDA_MODULE_LOADING={value or '(unset)'}; driver CUDA {ctx.machine.driver.cuda_version or '?'}; "
                 f"torch {torch.version if torch and torch.version else '-'} (CUDA {torch.cuda if torch and torch.cuda else '-'})")
     remedy = "export CUDA_MODULE_LOADING=LAZY (in ~/.bashrc or the job script)"
     if value and value.upper() == "EAGER":
-        return [finding("env.cuda_module_loading", "host", WARN,
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", WARN,
                         "CUDA_MODULE_LOADING=EAGER: every kernel of every CUDA library loads when a process starts "
                         "(seconds more start-up, hundreds of MB more GPU memory per process)",
                         measured=measured, expected="LAZY (or unset on CUDA >= 12.2)", source=LAZY_SOURCE,
                         remedy="unset CUDA_MODULE_LOADING where it is set to EAGER (shell profile, job script, container "
                                "image), or " + remedy)]
     if value and value.upper() in ("LAZY", "DEFAULT"):
-        return [finding("env.cuda_module_loading", "host", PASS, f"CUDA_MODULE_LOADING={value}", measured=measured,
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", PASS, f"CUDA_MODULE_LOADING={value}", measured=measured,
                         expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     if driver_cuda and driver_cuda >= LAZY_DEFAULT_SINCE:
-        return [finding("env.cuda_module_loading", "host", PASS,
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", PASS,
                         "CUDA_MODULE_LOADING unset: LAZY is the default since CUDA 12.2, and this driver supports "
                         f"CUDA {ctx.machine.driver.cuda_version}", measured=measured, expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     runtime = _version(torch.cuda if torch else None)
     if torch is not None and runtime and runtime < LAZY_AVAILABLE_SINCE:
-        return [finding("env.cuda_module_loading", "host", PASS,
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", PASS,
                         f"lazy loading needs a CUDA 11.7+ runtime; this PyTorch uses CUDA {torch.cuda}", measured=measured,
                         expected=_LAZY_EXPECTED, source=LAZY_SOURCE)]
     torch_version = _version(torch.version if torch else None)
     if torch is not None and torch_version and torch_version >= TORCH_SETS_LAZY_SINCE and runtime:
-        return [finding("env.cuda_module_loading", "host", PASS,
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", PASS,
                         f"CUDA_MODULE_LOADING unset: PyTorch {torch.version} sets LAZY itself; other CUDA programs load eagerly "
                         "on this driver", measured=measured, expected=_LAZY_EXPECTED, source=LAZY_SOURCE, remedy=remedy)]
     if driver_cuda is None:
-        return [finding("env.cuda_module_loading", "host", SKIP,
+        return [finding(ENV_CUDA_MODULE_LOADING, "host", SKIP,
                         "driver CUDA version unknown: cannot tell whether modules load lazily by default",
                         measured=measured, source=LAZY_SOURCE, remedy=remedy)]
-    return [finding("env.cuda_module_loading", "host", WARN,
+    return [finding(ENV_CUDA_MODULE_LOADING, "host", WARN,
                     f"CUDA_MODULE_LOADING unset on a CUDA {ctx.machine.driver.cuda_version} driver: CUDA programs load every "
                     "kernel at start (slower start, more GPU memory per process)",
                     measured=measured, expected="LAZY", source=LAZY_SOURCE, remedy=remedy)]

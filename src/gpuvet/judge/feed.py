@@ -11,11 +11,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import MEASURED, Finding, Measurement, Valued
 from .bench_common import measured, one, planned
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
 from ..specs.cpu_share import LOW_CPU_SHARE
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+HOST_CPU_FEED = checked("host.cpu_feed")
 
 # The reference model: ResNet-50 training at 224x224, the standard image-training workload.
 # Its forward pass is 4.1 G multiply-adds (the "4.1 GFLOPs" usually quoted counts multiply-adds),
@@ -68,12 +72,12 @@ def check_cpu_feed(ctx: Context) -> list[Finding]:
     cpu_text = _describe_feed(feed)
     caveat = _contention_caveat(feed)
     if not ctx.machine.gpus:
-        return [finding("host.cpu_feed", "host", MEASURED,
+        return [finding(HOST_CPU_FEED, "host", MEASURED,
                         f"the CPU prepares {feed.value:,.0f} images/s (no GPU here to feed){caveat}", measured=cpu_text)]
     demands = [d for d in (gpu_demand(ctx, gpu) for gpu in ctx.machine.gpus) if d is not None]
     if not demands:
         names = ", ".join(sorted({g.name or "unknown GPU" for g in ctx.machine.gpus}))
-        return [finding("host.cpu_feed", "host", SKIP,
+        return [finding(HOST_CPU_FEED, "host", SKIP,
                         f"the CPU prepares {feed.value:,.0f} images/s; what the GPUs consume is unknown: no GEMM "
                         f"measurement and no reference figure for {names}", measured=cpu_text,
                         remedy="run `gpuvet bench gemm cpu` to measure both")]
@@ -97,11 +101,11 @@ def _compare(feed: Valued, demands: list[Demand], gpu_count: int, cpu_text: str,
         summary = (f"input-bound: the CPU prepares {feed.value:,.0f} images/s, {gpus} can train on ~{need:,.0f} images/s "
                    f"({REFERENCE_MODEL}): the GPUs would wait {100 * (1 - ratio):.0f}% of the time on JPEG data; "
                    f"use more cores or pre-decoded data (DALI, WebDataset of decoded tensors){caveat}")
-        return finding("host.cpu_feed", "host", status, summary, measured=measured_text, expected=expected,
+        return finding(HOST_CPU_FEED, "host", status, summary, measured=measured_text, expected=expected,
                        source=source, remedy=REMEDY)
     summary = (f"the CPU prepares {feed.value:,.0f} images/s, {ratio:.1f}x the ~{need:,.0f} images/s {gpus} "
                f"can train on ({REFERENCE_MODEL}){caveat}")
-    return finding("host.cpu_feed", "host", PASS, summary, measured=measured_text, expected=expected, source=source)
+    return finding(HOST_CPU_FEED, "host", PASS, summary, measured=measured_text, expected=expected, source=source)
 
 
 def _describe_demands(demands: list[Demand]) -> str:
@@ -186,9 +190,9 @@ def _contention_caveat(feed: Measurement) -> str:
 def _not_measured(ctx: Context) -> Finding:
     notes = measured(ctx, "bench.cpu")
     if not notes:
-        return finding("host.cpu_feed", "host", SKIP, "the CPU feed rate was not measured")
+        return finding(HOST_CPU_FEED, "host", SKIP, "the CPU feed rate was not measured")
     reason = notes[0].details.get("reason", "no reason given")
     if notes[0].details.get("outcome") == "failed":
-        return finding("host.cpu_feed", "host", SKIP, f"the CPU feed benchmark could not run: {reason}",
+        return finding(HOST_CPU_FEED, "host", SKIP, f"the CPU feed benchmark could not run: {reason}",
                        remedy="rerun `gpuvet bench cpu`; if it fails again, please report it with the reason")
-    return finding("host.cpu_feed", "host", SKIP, reason)
+    return finding(HOST_CPU_FEED, "host", SKIP, reason)

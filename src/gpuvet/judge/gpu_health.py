@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from ..catalog import checked
 from .. import actions
 from .. import occupancy as occ
 from ..facts import ECC_READ_FAILED, Gpu
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject, why_missing
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_ECC = checked("gpu.ecc")
+GPU_ISOLATION = checked("gpu.isolation")
 
 # Whose work is on a GPU is decided by gpuvet.occupancy, the rule `gpuvet run` follows too: memory
 # a GPU holds before anyone uses it is small (the driver's own reservation is reported apart on
@@ -31,7 +36,7 @@ def _isolation(gpu: Gpu) -> Finding:
     s = subject(gpu)
     driver = gpu.pcie.kernel_driver
     if driver is not None and driver != "nvidia":
-        return finding("gpu.isolation", s, FAIL, _DRIVER_MEANING.get(driver, f"bound to the '{driver}' kernel driver, not nvidia"),
+        return finding(GPU_ISOLATION, s, FAIL, _DRIVER_MEANING.get(driver, f"bound to the '{driver}' kernel driver, not nvidia"),
                        measured=f"kernel driver in use: {driver}", expected="nvidia",
                        source="sysfs / lspci 'Kernel driver in use'",
                        remedy=f"`lspci -k -s {gpu.pcie.bus_id or 'BUS_ID'}`; ask the provider for a GPU bound to the nvidia driver")
@@ -58,12 +63,12 @@ def _isolation(gpu: Gpu) -> Finding:
     measured += f"; compute mode {gpu.compute_mode}" if compute else ""
     expected = "a whole GPU with nothing else on it before you start"
     if not issues and gpu.memory_used_mib is None and gpu.processes is None:
-        return finding("gpu.isolation", s, SKIP, _no_occupancy_reason(gpu), measured=measured)
+        return finding(GPU_ISOLATION, s, SKIP, _no_occupancy_reason(gpu), measured=measured)
     if not issues:
         # Without a process table the capture says nothing of processes: "unknown", never "none".
         what = ("nothing else running on it" if gpu.processes is not None else
                 f"{gib(gpu.memory_used_mib)} in use and idle; processes unknown (the capture has no process list)")
-        return finding("gpu.isolation", s, PASS, f"{whole}; {what}", measured=measured,
+        return finding(GPU_ISOLATION, s, PASS, f"{whole}; {what}", measured=measured,
                        expected=expected, source=_ISOLATION_SOURCE)
     status = FAIL if any(st == FAIL for st, _ in issues) else WARN
     remedy = (f"`nvidia-smi -i {gpu.index}` (processes, memory) and `nvidia-smi -q -i {gpu.index} -d MEMORY,UTILIZATION`; "
@@ -73,7 +78,7 @@ def _isolation(gpu: Gpu) -> Finding:
     if compute:
         mode_fix = f"`sudo nvidia-smi -i {gpu.index} -c DEFAULT` (as root; back after a reboot) or ask the provider"
         remedy = mode_fix if len(issues) == len(compute) else f"{remedy}; compute mode: {mode_fix}"
-    return finding("gpu.isolation", s, status, "; ".join(text for _, text in issues), measured=measured,
+    return finding(GPU_ISOLATION, s, status, "; ".join(text for _, text in issues), measured=measured,
                    expected=expected, source=_ISOLATION_SOURCE, remedy=remedy)
 
 
@@ -176,7 +181,7 @@ def _ecc(gpu: Gpu) -> Finding:
     if failed := gpu.unavailable.get(ECC_READ_FAILED):
         # A counter that could not be read is not a zero: nvidia-smi says "Unknown Error" when NVML
         # fails, which a GPU in trouble does. Never a pass.
-        return finding("gpu.ecc", s, FAIL, "the memory-health counters could not be read (\"Unknown Error\"): "
+        return finding(GPU_ECC, s, FAIL, "the memory-health counters could not be read (\"Unknown Error\"): "
                        "a GPU in trouble, whose errors cannot be ruled out", measured=failed, expected=_ECC_HEALTHY,
                        source=_ECC_SOURCE + "; nvidia-smi prints Unknown Error where NVML returns an error",
                        remedy=f"`nvidia-smi -q -i {gpu.index} -d ECC,ROW_REMAPPER` again; if it still fails, drain the GPU, "
@@ -186,7 +191,7 @@ def _ecc(gpu: Gpu) -> Finding:
                 e.remapped_rows_uncorrectable, e.remapped_rows_pending, e.remapped_rows_failure, e.retired_pages_pending)
     inforom = _inforom_warning(gpu)
     if e.enabled is None and all(c is None for c in counters):
-        return inforom or finding("gpu.ecc", s, SKIP, "no ECC on this GPU (or not in the capture)")
+        return inforom or finding(GPU_ECC, s, SKIP, "no ECC on this GPU (or not in the capture)")
     measured = _ecc_text(gpu)
     reset = (f"stop jobs on it, reset it (`sudo nvidia-smi -r -i {gpu.index}`) and run gpuvet again; "
              "if errors return, ask the provider to replace the GPU")
@@ -203,7 +208,7 @@ def _ecc(gpu: Gpu) -> Finding:
     if retired >= _RETIREMENT_LIMIT:
         failures.append(f"{retired} pages retired: close to the retirement limit")
     if failures:
-        return finding("gpu.ecc", s, FAIL, "; ".join(failures), measured=measured,
+        return finding(GPU_ECC, s, FAIL, "; ".join(failures), measured=measured,
                        expected=_ECC_HEALTHY, source=_ECC_SOURCE, remedy=reset)
     if inforom:
         return inforom
@@ -219,15 +224,15 @@ def _ecc(gpu: Gpu) -> Finding:
     if warnings:
         remedy = (f"sudo nvidia-smi -i {gpu.index} -e 1, then reboot" if e.enabled is False
                   else f"watch the counters: `nvidia-smi -q -i {gpu.index} -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`")
-        return finding("gpu.ecc", s, WARN, "; ".join(warnings), measured=measured,
+        return finding(GPU_ECC, s, WARN, "; ".join(warnings), measured=measured,
                        expected="ECC on, no error history", source=_ECC_SOURCE, remedy=remedy)
     if e.enabled is False:
-        return finding("gpu.ecc", s, PASS, "ECC off (optional on this card); no errors recorded", measured=measured,
+        return finding(GPU_ECC, s, PASS, "ECC off (optional on this card); no errors recorded", measured=measured,
                        expected=_ECC_HEALTHY, source=_ECC_SOURCE)
     if e.enabled is None:  # counters read, mode not: say only what was read
-        return finding("gpu.ecc", s, PASS, "no uncorrectable errors or pending retirements recorded (ECC mode not in the capture)",
+        return finding(GPU_ECC, s, PASS, "no uncorrectable errors or pending retirements recorded (ECC mode not in the capture)",
                        measured=measured, expected=_ECC_HEALTHY, source=_ECC_SOURCE)
-    return finding("gpu.ecc", s, PASS, "ECC on, no uncorrectable errors", measured=measured,
+    return finding(GPU_ECC, s, PASS, "ECC on, no uncorrectable errors", measured=measured,
                    expected=_ECC_HEALTHY, source=_ECC_SOURCE)
 
 
@@ -237,7 +242,7 @@ def _inforom_warning(gpu: Gpu) -> Finding | None:
     text = why_missing(gpu, "inforom", "")
     if "corrupt" not in text.lower():
         return None
-    return finding("gpu.ecc", subject(gpu), WARN,
+    return finding(GPU_ECC, subject(gpu), WARN,
                    "infoROM corrupted: the ECC error counts and retired-page list it stores cannot be trusted",
                    measured=text, expected="an intact infoROM (no nvidia-smi warning)",
                    source="nvidia-smi warning; the infoROM holds ECC and page-retirement records (NVML docs)",

@@ -5,11 +5,16 @@ from __future__ import annotations
 import difflib
 import re
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, gib, subject, why_missing
 from ..specs import reference
 from ..specs.reference import SOURCE_NOTE, TRUNCATION_MARK, Reference
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_MODEL = checked("gpu.model")
+GPU_UNIFORM = checked("gpu.uniform")
 
 # Words in a product name that make it a different product tier, not just another form factor.
 _TIER_WORDS = {"ti", "super", "d", "nvl", "3e", "max", "laptop", "mobile", "lc", "v2"}  # "max": Max-Q
@@ -29,14 +34,14 @@ def _no_gpu(ctx: Context) -> Finding:
     why = ctx.machine.gpu_error or "no NVIDIA GPU found"
     expect = (ctx.options.get("expect") or "").strip()
     if ctx.machine.source != "live" or ctx.options.get("device") == "cpu":  # a capture, or a run asked to use the CPU
-        return finding("gpu.model", "gpu", SKIP, f"no GPU facts: {why}")
+        return finding(GPU_MODEL, "gpu", SKIP, f"no GPU facts: {why}")
     remedy = ("confirm with `nvidia-smi`, `lsmod | grep nvidia` and `lspci | grep -i nvidia`: if lspci lists a GPU, "
               "install or load the NVIDIA driver (in a container: start it with `--gpus all`); if not, ask the provider")
     measured = f"0 GPUs visible to NVML ({why})"
     if expect:
-        return finding("gpu.model", "gpu", FAIL, f"expected {expect}; no NVIDIA GPU visible: {why}",
+        return finding(GPU_MODEL, "gpu", FAIL, f"expected {expect}; no NVIDIA GPU visible: {why}",
                        measured=measured, expected=expect, source="--expect", remedy=remedy)
-    return finding("gpu.model", "gpu", WARN, f"no NVIDIA GPU visible: {why}",
+    return finding(GPU_MODEL, "gpu", WARN, f"no NVIDIA GPU visible: {why}",
                    measured=measured, expected="the GPU(s) this machine was rented with",
                    source="NVML device list", remedy=remedy)
 
@@ -59,15 +64,15 @@ def _unnamed_model(gpu: Gpu, expect: str) -> Finding:
     lspci_model = _lspci_model(gpu)
     if expect and lspci_model:
         if _name_matches(expect, lspci_model, None):
-            return finding("gpu.model", s, PASS, f"lspci names it {lspci_model!r}: the model you expected ({expect!r})",
+            return finding(GPU_MODEL, s, PASS, f"lspci names it {lspci_model!r}: the model you expected ({expect!r})",
                            measured=lspci_model, expected=expect, source=_PCI_IDS_SOURCE, remedy=f"confirm: {confirm}")
-        return finding("gpu.model", s, FAIL, f"lspci names it {lspci_model!r}, not the {expect!r} you expected",
+        return finding(GPU_MODEL, s, FAIL, f"lspci names it {lspci_model!r}, not the {expect!r} you expected",
                        measured=lspci_model, expected=expect, source=_PCI_IDS_SOURCE,
                        remedy=f"ask the provider for the model you paid for; {confirm}")
     if expect:
-        return finding("gpu.model", s, WARN, f"cannot check that this is the {expect!r} you expected: model name unknown ({why})",
+        return finding(GPU_MODEL, s, WARN, f"cannot check that this is the {expect!r} you expected: model name unknown ({why})",
                        measured=why, expected=expect, source="--expect", remedy=confirm)
-    return finding("gpu.model", s, SKIP, f"model name unknown: {why}")
+    return finding(GPU_MODEL, s, SKIP, f"model name unknown: {why}")
 
 
 def _model(gpu: Gpu, ref: Reference | None, expect: str) -> Finding:
@@ -81,30 +86,30 @@ def _model(gpu: Gpu, ref: Reference | None, expect: str) -> Finding:
     if expect:
         if matches_expectation(expect, gpu):
             row = f" (reference {ref.id})" if ref else ""
-            return finding("gpu.model", s, PASS, f"{described}{row}: the model you expected ({expect!r})",
+            return finding(GPU_MODEL, s, PASS, f"{described}{row}: the model you expected ({expect!r})",
                            measured=described, expected=expect, source="--expect" + (f"; {SOURCE_NOTE}, row {ref.id}" if ref else ""))
         return finding(
-            "gpu.model", s, FAIL, f"{described} is not the {expect!r} you expected",
+            GPU_MODEL, s, FAIL, f"{described} is not the {expect!r} you expected",
             measured=described, expected=expect, source="--expect",
             remedy="ask the provider for the model you paid for; confirm with "
                    "`nvidia-smi --query-gpu=name,memory.total --format=csv`",
         )
     if gpu.name == "Graphics Device":
-        return finding("gpu.model", s, WARN, "the driver does not know this GPU's name ('Graphics Device'): driver older than the GPU",
+        return finding(GPU_MODEL, s, WARN, "the driver does not know this GPU's name ('Graphics Device'): driver older than the GPU",
                        measured=gpu.name, remedy="install a driver that supports this GPU, then check `nvidia-smi -L`")
     if ref is None:
-        return finding("gpu.model", s, PASS, f"{described}; no reference figures for this model, model-specific checks skip",
+        return finding(GPU_MODEL, s, PASS, f"{described}; no reference figures for this model, model-specific checks skip",
                        measured=described, expected="a product name the driver knows (not 'Graphics Device')",
                        source="the NVML device name")
     expected_mib = ref.number("nvidia_smi_memory_total_mib")
     if expected_mib and gpu.memory_total_mib and gpu.memory_total_mib < 0.9 * expected_mib:
         return finding(
-            "gpu.model", s, WARN,
+            GPU_MODEL, s, WARN,
             f"{gpu.name} reports {gib(gpu.memory_total_mib)}, the model has {gib(expected_mib)}: a cut-down variant or a memory problem",
             measured=gib(gpu.memory_total_mib), expected=gib(expected_mib), source=ref.cite("nvidia_smi_memory_total_mib"),
             remedy="compare with `nvidia-smi --query-gpu=name,memory.total --format=csv` and ask the provider",
         )
-    return finding("gpu.model", s, PASS, f"{described} (reference {ref.id})", measured=described,
+    return finding(GPU_MODEL, s, PASS, f"{described} (reference {ref.id})", measured=described,
                    expected=f"{ref.name}" + (f", {gib(expected_mib)}" if expected_mib else ""),
                    source=ref.cite("nvidia_smi_memory_total_mib"))
 
@@ -118,19 +123,19 @@ def _truncated_model(gpu: Gpu, ref: Reference | None, expect: str, described: st
     cut = f"the nvidia-smi table cut the name off ({name!r})"
     if expect:
         if not truncated_name_fits(expect, gpu):
-            return finding("gpu.model", s, FAIL, f"{described} is not the {expect!r} you expected (the part of the name shown, or the memory, differs)",
+            return finding(GPU_MODEL, s, FAIL, f"{described} is not the {expect!r} you expected (the part of the name shown, or the memory, differs)",
                            measured=described, expected=expect, source="--expect",
                            remedy=f"confirm with {_FULL_NAME}; ask the provider for the model you paid for")
-        return finding("gpu.model", s, SKIP, f"{cut}: it fits {expect!r} as far as it goes, but cannot confirm it",
+        return finding(GPU_MODEL, s, SKIP, f"{cut}: it fits {expect!r} as far as it goes, but cannot confirm it",
                        measured=described, expected=expect, source="--expect", remedy=f"run {_FULL_NAME}")
     if ref is not None:
-        return finding("gpu.model", s, PASS,
+        return finding(GPU_MODEL, s, PASS,
                        f"{described}: {cut}; taken as {ref.name}, the only reference model with this prefix and memory (reference {ref.id})",
                        measured=described, expected=ref.name, source=SOURCE_NOTE, remedy=f"confirm with {_FULL_NAME}")
     candidates = reference.truncated_candidates(name, gpu.memory_total_mib)
     could_be = (f"could be {', '.join(c.name for c in candidates)}" if candidates
                 else "no reference model fits it")
-    return finding("gpu.model", s, SKIP, f"model unknown: {cut}; {could_be}; model-specific checks skip",
+    return finding(GPU_MODEL, s, SKIP, f"model unknown: {cut}; {could_be}; model-specific checks skip",
                    measured=described, remedy=f"run {_FULL_NAME}, or capture `nvidia-smi -q -x`")
 
 
@@ -253,11 +258,11 @@ def truncated_name_fits(expect: str, gpu: Gpu) -> bool:
 def check_uniform(ctx: Context) -> list[Finding]:
     gpus = [g for g in ctx.machine.gpus if g.name or g.memory_total_mib]
     if len(gpus) < 2:
-        return [finding("gpu.uniform", "machine", SKIP, "fewer than two GPUs with known facts: nothing to compare")]
+        return [finding(GPU_UNIFORM, "machine", SKIP, "fewer than two GPUs with known facts: nothing to compare")]
     models = {g.name for g in gpus}
     if len(models) > 1:
         listing = "; ".join(f"gpu{g.index} {g.name}" for g in gpus)
-        return [finding("gpu.uniform", "machine", FAIL, f"mixed GPU models: {listing}",
+        return [finding(GPU_UNIFORM, "machine", FAIL, f"mixed GPU models: {listing}",
                         measured=listing, expected="one model on every GPU",
                         remedy="ask the provider for a node with identical GPUs; the slowest sets the pace of a multi-GPU job")]
     differences = []
@@ -265,20 +270,20 @@ def check_uniform(ctx: Context) -> list[Finding]:
         differences += _odd_ones_out(gpus, label, value, same)
     n = len(gpus)
     if differences:
-        return [finding("gpu.uniform", "machine", WARN, f"{n} x {gpus[0].name}, configured differently: " + "; ".join(differences),
+        return [finding(GPU_UNIFORM, "machine", WARN, f"{n} x {gpus[0].name}, configured differently: " + "; ".join(differences),
                         measured="; ".join(differences), expected="identical configuration on every GPU",
                         source="the facts of every GPU, compared with each other",
                         remedy="compare `nvidia-smi --query-gpu=index,memory.total,power.limit,pcie.link.gen.max,pcie.link.width.max,vbios_version --format=csv`")]
     # Name only the facts actually compared: known on at least two GPUs.
     compared = [(label, value) for label, value, _ in _UNIFORM_FACTS if sum(value(g) is not None for g in gpus) >= 2]
     if not compared:
-        return [finding("gpu.uniform", "machine", SKIP, f"{n} x {gpus[0].name}: no configuration fact (memory, power limit, "
+        return [finding(GPU_UNIFORM, "machine", SKIP, f"{n} x {gpus[0].name}: no configuration fact (memory, power limit, "
                                                         "link, VBIOS) known on two GPUs to compare")]
     shared = "; ".join(f"{label} {_shown(value(gpus[0]))}{_UNITS.get(label, '')}" for label, value in compared if value(gpus[0]) is not None)
     labels = [label for label, _ in compared]
     listed = labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + f" and {labels[-1]}"
     unknown = [label for label, _, _ in _UNIFORM_FACTS if label not in labels]
-    return [finding("gpu.uniform", "machine", PASS, f"{n} x {gpus[0].name}: same {listed}",
+    return [finding(GPU_UNIFORM, "machine", PASS, f"{n} x {gpus[0].name}: same {listed}",
                     measured=f"{n} GPUs alike: {shared}" + (f"; not in the facts: {', '.join(unknown)}" if unknown else ""),
                     expected="identical configuration on every GPU",
                     source="the facts of every GPU, compared with each other")]

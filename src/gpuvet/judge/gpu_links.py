@@ -5,10 +5,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from ..catalog import checked
 from ..facts import DRIVER_SOURCES, Gpu, Machine, PcieLink, Topology
 from ..record import MEASURED, Finding
 from .common import FAIL, NOT_IN_PLAY, PASS, SKIP, WARN, Context, finding, holds_no_context, subject, why_missing
 from ..specs.reference import Reference
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_NVLINK = checked("gpu.nvlink")
+GPU_PCIE_LINK = checked("gpu.pcie_link")
 
 # Approximate usable GB/s per lane and direction for each generation (after encoding).
 GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -59,13 +64,13 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
     s = subject(gpu)
     r = _best_reading(gpu)
     if r is None:
-        return finding("gpu.pcie_link", s, SKIP, not_reported(gpu), remedy="capture `nvidia-smi -q -x` or `sudo lspci -vv -d 10de:`")
+        return finding(GPU_PCIE_LINK, s, SKIP, not_reported(gpu), remedy="capture `nvidia-smi -q -x` or `sudo lspci -vv -d 10de:`")
     loaded = _under_load(gpu, r)
     reported_max = bool(r.max_gen and r.max_width)
     r, capability = known_maximum(r, ref)
     now, best = link_text(r.current_gen, r.current_width), link_text(r.max_gen, r.max_width)
     if capability is None:
-        return finding("gpu.pcie_link", s, SKIP,
+        return finding(GPU_PCIE_LINK, s, SKIP,
                        f"{now} now, but the link's maximum is not in the capture and there is no reference for "
                        f"{gpu.name or 'this GPU'}: cannot tell whether that is the full link",
                        measured=f"{now} {_when(gpu, loaded)} ({r.source}), max not reported",
@@ -104,11 +109,11 @@ def _pcie_link(gpu: Gpu, ref: Reference | None) -> Finding:
 
     if problems:
         status = FAIL if any(st == FAIL for st, _ in problems) else WARN
-        return finding("gpu.pcie_link", s, status, "; ".join(text for _, text in problems) + gen_note,
+        return finding(GPU_PCIE_LINK, s, status, "; ".join(text for _, text in problems) + gen_note,
                        measured=measured, expected=f"{best}" + (" under load" if not loaded else ""),
                        source=capability, remedy=confirm)
     summary = f"{now}{gen_note}" if gen_note else f"{now}, the full {best} link" + (" under load" if loaded else "")
-    return finding("gpu.pcie_link", s, PASS, summary, measured=measured, expected=best,
+    return finding(GPU_PCIE_LINK, s, PASS, summary, measured=measured, expected=best,
                    source=capability, remedy=confirm if gen_note else None)
 
 
@@ -205,10 +210,10 @@ def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: 
     kind = ref.nvlink if ref else None
     model = gpu.name or s
     if single_gpu and not any(link.active for link in gpu.nvlinks or []):
-        return finding("gpu.nvlink", s, SKIP, f"one GPU: NVLink {NOT_IN_PLAY}, nothing to link it to",
+        return finding(GPU_NVLINK, s, SKIP, f"one GPU: NVLink {NOT_IN_PLAY}, nothing to link it to",
                        measured="1 GPU attached")
     if ref is not None and ref.nvlink == "none":
-        return finding("gpu.nvlink", s, MEASURED,
+        return finding(GPU_NVLINK, s, MEASURED,
                        f"PCIe only: {model} has no NVLink, so the GPUs talk over PCIe and all-reduce is limited to "
                        "~PCIe rate (measure it: `gpuvet bench p2p allreduce`)",
                        measured=f"{attached} GPUs, no NVLink on the model", source=ref.cite("nvlink_gen"))
@@ -218,10 +223,10 @@ def _nvlink(gpu: Gpu, ref: Reference | None, topology: Topology | None, totals: 
     if topology is not None and label in totals and len(totals) > 1:
         return _from_topology(gpu, kind, ref, topology, totals)
     if topology is not None and not topology.shows_nvlink:
-        return finding("gpu.nvlink", s, SKIP, "the topology was captured with `topo -mp`, which hides NVLink",
+        return finding(GPU_NVLINK, s, SKIP, "the topology was captured with `topo -mp`, which hides NVLink",
                        remedy="capture `nvidia-smi topo -m` and `nvidia-smi nvlink -s`")
     reason = why_missing(gpu, "nvlinks", "no NVLink data (capture `nvidia-smi nvlink -s` or `nvidia-smi topo -m`)")
-    return finding("gpu.nvlink", s, SKIP, f"NVLink state not available: {reason}")
+    return finding(GPU_NVLINK, s, SKIP, f"NVLink state not available: {reason}")
 
 
 def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None) -> Finding:
@@ -236,19 +241,19 @@ def _from_links(gpu: Gpu, kind: str | None, ref: Reference | None) -> Finding:
     if not active:
         note = why_missing(gpu, "nvlinks", "no link active")
         if kind == "bridge":
-            return finding("gpu.nvlink", s, SKIP, f"no NVLink bridge in use ({note}): optional on {gpu.name}; GPUs talk over PCIe",
+            return finding(GPU_NVLINK, s, SKIP, f"no NVLink bridge in use ({note}): optional on {gpu.name}; GPUs talk over PCIe",
                            measured=measured, source=source)
         status = FAIL if kind == "integral" else WARN
-        return finding("gpu.nvlink", s, status, f"no active NVLink: {note}" + (f"; {gpu.name} is built with NVLink" if kind == "integral" else ""),
+        return finding(GPU_NVLINK, s, status, f"no active NVLink: {note}" + (f"; {gpu.name} is built with NVLink" if kind == "integral" else ""),
                        measured=measured, expected="every NVLink active", source=source,
                        remedy=f"check {confirm}; ask the provider (fabric manager, cabling or a faulty GPU)")
     if inactive:
         ids = ", ".join(str(link.link) for link in inactive)
-        return finding("gpu.nvlink", s, FAIL if kind != "bridge" else WARN,
+        return finding(GPU_NVLINK, s, FAIL if kind != "bridge" else WARN,
                        f"links {ids} inactive: {len(active)} of {len(links)} NVLinks up{speed_text}",
                        measured=measured, expected="every NVLink active", source=source,
                        remedy=f"check {confirm}; a link down cuts GPU-to-GPU bandwidth: ask for a replacement")
-    return finding("gpu.nvlink", s, PASS, f"{len(active)} NVLinks active{speed_text}", measured=measured,
+    return finding(GPU_NVLINK, s, PASS, f"{len(active)} NVLinks active{speed_text}", measured=measured,
                    expected="every NVLink active", source=source)
 
 
@@ -261,19 +266,19 @@ def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: 
     source = ref.cite("nvlink_gen") if ref else "nvidia-smi topo -m"
     if total == 0:
         if kind == "bridge":
-            return finding("gpu.nvlink", s, SKIP, f"no NVLink bridge (optional on {gpu.name}); GPUs talk over PCIe: {measured}",
+            return finding(GPU_NVLINK, s, SKIP, f"no NVLink bridge (optional on {gpu.name}); GPUs talk over PCIe: {measured}",
                            measured=measured, source=source)
         status = FAIL if kind == "integral" or most > 0 else WARN
         why = (f"{gpu.name} is built with NVLink" if kind == "integral"
                else "other GPUs here have NVLink" if most > 0
                else "if this machine was sold with NVLink, it is missing")
-        return finding("gpu.nvlink", s, status, f"no NVLink to any other GPU, all traffic crosses PCIe ({why})",
+        return finding(GPU_NVLINK, s, status, f"no NVLink to any other GPU, all traffic crosses PCIe ({why})",
                        measured=measured, expected="NV# links between GPUs", source=source,
                        remedy="check `nvidia-smi nvlink -s` and `nvidia-smi topo -m`; ask the provider")
     if total < most:
         usual = max((code for code in peers.values() if _nv_count(code)), key=_nv_count, default="NV#")
         weak = ", ".join(f"{o} {code}" for o, code in peers.items() if _nv_count(code) < _nv_count(usual))
-        return finding("gpu.nvlink", s, FAIL, f"fewer NVLinks than the other GPUs ({weak}, where {usual} is usual): a link is down",
+        return finding(GPU_NVLINK, s, FAIL, f"fewer NVLinks than the other GPUs ({weak}, where {usual} is usual): a link is down",
                        measured=measured, expected="as many links as the other GPUs", source="nvidia-smi topo -m",
                        remedy=f"check `nvidia-smi nvlink -s -i {gpu.index}`; ask for a replacement")
     linked = sum(1 for code in peers.values() if _nv_count(code))
@@ -282,14 +287,14 @@ def _from_topology(gpu: Gpu, kind: str | None, ref: Reference | None, topology: 
     if len(islands) > 1:
         mine = next(island for island in islands if label in island)
         crossed = _slowest_hop({o: code for o, code in peers.items() if o not in mine})
-        return finding("gpu.nvlink", s, WARN,
+        return finding(GPU_NVLINK, s, WARN,
                        f"NVLink only within {'-'.join(sorted(mine))} ({links} links); the {len(islands)} NVLink groups reach each "
                        f"other over {crossed}: an all-reduce over all {len(topology.gpus)} GPUs runs at that speed, not NVLink's",
                        measured=measured, expected="every GPU reachable from every other over NVLink (a switch or a mesh)",
                        source="nvidia-smi topo -m; NCCL's ring crosses the slowest link between the groups",
                        remedy=f"keep jobs within {len(mine)} GPUs of one group (`CUDA_VISIBLE_DEVICES`), or measure the "
                               "8-GPU all-reduce: `gpuvet bench allreduce`; ask for an NVSwitch machine if the job needs all of them")
-    return finding("gpu.nvlink", s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured,
+    return finding(GPU_NVLINK, s, PASS, f"NVLink to {linked} of {len(peers)} other GPUs ({links} links)", measured=measured,
                    expected="NVLink to other GPUs, as many links as the best-connected GPU", source=source)
 
 

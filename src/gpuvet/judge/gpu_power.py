@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject, why_missing
 from ..specs.reference import Reference
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_POWER_LIMIT = checked("gpu.power_limit")
+GPU_TEMPERATURE = checked("gpu.temperature")
+GPU_THROTTLE = checked("gpu.throttle")
 
 # A cap at or below this share of the default limit costs double-digit throughput (the seed:
 # 320 W of 450 W made a run 15% slower); it must never pass.
@@ -21,13 +27,13 @@ def _power_limit(gpu: Gpu, ref: Reference | None) -> Finding:
     s, p = subject(gpu), gpu.power
     enforced = p.enforced_limit_w if p.enforced_limit_w is not None else p.limit_w
     if enforced is None:
-        return finding("gpu.power_limit", s, SKIP,
+        return finding(GPU_POWER_LIMIT, s, SKIP,
                        f"power limit not available: {why_missing(gpu, 'power.enforced_limit_w', 'not in the capture')}")
     default, source = p.default_limit_w, "the GPU's default power limit (NVML)"
     if default is None and ref is not None and ref.number("power_default_w"):
         default, source = ref.number("power_default_w"), ref.cite("power_default_w")
     if not default:
-        return finding("gpu.power_limit", s, SKIP, f"limit {enforced:.0f} W, but the default limit is unknown: no reference for {gpu.name}",
+        return finding(GPU_POWER_LIMIT, s, SKIP, f"limit {enforced:.0f} W, but the default limit is unknown: no reference for {gpu.name}",
                        measured=f"{enforced:.0f} W")
     ratio = enforced / default
     allowed = _allowed_range(gpu)
@@ -35,13 +41,13 @@ def _power_limit(gpu: Gpu, ref: Reference | None) -> Finding:
     expected = f"default {default:.0f} W{allowed}"
     if ratio >= CAP_WARN_RATIO:
         note = "raised above" if ratio > 1.03 else "at"
-        finding_ = finding("gpu.power_limit", s, PASS, f"{enforced:.0f} W, {note} the {default:.0f} W default",
+        finding_ = finding(GPU_POWER_LIMIT, s, PASS, f"{enforced:.0f} W, {note} the {default:.0f} W default",
                            measured=measured, expected=expected, source=source)
         return _below_reference(gpu, ref, default) or finding_
     status = FAIL if ratio <= CAP_FAIL_RATIO else WARN
     target = default if p.max_limit_w is None else min(default, p.max_limit_w)
     return finding(
-        "gpu.power_limit", s, status,
+        GPU_POWER_LIMIT, s, status,
         f"capped at {enforced:.0f} W = {100 * ratio:.0f}% of the {default:.0f} W default: clocks drop under full load",
         measured=measured, expected=expected, source=source,
         remedy=f"sudo nvidia-smi -i {gpu.index} -pl {target:.0f}  (needs root on the host; on a rented VM or container ask "
@@ -62,7 +68,7 @@ def _below_reference(gpu: Gpu, ref: Reference | None, default: float) -> Finding
     if ref is None or not ref_default or default >= 0.9 * ref_default:
         return None
     return finding(
-        "gpu.power_limit", subject(gpu), WARN,
+        GPU_POWER_LIMIT, subject(gpu), WARN,
         f"this board's default limit is {default:.0f} W, {100 * default / ref_default:.0f}% of the {ref_default:.0f} W "
         f"usual for {gpu.name}: a reduced-power board or VBIOS",
         measured=f"default limit {default:.0f} W", expected=f"{ref_default:.0f} W",
@@ -92,7 +98,7 @@ def check_throttle(ctx: Context) -> list[Finding]:
 def _throttle(gpu: Gpu) -> Finding:
     s, reasons = subject(gpu), gpu.clocks.event_reasons
     if reasons is None:
-        return finding("gpu.throttle", s, SKIP,
+        return finding(GPU_THROTTLE, s, SKIP,
                        f"clock-event reasons not available: {why_missing(gpu, 'clocks.event_reasons', 'not in the capture')}")
     measured = "active: " + (", ".join(reasons) or "none")
     faults = [_FAULTS[r] for r in reasons if r in _FAULTS]
@@ -104,32 +110,32 @@ def _throttle(gpu: Gpu) -> Finding:
         head = "slowdown flagged in the snapshot: " if at_full else "clocks cut: "
         if at_full:
             clocks = f" (SM clock at its full {c.sm_mhz} MHz at that instant: watch it under load)"
-        return finding("gpu.throttle", s, FAIL, head + "; ".join(faults) + clocks,
+        return finding(GPU_THROTTLE, s, FAIL, head + "; ".join(faults) + clocks,
                        measured=measured, expected=_NO_FAULT, source=_REASONS_SOURCE,
                        remedy=f"watch it under load: `nvidia-smi -i {gpu.index} -q -d PERFORMANCE,TEMPERATURE,POWER`; "
                               "check cooling and power cabling, or ask the provider for another GPU")
     if "applications_clocks_setting" in reasons and not _default_app_clocks(gpu):
-        return finding("gpu.throttle", s, WARN, "clocks held down by an application-clocks setting" + clocks,
+        return finding(GPU_THROTTLE, s, WARN, "clocks held down by an application-clocks setting" + clocks,
                        measured=measured, expected="default application clocks", source=_REASONS_SOURCE,
                        remedy=f"sudo nvidia-smi -i {gpu.index} -rac  (reset application clocks)")
     if "sw_power_cap" in reasons:
         state = "idle" if gpu.pstate is not None and gpu.pstate >= 8 else "under load"
         note = ("the driver keeps this flag at idle; not a fault" if state == "idle"
                 else "the GPU is at its power limit: normal under full load (see gpu.power_limit)")
-        return finding("gpu.throttle", s, PASS, f"SW power cap ({state}): {note}", measured=measured,
+        return finding(GPU_THROTTLE, s, PASS, f"SW power cap ({state}): {note}", measured=measured,
                        expected=_NO_FAULT, source=_REASONS_SOURCE)
     if "applications_clocks_setting" in reasons:
         c = gpu.clocks
-        return finding("gpu.throttle", s, PASS,
+        return finding(GPU_THROTTLE, s, PASS,
                        f"application clocks at the board's default ({c.applications_graphics_mhz} MHz): the flag reports "
                        "the default setting, not a cap" + clocks,
                        measured=f"{measured}; application clocks {c.applications_graphics_mhz} MHz, default "
                                 f"{c.default_applications_graphics_mhz} MHz",
                        expected="default application clocks", source=_REASONS_SOURCE)
     if "gpu_idle" in reasons:
-        return finding("gpu.throttle", s, PASS, "idle; no slowdown active", measured=measured,
+        return finding(GPU_THROTTLE, s, PASS, "idle; no slowdown active", measured=measured,
                        expected=_NO_FAULT, source=_REASONS_SOURCE)
-    return finding("gpu.throttle", s, PASS, "no clock-event reason active" + clocks, measured=measured,
+    return finding(GPU_THROTTLE, s, PASS, "no clock-event reason active" + clocks, measured=measured,
                    expected=_NO_FAULT, source=_REASONS_SOURCE)
 
 
@@ -164,24 +170,24 @@ def _temperature_reading(gpu: Gpu) -> Finding:
     if margin is None and t.gpu_c is not None:
         margin = threshold_c - t.gpu_c
     if margin is None:  # neither the temperature nor the margin to slowdown
-        return finding("gpu.temperature", s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")
+        return finding(GPU_TEMPERATURE, s, SKIP, f"temperature not available: {why_missing(gpu, 'thermal.gpu_c', 'not in the capture')}")
     now = f"{t.gpu_c:.0f} C" if t.gpu_c is not None else "temperature hidden"
     threshold = f" (slowdown {threshold_words if t.slowdown_c is None else 'at ' + threshold_words})"
     headroom = f"at least 10 C below the slowdown threshold of {threshold_words}"
     remedy = f"watch it under load: `nvidia-smi -i {gpu.index} --query-gpu=temperature.gpu,clocks.sm,power.draw --format=csv -l 2`"
     measured = f"{now}, {margin:.0f} C below slowdown{threshold}"
     if margin <= 3:
-        return finding("gpu.temperature", s, FAIL, f"{now}: at the slowdown threshold, clocks are being cut",
+        return finding(GPU_TEMPERATURE, s, FAIL, f"{now}: at the slowdown threshold, clocks are being cut",
                        measured=measured, expected=headroom, source=source,
                        remedy=remedy + "; check fans and airflow, or ask for another node")
     if margin < 10:
-        return finding("gpu.temperature", s, WARN, f"{now}: only {margin:.0f} C below slowdown{threshold}",
+        return finding(GPU_TEMPERATURE, s, WARN, f"{now}: only {margin:.0f} C below slowdown{threshold}",
                        measured=measured, expected=headroom, source=source, remedy=remedy)
     idle = gpu.pstate is not None and gpu.pstate >= 8
     if idle and t.gpu_c is not None and t.gpu_c >= 70:
-        return finding("gpu.temperature", s, WARN, f"{now} while idle (P{gpu.pstate}): poor cooling, expect throttling under load",
+        return finding(GPU_TEMPERATURE, s, WARN, f"{now} while idle (P{gpu.pstate}): poor cooling, expect throttling under load",
                        measured=now, expected="well under 70 C at idle", source=_IDLE_RULE_SOURCE, remedy=remedy)
-    return finding("gpu.temperature", s, PASS, f"{now}, {margin:.0f} C below slowdown" + ("" if t.slowdown_c is not None
+    return finding(GPU_TEMPERATURE, s, PASS, f"{now}, {margin:.0f} C below slowdown" + ("" if t.slowdown_c is not None
                    or t.slowdown_margin_c is not None else f" ({threshold_words})"),
                    measured=measured, expected=headroom, source=source)
 

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import re
 
+from ..catalog import checked
 from ..facts import Gpu, Machine
 from ..record import MEASURED, Finding
 from .bench_common import worst
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_FABRIC = checked("gpu.fabric")
+GPU_LINK_ERRORS = checked("gpu.link_errors")
+GPU_PERSISTENCE = checked("gpu.persistence")
+GPU_RECOVERY = checked("gpu.recovery")
+GPU_THROTTLE_HISTORY = checked("gpu.throttle_history")
 
 # DCGM's PCIe health watch: "Detected more than 8 PCIe replays per minute" (DCGM_FR_PCI_REPLAY_RATE,
 # DCGM_LIMIT_MAX_PCIREPLAY_RATE = 8).
@@ -49,7 +57,7 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     if nvlink is not None:
         parts.append(_nvlink_part(gpu, nvlink) + ("nvlink",))
     if not parts:
-        return finding("gpu.link_errors", s, SKIP, "no link error counter read (PCIe replays, AER, NVLink)",
+        return finding(GPU_LINK_ERRORS, s, SKIP, "no link error counter read (PCIe replays, AER, NVLink)",
                        remedy=f"`nvidia-smi -q -i {gpu.index} -d PCIE` and `nvidia-smi nvlink -e -i {gpu.index}`")
     judged = [which for _, _, which in parts if which != "replay_count"]
     status = worst(*(st for st, _, _ in parts))
@@ -67,7 +75,7 @@ def _link_errors(gpu: Gpu, uptime_s: float | None) -> Finding:
     if "nvlink" in faulty:
         remedies.append(f"`nvidia-smi nvlink -e -i {gpu.index}` again after a load: counts that grow mean a failing link "
                         "(DCGM fails it); reset the GPU or reboot, and ask the provider if they keep growing")
-    return finding("gpu.link_errors", s, status, text, measured=measured,
+    return finding(GPU_LINK_ERRORS, s, status, text, measured=measured,
                    expected="; ".join(_LINK_EXPECTED[w] for w in dict.fromkeys(judged)) or None,
                    source="; ".join(_LINK_SOURCES[w] for w in dict.fromkeys(which for _, _, which in parts)),
                    remedy="; ".join(remedies) or None)
@@ -115,7 +123,7 @@ def check_fabric(ctx: Context) -> list[Finding]:
     machine = ctx.machine
     with_fabric = [g for g in machine.gpus if g.fabric is not None]
     if not with_fabric:
-        return [finding("gpu.fabric", "machine", SKIP, "no NVSwitch fabric on these GPUs (Fabric N/A or not reported)")]
+        return [finding(GPU_FABRIC, "machine", SKIP, "no NVSwitch fabric on these GPUs (Fabric N/A or not reported)")]
     findings = [_fabric(gpu) for gpu in with_fabric]
     findings += _fabric_manager(machine)
     return findings
@@ -131,9 +139,9 @@ def _fabric(gpu: Gpu) -> Finding:
     elif fabric.status and fabric.status.lower() != "success":
         problem = f"NVSwitch fabric registration failed ({fabric.status})"
     else:
-        return finding("gpu.fabric", subject(gpu), PASS, "registered with the NVSwitch fabric", measured=measured,
+        return finding(GPU_FABRIC, subject(gpu), PASS, "registered with the NVSwitch fabric", measured=measured,
                        expected=expected, source=_FABRIC_SOURCE)
-    return finding("gpu.fabric", subject(gpu), FAIL, f"{problem}: {_ERROR_802}", measured=measured, expected=expected,
+    return finding(GPU_FABRIC, subject(gpu), FAIL, f"{problem}: {_ERROR_802}", measured=measured, expected=expected,
                    source=_FABRIC_SOURCE,
                    remedy="`systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`; start it "
                           "(`sudo systemctl start nvidia-fabricmanager`) with the driver's own version, or ask the provider")
@@ -145,15 +153,15 @@ def _fabric_manager(machine: Machine) -> list[Finding]:
         return []  # not read (a capture): the GPUs' own registration above says whether it ran
     source = "systemctl is-active nvidia-fabricmanager; nv-fabricmanager --version (Fabric Manager user guide)"
     if state != "active":
-        return [finding("gpu.fabric", "machine", FAIL, f"the fabric manager service is {state}: {_ERROR_802}",
+        return [finding(GPU_FABRIC, "machine", FAIL, f"the fabric manager service is {state}: {_ERROR_802}",
                         measured=f"nvidia-fabricmanager {state}", expected="active", source=source,
                         remedy="`sudo systemctl enable --now nvidia-fabricmanager` (the package of the driver's exact version)")]
     if version and machine.driver.version and version != machine.driver.version:
-        return [finding("gpu.fabric", "machine", FAIL, f"fabric manager {version} with driver {machine.driver.version}: "
+        return [finding(GPU_FABRIC, "machine", FAIL, f"fabric manager {version} with driver {machine.driver.version}: "
                         "it must be the driver's exact version", measured=f"fabric manager {version}",
                         expected=f"{machine.driver.version} (the driver)", source=source,
                         remedy=f"install nvidia-fabricmanager {machine.driver.version} (or the driver of {version})")]
-    return [finding("gpu.fabric", "machine", PASS, f"fabric manager running{f' ({version})' if version else ''}",
+    return [finding(GPU_FABRIC, "machine", PASS, f"fabric manager running{f' ({version})' if version else ''}",
                     measured=f"nvidia-fabricmanager active{f', {version}' if version else ''}",
                     expected=f"active{f', version {machine.driver.version}' if machine.driver.version else ''}", source=source)]
 
@@ -193,7 +201,7 @@ def _recovery(gpu: Gpu) -> Finding:
     action, banks, e = gpu.recovery_action, gpu.remap_histogram, gpu.ecc
     remaps = (e.remapped_rows_uncorrectable, e.remapped_rows_pending, e.remapped_rows_failure)
     if action is None and banks is None and all(r is None for r in remaps):
-        return finding("gpu.recovery", s, SKIP, "this driver or capture reports no recovery action, remap histogram or "
+        return finding(GPU_RECOVERY, s, SKIP, "this driver or capture reports no recovery action, remap histogram or "
                                                "remapped rows (drivers since R550 on datacenter GPUs do)")
     parts: list[tuple[str, str]] = []
     remedy = None
@@ -225,7 +233,7 @@ def _recovery(gpu: Gpu) -> Finding:
         f"; remapped rows: uncorrectable {_known(e.remapped_rows_uncorrectable)}, pending {_known(e.remapped_rows_pending)}, "
         f"failure {_known(e.remapped_rows_failure)}")
     source = _RECOVERY_SOURCE + ("" if all(r is None for r in remaps) else f"; remapped rows against {_REMAP_SOURCE}")
-    return finding("gpu.recovery", s, status, measured, measured=f"recovery action {action}{histogram}{rows}",
+    return finding(GPU_RECOVERY, s, status, measured, measured=f"recovery action {action}{histogram}{rows}",
                    expected=_RECOVERY_EXPECTED, source=source, remedy=remedy)
 
 
@@ -270,20 +278,20 @@ def _throttle_history(gpu: Gpu) -> Finding:
     s = subject(gpu)
     times = gpu.clock_event_time_us
     if times is None:
-        return finding("gpu.throttle_history", s, SKIP, "no clock-event time counters in this report (newer drivers print "
+        return finding(GPU_THROTTLE_HISTORY, s, SKIP, "no clock-event time counters in this report (newer drivers print "
                                                        "'Clocks Event Reasons Counters': `nvidia-smi -q -d PERFORMANCE`)")
     slowed = {name: us / 1e6 for name, us in times.items() if name in _FAULT_TIMES and us > 0}
     capped = times.get("sw_power_cap", 0.0) / 1e6
     measured = ", ".join(f"{_FAULT_TIMES.get(k, k.replace('_', ' '))} {_duration(v / 1e6)}" for k, v in sorted(times.items()))
     cap_note = f"; {_duration(capped)} at the power cap (the limit, not a fault)" if capped else ""
     if not slowed:
-        return finding("gpu.throttle_history", s, PASS, f"never slowed by heat or a power brake since the driver loaded{cap_note}",
+        return finding(GPU_THROTTLE_HISTORY, s, PASS, f"never slowed by heat or a power brake since the driver loaded{cap_note}",
                        measured=measured, expected="no time in HW slowdown, thermal slowdown or power brake",
                        source=_HISTORY_SOURCE)
     longest = max(slowed.values())
     status = FAIL if longest >= FAIL_AFTER_S else WARN
     what = ", ".join(f"{_FAULT_TIMES[k]} {_duration(v)}" for k, v in sorted(slowed.items(), key=lambda kv: -kv[1]))
-    return finding("gpu.throttle_history", s, status, f"slowed since the driver loaded: {what}{cap_note}", measured=measured,
+    return finding(GPU_THROTTLE_HISTORY, s, status, f"slowed since the driver loaded: {what}{cap_note}", measured=measured,
                    expected=f"no time in HW slowdown, thermal slowdown or power brake (fails from {FAIL_AFTER_S:.0f} s)",
                    source=_HISTORY_SOURCE,
                    remedy=f"watch `nvidia-smi -q -i {gpu.index} -d PERFORMANCE,TEMPERATURE` under load; check cooling "
@@ -314,17 +322,17 @@ def check_persistence(ctx: Context) -> list[Finding]:
 def _persistence(gpu: Gpu) -> Finding:
     s = subject(gpu)
     if gpu.driver_model is not None:
-        return finding("gpu.persistence", s, SKIP, "Windows (WDDM/TCC): persistence mode is a Linux setting")
+        return finding(GPU_PERSISTENCE, s, SKIP, "Windows (WDDM/TCC): persistence mode is a Linux setting")
     if gpu.persistence_mode is None:
-        return finding("gpu.persistence", s, SKIP, "persistence mode not reported")
+        return finding(GPU_PERSISTENCE, s, SKIP, "persistence mode not reported")
     datacenter = bool(gpu.name and _DATACENTER.search(gpu.name))
     if gpu.persistence_mode:
-        return finding("gpu.persistence", s, PASS, "persistence mode on", measured="persistence mode Enabled",
+        return finding(GPU_PERSISTENCE, s, PASS, "persistence mode on", measured="persistence mode Enabled",
                        expected="Enabled on a datacenter GPU", source=_PERSISTENCE_SOURCE)
     if not datacenter:
-        return finding("gpu.persistence", s, PASS, "persistence mode off (a desktop GPU: only its CUDA start is slower)",
+        return finding(GPU_PERSISTENCE, s, PASS, "persistence mode off (a desktop GPU: only its CUDA start is slower)",
                        measured="persistence mode Disabled", expected="any on a non-datacenter GPU", source=_PERSISTENCE_SOURCE)
-    return finding("gpu.persistence", s, WARN, "persistence mode off on a datacenter GPU: every CUDA start re-initialises it "
+    return finding(GPU_PERSISTENCE, s, WARN, "persistence mode off on a datacenter GPU: every CUDA start re-initialises it "
                                             "(seconds per process, and NVML reads wake it)",
                    measured="persistence mode Disabled", expected="Enabled (nvidia-persistenced)", source=_PERSISTENCE_SOURCE,
                    remedy="`sudo systemctl enable --now nvidia-persistenced` (or `sudo nvidia-smi -pm 1`, lost at reboot)")

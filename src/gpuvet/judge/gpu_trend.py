@@ -9,6 +9,7 @@ heating from 62 to 87 C while its clock fell.
 
 from __future__ import annotations
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import MEASURED, Finding
 from ..specs import reference
@@ -18,6 +19,9 @@ from .common import FAIL, PASS, WARN, Context, finding, subject
 from .diagnose import AT_LIMIT_PCT, IDLE_SHARE_PCT, TEMP_RISE_C
 from .gpu_identity import matches_expectation
 from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_FAIL_PCT, DECAY_WARN_PCT, heat_problems
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_TREND = checked("gpu.trend")
 
 BUSY_PCT = 50.0  # a sample this busy (utilization, or power as a share of the limit) is "under load"
 _SOURCE = ("gpuvet's sustained-load and watch rules (judge/gpu_sustained.py, judge/diagnose.py) applied to the "
@@ -52,11 +56,11 @@ def _trend(s: str, loop: dict, gpu: Gpu, ctx: Context) -> Finding:
     samples = [dict(zip(columns, row)) for row in loop.get("rows") or [] if len(row) == len(columns)]
     span = _span(samples, bool(loop.get("timed")))
     if len(samples) < 2:
-        return finding("gpu.trend", s, MEASURED, f"one sample in {loop.get('source')}: no trend to judge",
+        return finding(GPU_TREND, s, MEASURED, f"one sample in {loop.get('source')}: no trend to judge",
                        measured=_evidence(samples, span), source=loop.get("source"))
     interleaved = _interleaved(samples)
     if interleaved:
-        return finding("gpu.trend", s, WARN, f"{interleaved} ({span}): not one GPU's trend, so not judged as one",
+        return finding(GPU_TREND, s, WARN, f"{interleaved} ({span}): not one GPU's trend, so not judged as one",
                        measured=_evidence(samples, span), expected="one GPU's rows, told apart by an index column",
                        source=loop.get("source"),
                        remedy="capture the loop with the GPU named: `nvidia-smi --query-gpu=index,timestamp,temperature.gpu,"
@@ -75,24 +79,24 @@ def _trend(s: str, loop: dict, gpu: Gpu, ctx: Context) -> Finding:
     problems += _idle_between(samples)
     measured = _evidence(samples, span)
     if problems:
-        return finding("gpu.trend", s, worst(*(st for st, _ in problems)), "; ".join(w for _, w in problems) + f" ({span})",
+        return finding(GPU_TREND, s, worst(*(st for st, _ in problems)), "; ".join(w for _, w in problems) + f" ({span})",
                        measured=measured, expected=_EXPECTED, source=_SOURCE,
                        remedy=f"confirm under a known load: `gpuvet run --soak 10`, or watch `nvidia-smi -i {gpu.index} -q -d "
                               "PERFORMANCE,TEMPERATURE` while it runs; check cooling, airflow and the power limit")
     if not loaded:
-        return finding("gpu.trend", s, MEASURED, f"idle through all {len(samples)} samples ({span}): nothing under load to judge",
+        return finding(GPU_TREND, s, MEASURED, f"idle through all {len(samples)} samples ({span}): nothing under load to judge",
                        measured=measured, expected="samples taken under load (utilization or power >= 50%)",
                        source=loop.get("source"),
                        remedy=f"capture the loop while your job runs: `nvidia-smi -i {gpu.index} --query-gpu=index,timestamp,"
                               "utilization.gpu,temperature.gpu,power.draw,power.limit,clocks.sm,clocks.max.sm --format=csv -l 5`")
     if limit is None or top is None:
         # Steady, but against nothing: a GPU held flat under a lowered limit looks just like this.
-        return finding("gpu.trend", s, MEASURED,
+        return finding(GPU_TREND, s, MEASURED,
                        f"steady over {len(samples)} samples ({span}); the power wall is not judged: the loop names no model "
                        "and no limit", measured=measured, expected=_EXPECTED, source=_SOURCE,
                        remedy="give the model (`gpuvet inspect LOOP --expect \"RTX 4090\"`) or the machine's `nvidia-smi -q` "
                               "beside the loop, or add power.limit,clocks.max.sm to the query")
-    return finding("gpu.trend", s, PASS, f"held steady under load over {len(loaded)} of {len(samples)} samples ({span})",
+    return finding(GPU_TREND, s, PASS, f"held steady under load over {len(loaded)} of {len(samples)} samples ({span})",
                    measured=measured, expected=_EXPECTED, source=_SOURCE)
 
 

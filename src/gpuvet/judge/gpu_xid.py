@@ -15,11 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 
+from ..catalog import checked
 from .. import actions
 from ..wording import duration_text  # noqa: F401 (the report words windows the same way)
 from ..facts import Gpu, KernelEvent, KernelLog
 from ..record import MEASURED, Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_XID = checked("gpu.xid")
 
 XID_FILE = "xid.csv"
 TABLE_NOTE = "gpuvet's Xid table (specs/data/xid.csv)"
@@ -71,7 +75,7 @@ def check_xid(ctx: Context) -> list[Finding]:
     during_run = machine.nvml_xid_events
     findings: list[Finding] = []
     if _no_gpu_here(ctx):
-        return [finding("gpu.xid", "machine", SKIP, f"no NVIDIA GPU on this machine ({machine.gpu_error}): "
+        return [finding(GPU_XID, "machine", SKIP, f"no NVIDIA GPU on this machine ({machine.gpu_error}): "
                         "no Xid to look for", remedy="`nvidia-smi -L` lists the GPUs the driver sees")]
     if log is None or not log.read:
         findings.append(_unread(log, machine.source))
@@ -176,10 +180,10 @@ class _Window:
 def _unread(log: KernelLog | None, source: str) -> Finding:
     if log is None:
         where = "no kernel log among the captures" if source == "capture" else "the kernel log was not read"
-        return finding("gpu.xid", "machine", SKIP, f"{where}: Xid and SXid events not checked",
+        return finding(GPU_XID, "machine", SKIP, f"{where}: Xid and SXid events not checked",
                        remedy=f"on that machine: `{READ_COMMAND}` (or `sudo journalctl -k -b > kernel.txt`), "
                               "then `gpuvet inspect kernel.txt` with its other captures")
-    return finding("gpu.xid", "machine", SKIP, f"could not read the kernel log: {log.why_unread or 'no reason given'}",
+    return finding(GPU_XID, "machine", SKIP, f"could not read the kernel log: {log.why_unread or 'no reason given'}",
                    remedy=f"`{READ_COMMAND}` as root (or `sudo journalctl -k -b`), or give its output to `gpuvet inspect`")
 
 
@@ -204,10 +208,10 @@ def _span(log: KernelLog) -> str:
 
 def _clean(subj: str, log: KernelLog, what: str, window: _Window) -> Finding:
     if window.seconds is None:
-        return finding("gpu.xid", subj, PASS, f"{what} in the kernel log ({log.lines} lines {_span(log)})",
+        return finding(GPU_XID, subj, PASS, f"{what} in the kernel log ({log.lines} lines {_span(log)})",
                        measured=f"0 events for {'the GPUs' if subj == 'machine' else subj} in {log.lines} lines of {log.source}",
                        expected=EXPECTED, source=f"the kernel log ({log.source}) against {TABLE_NOTE}")
-    return finding("gpu.xid", subj, PASS, f"{what} {window.since()} of the kernel log ({log.lines} lines {_span(log)})",
+    return finding(GPU_XID, subj, PASS, f"{what} {window.since()} of the kernel log ({log.lines} lines {_span(log)})",
                    measured=f"0 events {window.since()} for {'the GPUs' if subj == 'machine' else subj} "
                             f"in {log.lines} lines of {log.source}",
                    expected=EXPECTED.replace("since boot", window.since()),
@@ -231,7 +235,7 @@ def _older(key: tuple[str, str, int | str | None], events: list[KernelEvent], lo
         label = _xid_label(kind, code) + (f" ({entry.name})" if entry else "")
     reference = "the log was read" if window.now_is == "read" else "the log's last line"
     age = _age_text(min(ages))
-    return finding("gpu.xid", _subject(bus, kind, gpu_of_bus), MEASURED,
+    return finding(GPU_XID, _subject(bus, kind, gpu_of_bus), MEASURED,
                    f"{label} at {when}, {age} ago, before {window.text} ({_times_text(count)}): history, not judged",
                    measured=f"{len(events)} line(s) in {log.source}; latest {age} before it was {reference}",
                    source=WINDOW_SOURCE,
@@ -295,13 +299,13 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
     hit += f"; seen by NVML during {', '.join(steps)}" if steps else ""
     gpu = gpu_of_bus.get(bus)
     if kind == "init_failed":
-        return finding("gpu.xid", subj, FAIL, f"the driver could not start this GPU (RmInitAdapter failed), {times} ({when})",
+        return finding(GPU_XID, subj, FAIL, f"the driver could not start this GPU (RmInitAdapter failed), {times} ({when})",
                        measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source})",
                        remedy=f"reboot; if it repeats, ask the provider (the GPU, its power or its slot); `{READ_COMMAND}`",
                        action=actions.REBOOT_NODE)
     if kind == "reset_required":
         where = "this GPU" if gpu is not None else ("the GPU at " + bus if bus != "?" else "a GPU (the line names none)")
-        return finding("gpu.xid", subj, FAIL,
+        return finding(GPU_XID, subj, FAIL,
                        f"the driver says {where} must be reset before it takes new work (NV_ERR_RESET_REQUIRED), {times} ({when})",
                        measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source}); NVML's NVML_ERROR_RESET_REQUIRED",
                        remedy=f"drain the GPU's work and reset it (`nvidia-smi -r`{f' -i {gpu.index}' if gpu else ''}), or reboot; "
@@ -311,7 +315,7 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
         corrected = code == "corrected"
         text = ("corrected PCIe errors on this GPU's bus (the link retried; many slow it down)" if corrected
                 else "uncorrected PCIe errors on this GPU's bus (data lost on the link; the GPU may fall off the bus)")
-        return finding("gpu.xid", subj, WARN if corrected else FAIL, f"{text}, {times} ({when})", measured=measured,
+        return finding(GPU_XID, subj, WARN if corrected else FAIL, f"{text}, {times} ({when})", measured=measured,
                        expected=EXPECTED, source=f"the kernel log's PCIe AER lines ({log.source})",
                        remedy=f"`sudo lspci -vvv -s {bus}` (DevSta, AER counters); reseat or replace the riser or GPU, "
                               "or ask the provider", action=actions.NONE if corrected else actions.ASK_PROVIDER)
@@ -321,7 +325,7 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
     if entry is None:
         # NVIDIA's catalogue answers a code it does not list with CONTACT_SUPPORT: a fault to drain
         # the node for, not a warning a scheduler lets pass.
-        return finding("gpu.xid", subj, FAIL,
+        return finding(GPU_XID, subj, FAIL,
                        f"{label} ({'fatal, ' if fatal else ''}not in NVIDIA's Xid catalogue as gpuvet holds it), {times} ({when}){hit}",
                        measured=measured, expected=EXPECTED, source=f"the kernel log ({log.source}) against {TABLE_NOTE}",
                        remedy="drain the GPU and ask the provider (or NVIDIA support) with the log line; look the code up in "
@@ -338,7 +342,7 @@ def _judge_group(key: tuple[str, str, int | str | None], events: list[KernelEven
         nature = "an NVSwitch event the switch recovers from" if kind == "sxid" else "usually the application, not the GPU"
     remedy = entry.action.replace("-i N", f"-i {gpu.index}") if gpu is not None else entry.action
     bucket = f" (NVIDIA's resolution: {entry.resolution})" if entry.resolution else ""
-    return finding("gpu.xid", subj, status, f"{label} ({entry.name}), {times} ({when}): {nature}; {entry.meaning}{why}{hit}",
+    return finding(GPU_XID, subj, status, f"{label} ({entry.name}), {times} ({when}): {nature}; {entry.meaning}{why}{hit}",
                    measured=measured, expected=EXPECTED, source=f"{entry.source}, via {TABLE_NOTE}",
                    remedy=remedy + bucket, action=_pending_action(entry, status))
 

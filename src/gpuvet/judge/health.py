@@ -4,10 +4,15 @@ healthy, a problem, or could not tell (node-problem-detector's OK / NonOK / Unkn
 
 from __future__ import annotations
 
+from ..catalog import checked
 from ..facts import Gpu, Machine
 from ..record import Finding
 from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM, UNKNOWN  # noqa: F401 (health's answer: its words live in record)
 from .common import FAIL, PASS, SKIP, Context, finding, subject
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_REACHABLE = checked("gpu.reachable")
+HEALTH_PROBE = checked("health.probe")
 
 
 # Probes whose hang means the GPU or its driver is stuck (NVML blocks in the kernel on a GPU
@@ -25,22 +30,22 @@ def check_reachable(ctx: Context) -> list[Finding]:
     source = "NVML device list and the PCI devices of vendor 10de (sysfs)"
     remedy = ("`nvidia-smi -q` and `dmesg | grep -i -E 'NVRM|Xid'` on the node; a GPU that fell off the bus "
               "needs a reset (`nvidia-smi -r -i N`) or a reboot, and a repeat means the board or its slot")
-    findings = [finding("gpu.reachable", subject(g), FAIL, _why_lost(g),
+    findings = [finding(GPU_REACHABLE, subject(g), FAIL, _why_lost(g),
                         measured=_why_lost(g), expected="NVML answers for every GPU on the bus", source=source,
                         remedy=remedy) for g in lost]
     if expected is not None and found < expected:
-        findings.append(finding("gpu.reachable", "machine", FAIL, f"{found} of {expected} GPUs visible",
+        findings.append(finding(GPU_REACHABLE, "machine", FAIL, f"{found} of {expected} GPUs visible",
                                 measured=f"{found} GPU(s) seen by NVML or on the PCI bus", expected=f"{expected} (--expect-gpus)",
                                 source=source, remedy=remedy))
     if not machine.gpus and expected is None:
         why = machine.gpu_error or "no NVIDIA GPU found"
-        return [finding("gpu.reachable", "gpu", SKIP, f"no GPU to check: {why}", measured="0 GPUs",
+        return [finding(GPU_REACHABLE, "gpu", SKIP, f"no GPU to check: {why}", measured="0 GPUs",
                         source=source)]
     if machine.gpu_error and machine.gpus and not lost:  # the driver is broken while the bus shows GPUs
-        findings.append(finding("gpu.reachable", "machine", FAIL, f"GPUs on the bus, NVML broken: {machine.gpu_error}",
+        findings.append(finding(GPU_REACHABLE, "machine", FAIL, f"GPUs on the bus, NVML broken: {machine.gpu_error}",
                                 measured=machine.gpu_error, expected="NVML starts", source=source, remedy=remedy))
     if not findings:
-        findings.append(finding("gpu.reachable", "machine", PASS, f"{found} GPU(s) answering NVML",
+        findings.append(finding(GPU_REACHABLE, "machine", PASS, f"{found} GPU(s) answering NVML",
                                 measured=f"{found} GPU(s)", expected=f"{expected}" if expected is not None else "every GPU on the bus",
                                 source=source))
     return findings
@@ -68,7 +73,7 @@ def check_probes(ctx: Context) -> list[Finding]:
         status = FAIL if timed_out and probe in _GPU_PROBES else SKIP
         summary = (f"NVML hung past its {budgets.get(probe, '?')} s deadline: GPU or driver wedged"
                    if status == FAIL else f"{probe} probe did not answer: {error}")
-        findings.append(finding("health.probe", probe, status, summary, measured=error,
+        findings.append(finding(HEALTH_PROBE, probe, status, summary, measured=error,
                                 expected=f"an answer within {budgets.get(probe, '?')} s",
                                 source="gpuvet health's per-probe deadline",
                                 remedy="`timeout 10 nvidia-smi -q`; if it hangs too, drain the node and reset the GPU or reboot"
@@ -81,6 +86,6 @@ def outcome(machine: Machine, findings: list[Finding]) -> str:
     not be read at all is 'could not tell', never healthy."""
     if any(f.status == FAIL for f in findings):
         return PROBLEM
-    if any(f.check == "gpu.reachable" and f.status == SKIP for f in findings):
+    if any(f.check == GPU_REACHABLE and f.status == SKIP for f in findings):
         return UNKNOWN
     return HEALTHY

@@ -5,10 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..catalog import checked
 from ..facts import Host
 from ..record import Finding
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, why_missing
 from .host_io import NETWORK_VOLUME_MODELS
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+HOST_CPU = checked("host.cpu")
+HOST_PREEMPTIBLE = checked("host.preemptible")
+HOST_SHM = checked("host.shm")
+HOST_SOMAXCONN = checked("host.somaxconn")
+HOST_STEAL = checked("host.steal")
+STORAGE_PERSISTENCE = checked("storage.persistence")
+STORAGE_WORKDIR = checked("storage.workdir")
 
 GIB = 1024**3
 
@@ -31,10 +41,10 @@ def _no_host(check: str, subject: str = "host") -> list[Finding]:
 def check_cpu(ctx: Context) -> list[Finding]:
     host = ctx.machine.host
     if host is None:
-        return _no_host("host.cpu")
+        return _no_host(HOST_CPU)
     cores = host.cpu_usable_cores or host.cpu_logical_cores
     if not cores:
-        return [finding("host.cpu", "host", SKIP, f"CPU count unknown: {why_missing(host, 'cpu_logical_cores')}")]
+        return [finding(HOST_CPU, "host", SKIP, f"CPU count unknown: {why_missing(host, 'cpu_logical_cores')}")]
     model = host.cpu_model or "CPU"
     described = f"{cores} usable cores ({host.cpu_physical_cores or '?'} physical, {host.cpu_logical_cores or '?'} logical), {model}"
     gpus = len(ctx.machine.gpus)
@@ -42,28 +52,28 @@ def check_cpu(ctx: Context) -> list[Finding]:
     source = ("PyTorch DataLoader practice: several worker processes per GPU; the seed: an 8-core RTX 4090 instance "
               "stayed under 90% GPU busy, and 16 cores cut its training time by a third")
     if gpus == 0:
-        return [finding("host.cpu", "host", PASS, described, measured=described,
+        return [finding(HOST_CPU, "host", PASS, described, measured=described,
                         expected=f"{expected}; no GPU here to feed", source=source)]
     per_gpu = cores / gpus
     measured = f"{described}; {per_gpu:.1f} per GPU"
     remedy = "raise DataLoader num_workers up to the core count; if the GPU still waits on data, rent more vCPUs per GPU"
     if per_gpu < CORES_PER_GPU_FAIL:
-        return [finding("host.cpu", "host", FAIL, f"only {per_gpu:.1f} CPU cores per GPU: the input pipeline will starve the GPUs",
+        return [finding(HOST_CPU, "host", FAIL, f"only {per_gpu:.1f} CPU cores per GPU: the input pipeline will starve the GPUs",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
     if per_gpu < CORES_PER_GPU_WARN:
-        return [finding("host.cpu", "host", WARN, f"{per_gpu:.1f} CPU cores per GPU: image decoding and augmentation may not keep up",
+        return [finding(HOST_CPU, "host", WARN, f"{per_gpu:.1f} CPU cores per GPU: image decoding and augmentation may not keep up",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
-    return [finding("host.cpu", "host", PASS, f"{per_gpu:.0f} CPU cores per GPU ({cores} usable, {model})", measured=measured,
+    return [finding(HOST_CPU, "host", PASS, f"{per_gpu:.0f} CPU cores per GPU ({cores} usable, {model})", measured=measured,
                     expected=expected, source=source)]
 
 
 def check_shm(ctx: Context) -> list[Finding]:
     host = ctx.machine.host
     if host is None:
-        return _no_host("host.shm")
+        return _no_host(HOST_SHM)
     size = host.shm_total_bytes
     if size is None:
-        return [finding("host.shm", "host", SKIP, f"/dev/shm not readable: {why_missing(host, 'shm_total_bytes')}")]
+        return [finding(HOST_SHM, "host", SKIP, f"/dev/shm not readable: {why_missing(host, 'shm_total_bytes')}")]
     measured = f"/dev/shm {size / GIB:.1f} GiB ({(host.shm_free_bytes or 0) / GIB:.1f} GiB free)"
     remedy = ("start the container with `--shm-size=16g` (or `--ipc=host`); on Kubernetes mount an emptyDir with "
               "medium: Memory at /dev/shm")
@@ -71,21 +81,21 @@ def check_shm(ctx: Context) -> list[Finding]:
     source = ("PyTorch DataLoader workers hand batches over in shared memory (/dev/shm); Docker's default is 64 MB "
               "(docs.docker.com, `docker run --shm-size`)")
     if size < SHM_FAIL_BYTES:
-        return [finding("host.shm", "host", FAIL,
+        return [finding(HOST_SHM, "host", FAIL,
                         f"/dev/shm is only {size / 2**20:.0f} MiB: PyTorch DataLoader workers crash with 'bus error' or 'No space left'",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
     if size < SHM_WARN_BYTES:
-        return [finding("host.shm", "host", WARN, f"/dev/shm is {size / GIB:.1f} GiB: tight for several DataLoader workers with large batches",
+        return [finding(HOST_SHM, "host", WARN, f"/dev/shm is {size / GIB:.1f} GiB: tight for several DataLoader workers with large batches",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
-    return [finding("host.shm", "host", PASS, measured, measured=measured, expected=expected, source=source)]
+    return [finding(HOST_SHM, "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 
 def check_steal(ctx: Context) -> list[Finding]:
     host = ctx.machine.host
     if host is None:
-        return _no_host("host.steal")
+        return _no_host(HOST_STEAL)
     if host.steal_pct is None:
-        return [finding("host.steal", "host", SKIP, f"CPU steal not measurable: {why_missing(host, 'steal_pct')}")]
+        return [finding(HOST_STEAL, "host", SKIP, f"CPU steal not measurable: {why_missing(host, 'steal_pct')}")]
     window = f" over {host.steal_window_s:.1f} s" if host.steal_window_s else ""
     since_boot = f", {host.steal_since_boot_pct:.1f}% since boot" if host.steal_since_boot_pct is not None else ""
     measured = f"{host.steal_pct:.1f}% steal{window}{since_boot}"
@@ -94,32 +104,32 @@ def check_steal(ctx: Context) -> list[Finding]:
     source = "/proc/stat steal time (CPU time the hypervisor gave to other guests), over the window and since boot"
     remedy = "run `vmstat 1 10` (column st) while your job runs; high steal means an oversold host: ask for another one"
     if worst >= STEAL_FAIL_PCT:
-        return [finding("host.steal", "host", FAIL, f"the hypervisor takes {worst:.0f}% of CPU time: neighbours share your cores",
+        return [finding(HOST_STEAL, "host", FAIL, f"the hypervisor takes {worst:.0f}% of CPU time: neighbours share your cores",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
     if worst >= STEAL_WARN_PCT:
-        return [finding("host.steal", "host", WARN, f"{worst:.0f}% CPU steal: the host is busy with other tenants",
+        return [finding(HOST_STEAL, "host", WARN, f"{worst:.0f}% CPU steal: the host is busy with other tenants",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
     where = f" ({host.hypervisor} guest)" if host.hypervisor else ""
-    return [finding("host.steal", "host", PASS, f"{measured}{where}", measured=measured, expected=expected, source=source)]
+    return [finding(HOST_STEAL, "host", PASS, f"{measured}{where}", measured=measured, expected=expected, source=source)]
 
 
 def check_somaxconn(ctx: Context) -> list[Finding]:
     host = ctx.machine.host
     if host is None:
-        return _no_host("host.somaxconn")
+        return _no_host(HOST_SOMAXCONN)
     value = host.somaxconn
     if value is None:
-        return [finding("host.somaxconn", "host", SKIP, f"net.core.somaxconn not readable: {why_missing(host, 'somaxconn')}")]
+        return [finding(HOST_SOMAXCONN, "host", SKIP, f"net.core.somaxconn not readable: {why_missing(host, 'somaxconn')}")]
     measured = f"net.core.somaxconn = {value}"
     expected = f">= {SOMAXCONN_MIN} (4096 on kernels since 5.4)"
     source = "Linux: net.core.somaxconn caps every listen() backlog; seed: 128 dropped 200 concurrent requests"
     if value < SOMAXCONN_MIN:
-        return [finding("host.somaxconn", "host", WARN,
+        return [finding(HOST_SOMAXCONN, "host", WARN,
                         f"TCP accept queue of {value}: a server (inference API, Jupyter, rendezvous) drops connections under bursts",
                         measured=measured, expected=expected, source=source,
                         remedy="sudo sysctl -w net.core.somaxconn=4096 (now), and to keep it after a reboot: "
                                "echo 'net.core.somaxconn = 4096' | sudo tee /etc/sysctl.d/60-somaxconn.conf")]
-    return [finding("host.somaxconn", "host", PASS, measured, measured=measured, expected=expected, source=source)]
+    return [finding(HOST_SOMAXCONN, "host", PASS, measured, measured=measured, expected=expected, source=source)]
 
 
 def preemptible_of(options: Mapping[str, Any], host: Host | None) -> tuple[bool | None, str]:
@@ -144,7 +154,7 @@ def check_preemptible(ctx: Context) -> list[Finding]:
     if preemptible is None:
         asked = host.unavailable.get("lifecycle") if host else None
         where = f"the instance metadata did not say ({asked}): " if asked else "not visible from inside the machine: "
-        return [finding("host.preemptible", "host", SKIP,
+        return [finding(HOST_PREEMPTIBLE, "host", SKIP,
                         f"{where}see the billing page or instance type, then tell gpuvet ({PREEMPTIBLE_TELL})",
                         remedy=f"see the billing page or instance type, then run {PREEMPTIBLE_TELL}")]
     lifecycle = (host.lifecycle if host is not None and said_by != "as you stated" else None) or \
@@ -153,12 +163,12 @@ def check_preemptible(ctx: Context) -> list[Finding]:
               else f"the cloud's instance metadata ({(host.lifecycle_source if host else None) or 'its lifecycle'})")
     expected = "an instance that is not reclaimed mid-job (on-demand or reserved)"
     if preemptible:
-        return [finding("host.preemptible", "host", WARN,
+        return [finding(HOST_PREEMPTIBLE, "host", WARN,
                         f"preemptible ({said_by}): it can be reclaimed at any time; make the job resumable and keep "
                         "checkpoints on persistent storage", measured=lifecycle, expected=expected, source=source,
                         remedy="make the job resumable and keep checkpoints on persistent storage (a network volume "
                                "or object storage), or rent an on-demand instance")]
-    return [finding("host.preemptible", "host", PASS, f"not preemptible ({said_by})", measured=lifecycle,
+    return [finding(HOST_PREEMPTIBLE, "host", PASS, f"not preemptible ({said_by})", measured=lifecycle,
                     expected=expected, source=source)]
 
 
@@ -206,10 +216,10 @@ def check_workdir(ctx: Context) -> list[Finding]:
     Whether it outlives the instance is storage.persistence's finding."""
     host: Host | None = ctx.machine.host
     if host is None:
-        return _no_host("storage.workdir", "storage")
+        return _no_host(STORAGE_WORKDIR, "storage")
     w = host.workdir
     if w is None or w.fs_type is None:
-        return [finding("storage.workdir", "storage", SKIP, f"working directory not examined: {why_missing(host, 'workdir')}")]
+        return [finding(STORAGE_WORKDIR, "storage", SKIP, f"working directory not examined: {why_missing(host, 'workdir')}")]
     free = f"{w.free_bytes / GIB:.0f} GiB free" if w.free_bytes is not None else "free space unknown"
     where = f"{w.path} on {w.fs_type} ({w.kind or 'unknown'}{', ' + w.model if w.model else ''}), {free}"
     remedy = "keep datasets and checkpoints on persistent storage; check with `df -hT .` and the provider's volume docs"
@@ -224,11 +234,11 @@ def check_workdir(ctx: Context) -> list[Finding]:
     if w.free_bytes is not None and w.free_bytes < WORKDIR_FREE_WARN_BYTES:
         issues.append(f"only {free}: checkpoints may not fit")
     if issues:
-        return [finding("storage.workdir", "storage", WARN, "; ".join(issues), measured=where, expected=expected, remedy=remedy)]
+        return [finding(STORAGE_WORKDIR, "storage", WARN, "; ".join(issues), measured=where, expected=expected, remedy=remedy)]
     if w.free_bytes is None:
-        return [finding("storage.workdir", "storage", SKIP, f"{where}: whether checkpoints fit is not known",
+        return [finding(STORAGE_WORKDIR, "storage", SKIP, f"{where}: whether checkpoints fit is not known",
                         measured=where, remedy="check with `df -hT .`")]
-    return [finding("storage.workdir", "storage", PASS, where, measured=where, expected=expected,
+    return [finding(STORAGE_WORKDIR, "storage", PASS, where, measured=where, expected=expected,
                     source="the file system and device behind the working directory (findmnt, statvfs, /sys/block)")]
 
 
@@ -239,10 +249,10 @@ def check_persistence(ctx: Context) -> list[Finding]:
     that can be reclaimed, where losing it is the likely case)."""
     host: Host | None = ctx.machine.host
     if host is None:
-        return _no_host("storage.persistence", "storage")
+        return _no_host(STORAGE_PERSISTENCE, "storage")
     w = host.workdir
     if w is None or w.fs_type is None:
-        return [finding("storage.persistence", "storage", SKIP,
+        return [finding(STORAGE_PERSISTENCE, "storage", SKIP,
                         f"working directory not examined: {why_missing(host, 'workdir')}")]
     path = w.path or "."
     where = f"{path} on {w.fs_type}"
@@ -252,16 +262,16 @@ def check_persistence(ctx: Context) -> list[Finding]:
     remedy = "keep checkpoints on a persistent volume or object storage"
     persistent, why = workdir_persistence(host)
     if persistent is True:
-        return [finding("storage.persistence", "storage", PASS, f"{where}: {why}", measured=measured,
+        return [finding(STORAGE_PERSISTENCE, "storage", PASS, f"{where}: {why}", measured=measured,
                         expected=expected, source=source)]
     if persistent is False:
-        return [finding("storage.persistence", "storage", WARN, f"{where}: {why}; checkpoints there are lost with it",
+        return [finding(STORAGE_PERSISTENCE, "storage", WARN, f"{where}: {why}; checkpoints there are lost with it",
                         measured=measured, expected=expected, source=source, remedy=remedy)]
     unknown = (f"{where}: {why}: check `findmnt -T {path}`, `lsblk -o NAME,TYPE,ROTA,MODEL` and the provider's docs "
                "on instance storage")
     preemptible, said_by = preemptible_of(ctx.options, host)
     if preemptible is True:
-        return [finding("storage.persistence", "storage", WARN, f"{unknown}; the instance is preemptible ({said_by})",
+        return [finding(STORAGE_PERSISTENCE, "storage", WARN, f"{unknown}; the instance is preemptible ({said_by})",
                         measured=measured, expected=expected, source=source, remedy=f"{remedy}; {_confirm_persistence(path)}")]
-    return [finding("storage.persistence", "storage", SKIP, unknown, measured=measured,
+    return [finding(STORAGE_PERSISTENCE, "storage", SKIP, unknown, measured=measured,
                     remedy=_confirm_persistence(path))]

@@ -11,10 +11,22 @@ only the job's.
 
 from __future__ import annotations
 
+from ..catalog import checked
 from ..facts import Host, Nic, RdmaPort
 from ..record import MEASURED, Finding, Measurement, Valued
 from .bench_common import measured, one, planned, worst
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+NET_LOOPBACK = checked("net.loopback")
+NET_NICS = checked("net.nics")
+NET_NODE_TO_NODE = checked("net.node_to_node")
+NET_RDMA = checked("net.rdma")
+STORAGE_RANDOM_READ = checked("storage.random_read")
+STORAGE_READ = checked("storage.read")
+STORAGE_SHARED = checked("storage.shared")
+STORAGE_SMALL_FILES = checked("storage.small_files")
+STORAGE_WRITE = checked("storage.write")
 
 # -- storage yardsticks -----------------------------------------------------------------------
 
@@ -42,8 +54,8 @@ CHECKPOINT_WRITE_MB_S = 100.0  # below: a 10 GB checkpoint keeps the GPUs idle f
 DEFAULT_DATASET_GB = 50.0  # the seed's example
 DEFAULT_CHECKPOINT_GB = 10.0
 
-CHECKS = {"disk.seq_write": "storage.write", "disk.seq_read": "storage.read",
-          "disk.rand_read_iops": "storage.random_read", "disk.small_files": "storage.small_files"}
+CHECKS = {"disk.seq_write": STORAGE_WRITE, "disk.seq_read": STORAGE_READ,
+          "disk.rand_read_iops": STORAGE_RANDOM_READ, "disk.small_files": STORAGE_SMALL_FILES}
 REMEDY_DATA = ("copy the dataset to local NVMe before training, or pack small files into large shards "
                "(WebDataset tar, TFRecord, LMDB); confirm with `gpuvet bench disk --path DIR` or "
                "`fio --name=r --rw=read --bs=1M --direct=1 --size=1G --directory=DIR`")
@@ -56,7 +68,7 @@ def check_storage(ctx: Context) -> list[Finding]:
         return []
     paths = _tested_paths(ctx)
     if not paths:
-        return [finding("storage.read", "storage", SKIP, "disk was not measured")]
+        return [finding(STORAGE_READ, "storage", SKIP, "disk was not measured")]
     findings = []
     for path in paths:
         for name, check in CHECKS.items():
@@ -90,11 +102,11 @@ def check_shared_storage(ctx: Context) -> list[Finding]:
         if chosen and workdir and workdir.mount_point:
             fs = f" on {workdir.fs_type}" if workdir.fs_type else ""
             same = f" ({', '.join(chosen)} is on the working directory's own disk: mount {workdir.mount_point}{fs})"
-        return [finding("storage.shared", "storage", SKIP,
+        return [finding(STORAGE_SHARED, "storage", SKIP,
                         f"local disk only: {labels} tested{same}; no shared or network storage tested: {SHARED_HOW}",
                         measured=f"tested {labels}", remedy=SHARED_HOW)]
     mounts = "; ".join(f"{p}: {details[p].get('fs_type') or '?'} at mount {details[p].get('mount_point') or '?'}" for p in beyond)
-    return [finding("storage.shared", "storage", PASS, f"shared storage tested: {', '.join(beyond)}",
+    return [finding(STORAGE_SHARED, "storage", PASS, f"shared storage tested: {', '.join(beyond)}",
                     measured=f"tested {labels}; {mounts}",
                     expected="a network file system, or a volume other than the working directory's, among the tested paths",
                     source="each tested path's file system and mount point (findmnt), against the working directory's "
@@ -308,7 +320,7 @@ def _loopback(ctx: Context) -> Finding:
     latency = one(ctx, "net.loopback_latency", "loopback")
     throughput = one(ctx, "net.loopback_throughput", "loopback")
     if latency is None and throughput is None:
-        return _not_measured(ctx, "net", "net.loopback", "loopback")
+        return _not_measured(ctx, "net", NET_LOOPBACK, "loopback")
     parts, status = [], PASS
     if latency:
         # On the seed's `ping 127.0.0.1` scale (ms), so the figure reads against its table.
@@ -324,8 +336,8 @@ def _loopback(ctx: Context) -> Finding:
     expected = (f"round trip under {LOOPBACK_WARN_US:.0f} us ({LOOPBACK_WARN_US / 1000:.2f} ms; the seed's ping: 0.02 ms "
                 f"healthy, 0.15 ms filtered, 0.38 ms overlay), one stream over {LOOPBACK_MIN_GBIT:.0f} Gbit/s")
     if status == PASS:
-        return finding("net.loopback", "loopback", PASS, text, measured=text, expected=expected, source=LOOPBACK_SOURCE)
-    return finding("net.loopback", "loopback", WARN,
+        return finding(NET_LOOPBACK, "loopback", PASS, text, measured=text, expected=expected, source=LOOPBACK_SOURCE)
+    return finding(NET_LOOPBACK, "loopback", WARN,
                    f"slow TCP stack on loopback: {text}: packet filtering, an overlay network or starved CPUs add this to every "
                    "connection (Jupyter, data loading, monitoring)",
                    measured=text, expected=expected, source=LOOPBACK_SOURCE,
@@ -349,27 +361,27 @@ def _nics(ctx: Context) -> list[Finding]:
     physical = [n for n in host.nics if not n.virtual]
     if not physical:
         virtual = ", ".join(n.name for n in host.nics) or "none"
-        return [finding("net.nics", "host", SKIP, f"no physical network interface visible (only {virtual}): "
+        return [finding(NET_NICS, "host", SKIP, f"no physical network interface visible (only {virtual}): "
                                                    "a container in its own network namespace sees veth devices only")]
     listing = ", ".join(_describe_nic(n) for n in physical)
     speeds = [n.speed_mbps for n in physical if n.speed_mbps and n.operstate == "up"]
     fastest = max(speeds) / 1000 if speeds else None
     if ctx.options.get("multi_node") and not _active_rdma(host) and fastest is not None and fastest < MULTI_NODE_MIN_GBIT:
-        return [finding("net.nics", "host", WARN,
+        return [finding(NET_NICS, "host", WARN,
                         f"multi-node training over {fastest:g} Gbit/s Ethernet without RDMA: gradient exchange will dominate each step",
                         measured=listing, expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE",
                         source=MULTI_NODE_SOURCE,
                         remedy="ask for instances with InfiniBand/RoCE or 100+ GbE; measure with `gpuvet net serve` / `gpuvet net test HOST`")]
     hint = "" if speeds else " (virtual NICs do not report a speed: measure with `gpuvet net serve` / `gpuvet net test HOST`)"
     if not ctx.options.get("multi_node"):  # one machine: nothing to hold the links against
-        return [finding("net.nics", "host", MEASURED, f"{listing}{hint}", measured=listing)]
+        return [finding(NET_NICS, "host", MEASURED, f"{listing}{hint}", measured=listing)]
     if fastest is None and not _active_rdma(host):
         # A speed nobody reported is not a fast one: measured, never a pass for multi-node training.
-        return [finding("net.nics", "host", MEASURED, f"{listing}{hint}: not judged for multi-node training until measured",
+        return [finding(NET_NICS, "host", MEASURED, f"{listing}{hint}: not judged for multi-node training until measured",
                         measured=listing, expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE",
                         source=MULTI_NODE_SOURCE,
                         remedy="measure between two nodes: `gpuvet net serve` on one, `gpuvet net test HOST` on the other")]
-    return [finding("net.nics", "host", PASS, f"{listing}{hint}", measured=listing,
+    return [finding(NET_NICS, "host", PASS, f"{listing}{hint}", measured=listing,
                     expected=f">= {MULTI_NODE_MIN_GBIT:g} Gbit/s per node, or InfiniBand/RoCE", source=MULTI_NODE_SOURCE)]
 
 
@@ -387,22 +399,22 @@ def _rdma(ctx: Context) -> list[Finding]:
               "(NET/Socket when it falls back to TCP)")
     if not host.rdma:
         if multi_node:
-            return [finding("net.rdma", "host", WARN, "no RDMA device (InfiniBand/RoCE): multi-node all-reduce runs over TCP sockets",
+            return [finding(NET_RDMA, "host", WARN, "no RDMA device (InfiniBand/RoCE): multi-node all-reduce runs over TCP sockets",
                             measured="no /sys/class/infiniband devices", expected="InfiniBand or RoCE ports, ACTIVE",
                             source=MULTI_NODE_SOURCE, remedy=remedy)]
         scope = "this multi-GPU machine" if len(ctx.machine.gpus) > 1 else "one machine"
-        return [finding("net.rdma", "host", SKIP, f"no RDMA device (InfiniBand/RoCE): not needed on {scope}; "
+        return [finding(NET_RDMA, "host", SKIP, f"no RDMA device (InfiniBand/RoCE): not needed on {scope}; "
                                                    "it matters for multi-node training (judge with the multi-node option)")]
     listing = ", ".join(_describe_port(p) for p in host.rdma)
     active = _active_rdma(host)
     if not active and multi_node:
-        return [finding("net.rdma", "host", WARN, f"RDMA ports present but none ACTIVE: {listing}",
+        return [finding(NET_RDMA, "host", WARN, f"RDMA ports present but none ACTIVE: {listing}",
                         measured=listing, expected="at least one ACTIVE port (phys_state LinkUp)",
                         source=MULTI_NODE_SOURCE, remedy=remedy)]
     if not active:  # not multi-node: nothing needs them
-        return [finding("net.rdma", "host", MEASURED, f"RDMA ports present but none ACTIVE: {listing}; it matters for "
+        return [finding(NET_RDMA, "host", MEASURED, f"RDMA ports present but none ACTIVE: {listing}; it matters for "
                         "multi-node training (judge with the multi-node option)", measured=listing)]
-    return [finding("net.rdma", "host", PASS, f"{len(active)} of {len(host.rdma)} RDMA ports ACTIVE: {listing}", measured=listing,
+    return [finding(NET_RDMA, "host", PASS, f"{len(active)} of {len(host.rdma)} RDMA ports ACTIVE: {listing}", measured=listing,
                     expected="at least one ACTIVE port (phys_state LinkUp)" + (" for multi-node training" if multi_node else ""),
                     source="/sys/class/infiniband/*/ports/*/state and phys_state")]
 
@@ -417,7 +429,7 @@ def _one_peer(ctx: Context, subject: str) -> Finding:
     throughput = one(ctx, "net.tcp_throughput", subject)
     latency = one(ctx, "net.tcp_latency", subject)
     if throughput is None and latency is None:
-        return _not_measured(ctx, "net", "net.node_to_node", subject)
+        return _not_measured(ctx, "net", NET_NODE_TO_NODE, subject)
     peer = subject.removeprefix("net:")
     parts, problems, expected, sources = [], [], [], []
     if latency:
@@ -446,15 +458,15 @@ def _one_peer(ctx: Context, subject: str) -> Finding:
     text = "; ".join(parts)
     common = {"measured": text, "expected": "; ".join(expected) or None, "source": "; ".join(sources) or None}
     if problems:
-        return finding("net.node_to_node", subject, WARN, f"to {peer}: {text}: {'; '.join(problems)}", **common,
+        return finding(NET_NODE_TO_NODE, subject, WARN, f"to {peer}: {text}: {'; '.join(problems)}", **common,
                        remedy=f"iperf3 -c {peer} -P 8 (several streams); run `gpuvet net test` from the other machine too "
                               "(its link may be the slower one); check MTU (`ip link`) and that both nodes sit in one "
                               "zone / placement group")
     if not expected or _over_loopback(throughput):
         # Both ends on this machine (a test to itself over lo), or no figure with an expectation:
         # no network link was judged.
-        return finding("net.node_to_node", subject, MEASURED, f"to {peer}: {text}", **common)
-    return finding("net.node_to_node", subject, PASS, f"to {peer}: {text}", **common)
+        return finding(NET_NODE_TO_NODE, subject, MEASURED, f"to {peer}: {text}", **common)
+    return finding(NET_NODE_TO_NODE, subject, PASS, f"to {peer}: {text}", **common)
 
 
 def _over_loopback(throughput: Measurement | None) -> bool:

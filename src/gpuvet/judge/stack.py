@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ..catalog import checked
 from ..facts import Stack
 from ..record import MEASURED, Finding
 from ..specs import cuda
@@ -12,25 +13,30 @@ from ..specs.cuda import version_tuple as vt
 from ..specs.torch_wheels import WHEEL_SOURCE, driver_cuda, torch_install, wheel_for
 from .common import FAIL, PASS, SKIP, WARN, Context, finding
 
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+STACK_ARCH_SUPPORT = checked("stack.arch_support")
+STACK_DRIVER_CUDA = checked("stack.driver_cuda")
+STACK_TOOLKIT = checked("stack.toolkit")
+
 
 def check_driver_cuda(ctx: Context) -> list[Finding]:
     m = ctx.machine
     if m.stack is None:
-        return [finding("stack.driver_cuda", "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
+        return [finding(STACK_DRIVER_CUDA, "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
     torch = m.stack.torch
     driver = m.driver
     if not torch.installed:
-        return [finding("stack.driver_cuda", "stack", SKIP, "PyTorch is not installed: no framework CUDA to compare with the driver",
+        return [finding(STACK_DRIVER_CUDA, "stack", SKIP, "PyTorch is not installed: no framework CUDA to compare with the driver",
                         remedy=f"install one this driver runs: {torch_install(m)}")]
     if torch.cuda is None:
         if m.gpus and torch.hip is None:
-            return [finding("stack.driver_cuda", "stack", FAIL,
+            return [finding(STACK_DRIVER_CUDA, "stack", FAIL,
                             f"PyTorch {torch.version} is a CPU-only build: it will never use the GPUs",
                             measured=f"torch.version.cuda = None ({torch.version})", expected="a CUDA build of PyTorch",
                             source=WHEEL_SOURCE, remedy=f"install a CUDA build your driver runs: {wheel_for(driver_cuda(driver))}")]
-        return [finding("stack.driver_cuda", "stack", SKIP, f"PyTorch {torch.version} has no CUDA runtime (CPU or ROCm build)")]
+        return [finding(STACK_DRIVER_CUDA, "stack", SKIP, f"PyTorch {torch.version} has no CUDA runtime (CPU or ROCm build)")]
     if driver.version is None:
-        return [finding("stack.driver_cuda", "stack", SKIP,
+        return [finding(STACK_DRIVER_CUDA, "stack", SKIP,
                         f"PyTorch {torch.version} wants CUDA {torch.cuda}, but there is no NVIDIA driver: {m.gpu_error or 'no GPU found'}")]
     needed = cuda.toolkit_driver(torch.cuda)
     family_min = cuda.family_min_driver(torch.cuda)
@@ -39,17 +45,17 @@ def check_driver_cuda(ctx: Context) -> list[Finding]:
     ok_by_cuda = driver.cuda_version and vt(driver.cuda_version)[:2] >= vt(torch.cuda)[:2]
     ok_by_driver = needed and vt(driver.version) >= vt(needed)
     if ok_by_cuda or ok_by_driver:
-        return [finding("stack.driver_cuda", "stack", PASS,
+        return [finding(STACK_DRIVER_CUDA, "stack", PASS,
                         f"driver {driver.version} runs CUDA {torch.cuda} (torch {torch.version})",
                         measured=measured, expected=expected, source=cuda.SOURCE)]
     remedy = (f"ask the provider for a driver >= {needed or '?'}, or install a PyTorch wheel for the driver's CUDA: "
               f"{wheel_for(driver_cuda(driver))}")
     if family_min and vt(driver.version) >= vt(family_min) and vt(driver.cuda_version or "0")[:1] == vt(torch.cuda)[:1]:
-        return [finding("stack.driver_cuda", "stack", WARN,
+        return [finding(STACK_DRIVER_CUDA, "stack", WARN,
                         f"driver {driver.version} is older than CUDA {torch.cuda} wants; it runs by minor-version compatibility, "
                         "but PTX/JIT code (torch.compile, Triton) can fail with 'unsupported PTX version'",
                         measured=measured, expected=expected, source=f"{cuda.SOURCE}; {WHEEL_SOURCE}", remedy=remedy)]
-    return [finding("stack.driver_cuda", "stack", FAIL,
+    return [finding(STACK_DRIVER_CUDA, "stack", FAIL,
                     f"driver {driver.version} is too old for PyTorch built with CUDA {torch.cuda}: CUDA calls will fail",
                     measured=measured, expected=expected, source=f"{cuda.SOURCE}; {WHEEL_SOURCE}", remedy=remedy)]
 
@@ -57,40 +63,40 @@ def check_driver_cuda(ctx: Context) -> list[Finding]:
 def check_arch_support(ctx: Context) -> list[Finding]:
     m = ctx.machine
     if m.stack is None:
-        return [finding("stack.arch_support", "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
+        return [finding(STACK_ARCH_SUPPORT, "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
     torch = m.stack.torch
     if not m.gpus:
-        return [finding("stack.arch_support", "stack", SKIP, f"no GPU to run kernels on: {m.gpu_error or 'none found'}")]
+        return [finding(STACK_ARCH_SUPPORT, "stack", SKIP, f"no GPU to run kernels on: {m.gpu_error or 'none found'}")]
     if not torch.installed or torch.cuda is None:
-        return [finding("stack.arch_support", "stack", SKIP, "no CUDA build of PyTorch installed")]
+        return [finding(STACK_ARCH_SUPPORT, "stack", SKIP, "no CUDA build of PyTorch installed")]
     if torch.error:
-        return [finding("stack.arch_support", "stack", FAIL, f"PyTorch could not be checked: {torch.error}",
+        return [finding(STACK_ARCH_SUPPORT, "stack", FAIL, f"PyTorch could not be checked: {torch.error}",
                         remedy="python -c 'import torch; print(torch.cuda.is_available())'")]
     if torch.cuda_available is False:
-        return [finding("stack.arch_support", "stack", FAIL,
+        return [finding(STACK_ARCH_SUPPORT, "stack", FAIL,
                         "torch.cuda.is_available() is False although the driver sees GPUs: PyTorch cannot use them",
                         measured="torch.cuda.is_available() = False", expected="True",
                         remedy="check CUDA_VISIBLE_DEVICES and, in a container, that it runs with the NVIDIA runtime (`--gpus all`)")]
     if not torch.arch_list:
-        return [finding("stack.arch_support", "stack", SKIP, "torch.cuda.get_arch_list() not read")]
+        return [finding(STACK_ARCH_SUPPORT, "stack", SKIP, "torch.cuda.get_arch_list() not read")]
     findings = []
     capabilities = sorted({g.compute_capability for g in m.gpus if g.compute_capability})
     if not capabilities:
-        return [finding("stack.arch_support", "stack", SKIP, "GPU compute capability unknown")]
+        return [finding(STACK_ARCH_SUPPORT, "stack", SKIP, "GPU compute capability unknown")]
     archs = " ".join(torch.arch_list)
     for cc in capabilities:
         names = ", ".join(sorted({g.name or "?" for g in m.gpus if g.compute_capability == cc}))
         entry = cuda.supports_arch(torch.arch_list, cc)
         if entry is None:
             findings.append(finding(
-                "stack.arch_support", "stack", FAIL,
+                STACK_ARCH_SUPPORT, "stack", FAIL,
                 f"PyTorch {torch.version} has no kernels for compute capability {cc} ({names}): "
                 "'no kernel image is available for execution on the device'",
                 measured=f"torch arch list: {archs}", expected=f"sm_{cc.replace('.', '')} or older PTX",
                 source="torch.cuda.get_arch_list()",
                 remedy="install a PyTorch build for this GPU (newer GPUs need a newer CUDA wheel, e.g. cu128 for Blackwell)"))
         else:
-            findings.append(finding("stack.arch_support", "stack", PASS,
+            findings.append(finding(STACK_ARCH_SUPPORT, "stack", PASS,
                                     f"PyTorch {torch.version} runs on compute capability {cc} ({names}) via {entry}",
                                     measured=f"torch arch list: {archs}", expected=f"sm_{cc.replace('.', '')} or older PTX",
                                     source="torch.cuda.get_arch_list() against the GPU's compute capability"))
@@ -105,12 +111,12 @@ def check_toolkit(ctx: Context) -> list[Finding]:
     was built with (extensions compiled with nvcc must match it)."""
     m = ctx.machine
     if m.stack is None:
-        return [finding("stack.toolkit", "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
+        return [finding(STACK_TOOLKIT, "stack", SKIP, "software stack not in the capture (gpuvet run reads it)")]
     st = m.stack
     toolkit, where = _toolkit(st)
     if toolkit is None:
         why = st.unavailable.get("nvcc_version") or "nvcc not found"
-        return [finding("stack.toolkit", "stack", SKIP, f"no CUDA toolkit installed ({why}): PyTorch wheels bring their "
+        return [finding(STACK_TOOLKIT, "stack", SKIP, f"no CUDA toolkit installed ({why}): PyTorch wheels bring their "
                         "own CUDA runtime; a toolkit is needed only to compile CUDA code or extensions")]
     measured = f"toolkit CUDA {toolkit} ({where}); driver {m.driver.version or '?'}"
     problems: list[tuple[str, str]] = []
@@ -139,15 +145,15 @@ def check_toolkit(ctx: Context) -> list[Finding]:
                                    "(flash-attn, apex, custom ops) fail: 'The detected CUDA version mismatches the version "
                                    "that was used to compile PyTorch'"))
     if not expected:
-        return [finding("stack.toolkit", "stack", MEASURED, f"CUDA toolkit {toolkit} ({where}): no driver version "
+        return [finding(STACK_TOOLKIT, "stack", MEASURED, f"CUDA toolkit {toolkit} ({where}): no driver version "
                         "or PyTorch to compare it with", measured=measured)]
     common = {"measured": measured, "expected": "; ".join(expected), "source": "; ".join(sources)}
     if problems:
         status = FAIL if any(s == FAIL for s, _ in problems) else WARN
-        return [finding("stack.toolkit", "stack", status, "; ".join(w for _, w in problems), **common,
+        return [finding(STACK_TOOLKIT, "stack", status, "; ".join(w for _, w in problems), **common,
                         remedy="`nvcc --version`, `cat /usr/local/cuda/version.json`, `nvidia-smi`; ask the provider for a "
                                "newer driver, or install the toolkit matching torch.version.cuda")]
-    return [finding("stack.toolkit", "stack", PASS, f"CUDA toolkit {toolkit} runs on driver {m.driver.version or '?'}"
+    return [finding(STACK_TOOLKIT, "stack", PASS, f"CUDA toolkit {toolkit} runs on driver {m.driver.version or '?'}"
                     + (f" and matches PyTorch's CUDA {torch_cuda}" if torch_cuda else ""), **common)]
 
 

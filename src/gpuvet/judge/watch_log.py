@@ -6,22 +6,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..catalog import checked
 from ..record import Finding
 from .common import SKIP, finding
 from .diagnose import watch_findings, watch_job_finding, watch_without_gpus
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+WATCH_DIAGNOSIS = checked("watch.diagnosis")
+WATCH_JOB = checked("watch.job")
+WATCH_LOG = checked("watch.log")
 
 
 def judge_watch_log(series: list[dict[str, Any]], sessions: dict[Any, float], gpus_watched: bool,
                     gpu_error: str | None, notes: list[str], path: str) -> list[Finding]:
     """`sessions`: each session's t0 -> the seconds it covers; `notes`: lines the log could not hold."""
     findings = []
-    diagnosed = {s["subject"] for s in series if s["name"] == "watch.diagnosis" and s["subject"].startswith("gpu")}
+    diagnosed = {s["subject"] for s in series if s["name"] == WATCH_DIAGNOSIS and s["subject"].startswith("gpu")}
     for subject in sorted(diagnosed, key=gpu_order):
-        changes = [(s["rows"], sessions[s["t0"]]) for s in series if s["name"] == "watch.diagnosis" and s["subject"] == subject]
+        changes = [(s["rows"], sessions[s["t0"]]) for s in series if s["name"] == WATCH_DIAGNOSIS and s["subject"] == subject]
         findings += watch_findings(subject, [([tuple(r) for r in rows], end) for rows, end in changes])
     if not gpus_watched:
         findings.append(watch_without_gpus(gpu_error))
-    jobs = [s for s in series if s["name"] == "watch.job"]
+    jobs = [s for s in series if s["name"] == WATCH_JOB]
     for pid in dict.fromkeys(s.get("pid") for s in jobs):
         job = watch_job_finding(pid if pid is not None else "?",
                                 [(s["columns"], s["rows"]) for s in jobs if s.get("pid") == pid])
@@ -31,7 +37,7 @@ def judge_watch_log(series: list[dict[str, Any]], sessions: dict[Any, float], gp
 
 def watch_log_notes(notes: list[str], path: str) -> list[Finding]:
     """watch.log: a SKIP for each part of the log that could not be read (a line cut off mid-write)."""
-    return [finding("watch.log", "log", SKIP, note, measured=note, source=path,
+    return [finding(WATCH_LOG, "log", SKIP, note, measured=note, source=path,
                     expected="whole JSON lines, as `gpuvet watch --log` writes them") for note in notes]
 
 

@@ -6,10 +6,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import MEASURED, Finding, Measurement
 from .bench_common import measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, SKIP, WARN, Context, finding, subject as gpu_subject
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+WORKLOAD_CHECKPOINT = checked("workload.checkpoint")
+WORKLOAD_RESUME = checked("workload.resume")
+WORKLOAD_THROUGHPUT = checked("workload.throughput")
 
 BENCH = "workload"
 PEAK_COLUMN = {"bfloat16": "bf16_tensor_tflops_dense", "float16": "fp16_tensor_tflops_dense"}
@@ -75,7 +81,7 @@ def _gpu(ctx: Context, subject: str) -> Gpu | None:
 # -- workload.throughput -----------------------------------------------------------------------
 
 def _throughput(ctx: Context, subject: str) -> Finding:
-    check = "workload.throughput"
+    check = WORKLOAD_THROUGHPUT
     tps = one(ctx, "workload.tokens_per_s", subject)
     if tps is None:
         return not_measured(ctx, BENCH, check, subject)
@@ -140,7 +146,7 @@ def _throughput(ctx: Context, subject: str) -> Finding:
 
 def _nonfinite_loss(subject: str, d: dict[str, Any], words: str, measured_text: str) -> Finding:
     steps = d.get("timed_steps", 0) + d.get("warmup_steps", 0)
-    return finding("workload.throughput", subject, FAIL, f"the training loss was NaN or inf at {d['nonfinite_losses']} of "
+    return finding(WORKLOAD_THROUGHPUT, subject, FAIL, f"the training loss was NaN or inf at {d['nonfinite_losses']} of "
                    f"{steps} steps ({words})", measured=measured_text,
                    expected="a finite loss at every step: the model is small, its gradients clipped, its "
                             "compute in bf16 (or fp16 with loss scaling)",
@@ -165,7 +171,7 @@ def _peak(ctx: Context, subject: str, dtype: str | None) -> tuple[float | None, 
 # -- workload.checkpoint -----------------------------------------------------------------------
 
 def _checkpoint(ctx: Context, subject: str) -> Finding:
-    check = "workload.checkpoint"
+    check = WORKLOAD_CHECKPOINT
     write, read = _first(ctx, "workload.checkpoint_write", subject), _first(ctx, "workload.checkpoint_read", subject)
     if write is None:
         return not_measured(ctx, BENCH, check, subject)
@@ -187,7 +193,7 @@ def _checkpoint(ctx: Context, subject: str) -> Finding:
 
 
 def _checkpoint_speed(ctx: Context, subject: str, write: Measurement, read: Measurement | None) -> Finding:
-    check, path, size = "workload.checkpoint", write.details.get("path", "?"), write.details.get("bytes") or 0
+    check, path, size = WORKLOAD_CHECKPOINT, write.details.get("path", "?"), write.details.get("bytes") or 0
     words = f"checkpoint of {size / 1e6:.0f} MB to {path}: write {write.value:.0f} MB/s (with fsync)"
     if read is not None and read.value is not None:
         words += f", read {read.value:.0f} MB/s by a fresh process"
@@ -242,7 +248,7 @@ def _ephemeral_workdir(ctx: Context, write: Measurement) -> str | None:
 # -- workload.resume ---------------------------------------------------------------------------
 
 def _resume(ctx: Context, subject: str) -> Finding:
-    check = "workload.resume"
+    check = WORKLOAD_RESUME
     m = _first(ctx, "workload.resume_ok", subject)
     if m is None:
         return not_measured(ctx, BENCH, check, subject)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...catalog import checked
 from ...record import FAIL, Finding, Measurement
 from ..common import finding
 from .nodes import (ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, ALLREDUCE_PASS_SHARE, ALLREDUCE_WARN_SHARE, FAILED, FALLBACK,
@@ -41,6 +42,9 @@ from .per_node import (UNIFORM_FIELDS, Baseline, check_uniformity, find_straggle
 from .cross_node import (attribute_ring, ring_pairs, RingPair, RingVerdict, allreduce_finding, cross_measurements,
     fallback_findings, ring_findings)
 from .view import (HEADLINE_CHARS, NOTHING_PACE, ODD_ONE_PACE, ClusterEvidence, node_rows, NodeRow)
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+CLUSTER_RUN = checked("cluster.run")
 
 __all__ = ["ALLREDUCE_BUSBW", "ALLREDUCE_LATENCY", "ALLREDUCE_PASS_SHARE", "ALLREDUCE_WARN_SHARE", "FAILED",
            "FALLBACK", "GLOO_WARN_SHARE", "IMPORTING_TORCH", "MAD_TO_SIGMA", "METRICS", "MIN_FOR_SPREAD", "MISSING",
@@ -86,7 +90,7 @@ def judge_cluster(entries: list[NodeEntry], measurements: list[Measurement] | No
 def _stopped_findings(stopped: str | None) -> list[Finding]:
     if not stopped:
         return []
-    return [finding("cluster.run", "cluster", FAIL, f"the run was stopped before its end ({stopped}): this report holds "
+    return [finding(CLUSTER_RUN, "cluster", FAIL, f"the run was stopped before its end ({stopped}): this report holds "
                      "what was gathered by then", measured=stopped, expected="the run ends by itself",
                      remedy="if torchrun's log says 'Detected N new nodes ... will restart worker group', a node joined "
                             "late: start every node at once with the line from `gpuvet cluster --print-launch`, and rerun")]

@@ -8,10 +8,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from ...catalog import checked
 from ...record import FAIL, PASS, SKIP, WARN, Finding, Measurement, Valued, has_value
 from ..common import finding
 from .nodes import ALLREDUCE_BUSBW, ALLREDUCE_LATENCY, ALLREDUCE_PASS_SHARE, ALLREDUCE_WARN_SHARE, GLOO_WARN_SHARE, NAMES_SHOWN, NOTE, RING, RING_TOLERANCE, SEED_SOURCE, name_list, Network, NodeView
 from .per_node import beyond, robust_baseline
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+CLUSTER_ALLREDUCE = checked("cluster.allreduce")
+CLUSTER_FALLBACK = checked("cluster.fallback")
+CLUSTER_RING = checked("cluster.ring")
 
 
 # -- cross-node ------------------------------------------------------------------------------
@@ -52,27 +58,27 @@ def _network_floor(views: list[NodeView], members: list[str], backend: str) -> t
 def allreduce_finding(views: list[NodeView], busbw: Valued | None, latency: Valued | None,
                        notes: list[Measurement]) -> Finding:
     if busbw is None:
-        return _not_measured("cluster.allreduce", notes, "the cross-node all-reduce")
+        return _not_measured(CLUSTER_ALLREDUCE, notes, "the cross-node all-reduce")
     d = busbw.details
     members = list(d.get("members") or [])
     backend = d.get("backend", "?")
     measured = (f"busbw {busbw.value:.3g} GB/s at {d.get('largest_bytes')} bytes over {len(members) or '?'} nodes x "
                 f"{d.get('ranks_per_node', '?')} ranks ({backend})" + (f"; 1 MiB: {latency.value:.0f} us" if latency else ""))
     if d.get("check_ok") is False:
-        return finding("cluster.allreduce", "cluster", FAIL,
+        return finding(CLUSTER_ALLREDUCE, "cluster", FAIL,
                         "cross-node all-reduce returned wrong sums: data corrupted between nodes",
                         measured=measured, expected="every rank holds n(n+1)/2",
                         remedy="rerun; then test node pairs (cluster.ring) to find the bad link or NIC")
     floor, words, no_rdma, unknown = _network_floor(views, members, backend)
     if backend == "nccl" and no_rdma:
-        return finding("cluster.allreduce", "cluster", WARN,
+        return finding(CLUSTER_ALLREDUCE, "cluster", WARN,
                         f"cross-node all-reduce {busbw.value:.3g} GB/s over TCP sockets: no active RDMA on {name_list(no_rdma)}",
                         measured=measured, expected="InfiniBand or RoCE ports ACTIVE on every node", source=SEED_SOURCE,
                         remedy="`ibstat`; `NCCL_DEBUG=INFO` prints NET/IB when NCCL uses RDMA, NET/Socket when it does not")
     if floor is None:
         why = f"no NIC link rate known on {name_list(unknown)}" if unknown else "no NIC link rate known"
         # Nothing to compare with is not a pass: the figure is kept, the verdict left open.
-        return finding("cluster.allreduce", "cluster", SKIP,
+        return finding(CLUSTER_ALLREDUCE, "cluster", SKIP,
                         f"cross-node all-reduce {busbw.value:.3g} GB/s measured, not judged: {why} to compare with",
                         measured=measured, expected="a known link rate on every node (NIC speed or RDMA port rate)",
                         source=SEED_SOURCE,
@@ -82,7 +88,7 @@ def allreduce_finding(views: list[NodeView], busbw: Valued | None, latency: Valu
     if backend == "gloo":
         return _gloo_allreduce(busbw, measured, share, floor, words)
     status = PASS if share >= ALLREDUCE_PASS_SHARE else WARN if share >= ALLREDUCE_WARN_SHARE else FAIL
-    return finding("cluster.allreduce", "cluster", status,
+    return finding(CLUSTER_ALLREDUCE, "cluster", status,
                     f"cross-node all-reduce {busbw.value:.3g} GB/s = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})",
                     measured=measured, expected=f">= {100 * ALLREDUCE_PASS_SHARE:.0f}% of the slowest node's network",
                     source=SEED_SOURCE,
@@ -95,11 +101,11 @@ def _gloo_allreduce(busbw: Valued, measured: str, share: float, floor: float, wo
     other (cluster.ring), and against the NIC only when far below it."""
     summary = f"cross-node all-reduce {busbw.value:.3g} GB/s over gloo = {100 * share:.0f}% of ~{floor:.3g} GB/s ({words})"
     if share >= GLOO_WARN_SHARE:
-        return finding("cluster.allreduce", "cluster", PASS, summary, measured=measured,
+        return finding(CLUSTER_ALLREDUCE, "cluster", PASS, summary, measured=measured,
                         expected=f">= {100 * GLOO_WARN_SHARE:.0f}% of the slowest NIC over gloo (one TCP stream rarely "
                                  "fills a fast NIC; cluster.ring compares the nodes with each other)",
                         source=SEED_SOURCE)
-    return finding("cluster.allreduce", "cluster", WARN, summary + " (far below the NIC even for gloo)",
+    return finding(CLUSTER_ALLREDUCE, "cluster", WARN, summary + " (far below the NIC even for gloo)",
                     measured=measured, expected=f">= {100 * GLOO_WARN_SHARE:.0f}% of the slowest NIC over gloo",
                     source=SEED_SOURCE,
                     remedy="`iperf3 -c` between two nodes (or `gpuvet net`): near the NIC rate means gloo is the limit, "
@@ -138,7 +144,7 @@ def fallback_findings(fallback: Measurement | None) -> list[Finding]:
         return []
     without = list(fallback.details.get("without_gpu") or [])
     where = name_list(without) if without else "some nodes"
-    return [finding("cluster.fallback", "cluster", WARN,
+    return [finding(CLUSTER_FALLBACK, "cluster", WARN,
                      f"cross-node tests ran over gloo on the CPUs, not NCCL on the GPUs: no usable GPU on {where}",
                      measured=f"no usable GPU (torch.cuda) on {where}", expected="every node has a GPU PyTorch can use",
                      source="NCCL needs a GPU on every rank; without one gpuvet measures the network over gloo instead",
@@ -203,7 +209,7 @@ def _pair_words(p: RingPair) -> str:
 
 def ring_findings(views: list[NodeView], ring: list[Measurement], notes: list[Measurement]) -> list[Finding]:
     if not ring:
-        return [_not_measured("cluster.ring", notes, "the node-to-node ring")]
+        return [_not_measured(CLUSTER_RING, notes, "the node-to-node ring")]
     pairs = ring_pairs(ring)
     verdict = attribute_ring(pairs)
     rounds = len({m.details.get("round") for m in ring})
@@ -222,23 +228,23 @@ def ring_findings(views: list[NodeView], ring: list[Measurement], notes: list[Me
         # NCCL ranks send rail to rail, every NIC at once: a pair should come near the node's
         # network. gloo's one TCP stream rarely fills a fast NIC, so it is not held to that.
         if backend == "nccl" and share < ALLREDUCE_WARN_SHARE:
-            findings.append(finding("cluster.ring", "cluster", WARN, f"every node pair is slow: {summary}", measured=summary,
+            findings.append(finding(CLUSTER_RING, "cluster", WARN, f"every node pair is slow: {summary}", measured=summary,
                                      expected=f">= {100 * ALLREDUCE_WARN_SHARE:.0f}% of the slowest node's network", source=source,
                                      remedy="`NCCL_DEBUG=INFO` (NET/IB or NET/Socket?); `ibstat`; GPUDirect RDMA "
                                             "(`lsmod | grep peermem`); NCCL_IB_HCA"))
     if not verdict.slow:
-        return findings or [finding("cluster.ring", "cluster", PASS, summary, measured=summary, source=source)]
+        return findings or [finding(CLUSTER_RING, "cluster", PASS, summary, measured=summary, source=source)]
     for node, its in sorted(verdict.suspect_nodes.items()):
         failed = any(p.gbps is None for p in its)
         findings.append(finding(
-            "cluster.ring", f"node:{node}", FAIL if failed or _much_slower(its, verdict) else WARN,
+            CLUSTER_RING, f"node:{node}", FAIL if failed or _much_slower(its, verdict) else WARN,
             f"{node} is slow with every partner: {len(its)} of its transfers slow or failed "
             f"({'; '.join(_pair_words(p) for p in its[:4])})",
             measured="; ".join(_pair_words(p) for p in its), expected=f"{expected} ({base_words})", source=source,
             remedy=f"on {node}: `ip -s link` (errors, drops), `ethtool <nic>` (speed), `ibstat`; compare MTU with the others"))
     for p in verdict.suspect_links:
         findings.append(finding(
-            "cluster.ring", f"link:{p.src}->{p.dst}", FAIL if p.gbps is None or _much_slower([p], verdict) else WARN,
+            CLUSTER_RING, f"link:{p.src}->{p.dst}", FAIL if p.gbps is None or _much_slower([p], verdict) else WARN,
             f"slow link {_pair_words(p)} while both nodes are fine with other partners" if (p.src not in verdict.suspect_nodes)
             else f"slow link {_pair_words(p)}",
             measured=_pair_words(p), expected=f"{expected} ({base_words})", source=source,

@@ -9,10 +9,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ...catalog import checked
 from ...facts import Gpu, PcieLink, from_dict
 from ...record import FAIL, WARN
 from ...specs.cluster_metrics import METRICS, Metric  # noqa: F401 (the cluster's figures: specs, so the report reads them too)
 from ..gpu_links import link_state
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+CLUSTER_FALLBACK = checked("cluster.fallback")
+CLUSTER_RING = checked("cluster.ring")
 
 
 # Node states. STOPPED: joined, then the run was stopped (Ctrl-C, --timeout, a signal) before it was
@@ -24,9 +29,9 @@ UNNAMED_PREFIX = "(unnamed) #"  # a node expected (by count) that never joined, 
 # Measurement names of the cross-node phase.
 ALLREDUCE_BUSBW = "cluster.allreduce.busbw"
 ALLREDUCE_LATENCY = "cluster.allreduce.latency_1mb"
-RING = "cluster.ring"
+RING = CLUSTER_RING
 NOTE = "bench.cluster"
-FALLBACK = "cluster.fallback"  # the meeting ran over gloo on the CPUs although GPUs were asked for
+FALLBACK = CLUSTER_FALLBACK  # the meeting ran over gloo on the CPUs although GPUs were asked for
 
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation

@@ -10,9 +10,16 @@ from collections import defaultdict
 import dataclasses
 from dataclasses import dataclass
 
+from ...catalog import checked
 from ...record import FAIL, PASS, SKIP, WARN, Finding
 from ..common import finding
 from .nodes import FAILED, MAD_TO_SIGMA, METRICS, MIN_FOR_SPREAD, MISSING, NAMES_SHOWN, NOISE_SIGMAS, OK, STOPPED, name_list, NodeEntry, NodeView, show_command, starting_up
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+CLUSTER_NODES = checked("cluster.nodes")
+CLUSTER_NODE_CHECKS = checked("cluster.node_checks")
+CLUSTER_STRAGGLERS = checked("cluster.stragglers")
+CLUSTER_UNIFORM = checked("cluster.uniform")
 
 
 # -- robust baseline -------------------------------------------------------------------------
@@ -112,7 +119,7 @@ def find_stragglers(views: list[NodeView], tolerance: float | None = None) -> tu
 
 def straggler_findings(views: list[NodeView], baselines: list[Baseline], stragglers: list[Straggler]) -> list[Finding]:
     if not baselines:
-        return [finding("cluster.stragglers", "cluster", SKIP,
+        return [finding(CLUSTER_STRAGGLERS, "cluster", SKIP,
                          "no benchmark figure measured on two or more nodes to compare (run without --quick to benchmark)")]
     basis = "; ".join(f"{METRICS[b.metric].label}{'' if b.scope == 'gpu' else ' (' + b.scope + ')'} {fmt(b.value)} {b.unit} "
                       f"(from {b.kept} of {b.total}, threshold {100 * b.threshold:.0f}%)" for b in baselines)
@@ -120,7 +127,7 @@ def straggler_findings(views: list[NodeView], baselines: list[Baseline], straggl
               "tolerance or 3 robust standard deviations; the slowest GPU sets the pace of a data-parallel job")
     if not stragglers:
         gpus = sum(v.gpu_count for v in views)
-        return [finding("cluster.stragglers", "cluster", PASS,
+        return [finding(CLUSTER_STRAGGLERS, "cluster", PASS,
                          f"no straggler among {len(views)} nodes ({gpus} GPUs) on {len(baselines)} figures",
                          measured=basis, source=source)]
     by_node: dict[str, list[Straggler]] = defaultdict(list)
@@ -133,7 +140,7 @@ def straggler_findings(views: list[NodeView], baselines: list[Baseline], straggl
         worst = found[0]
         others = f" (and {len(found) - 1} more figure{'s' if len(found) > 2 else ''} below)" if len(found) > 1 else ""
         findings.append(finding(
-            "cluster.stragglers", f"node:{node}", status, f"straggler: {worst.words()}{others}",
+            CLUSTER_STRAGGLERS, f"node:{node}", status, f"straggler: {worst.words()}{others}",
             measured="; ".join(s.words() for s in found[:NAMES_SHOWN])
                      + (f"; ... {len(found) - NAMES_SHOWN} more" if len(found) > NAMES_SHOWN else ""),
             expected=basis, source=source,
@@ -193,13 +200,13 @@ def uniformity_findings(rows: list[UniformityRow]) -> list[Finding]:
             continue
         if row.uniform:
             everywhere = f"on all {row.count} nodes" if row.count > 1 else "on the one node that reported"
-            findings.append(finding("cluster.uniform", row.field, PASS, f"{row.field}: {row.value} {everywhere}"
+            findings.append(finding(CLUSTER_UNIFORM, row.field, PASS, f"{row.field}: {row.value} {everywhere}"
                                      + (f" ({row.unknown} did not report it)" if row.unknown else ""), measured=row.value))
             continue
         odd_words = "; ".join(f"{value} on {name_list(nodes)}" for value, nodes in row.odd.items())
         status = FAIL if row.field in UNIFORM_FAIL else WARN
         findings.append(finding(
-            "cluster.uniform", row.field, status, f"{row.field} differs: {row.value} on {row.count} nodes; {odd_words}",
+            CLUSTER_UNIFORM, row.field, status, f"{row.field} differs: {row.value} on {row.count} nodes; {odd_words}",
             measured=f"{row.value} on {row.count} nodes; {odd_words}", expected="the same on every node",
             source="a job runs at the pace of its slowest node; mixed drivers, firmware or power limits give unequal nodes "
                    "(imbue and AzureHPC health checks require identical versions across the fleet)",
@@ -220,7 +227,7 @@ def node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others
     missing = [e for e in entries if e.status == MISSING and not e.unnamed]
     unnamed = [e for e in entries if e.status == MISSING and e.unnamed]
     failed = [e for e in entries if e.status == FAILED]
-    findings = [finding("cluster.nodes", f"node:{e.name}", SKIP, f"{e.name} was not vetted to its end: {e.reason}",
+    findings = [finding(CLUSTER_NODES, f"node:{e.name}", SKIP, f"{e.name} was not vetted to its end: {e.reason}",
                          measured=e.reason, expected="every node finishes its vet and the cross-node tests",
                          remedy="rerun the cluster vet to its end (the stop was not this node's fault)")
                 for e in entries if e.status == STOPPED]
@@ -228,19 +235,19 @@ def node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others
         came = sum(e.rank is not None for e in entries)
         count = f"{len(unnamed)} node{'' if len(unnamed) == 1 else 's'}"
         findings.append(finding(
-            "cluster.nodes", "cluster", FAIL,
+            CLUSTER_NODES, "cluster", FAIL,
             f"{count} never joined (expected {len(entries)}, {came} joined)", measured=unnamed[0].reason,
             expected=f"{len(entries)} nodes (--expect-nodes, --nodes or torchrun's --nnodes)",
             remedy="start gpuvet on every node with the same line (`gpuvet cluster --print-launch`), each within the join "
                    "timeout; give --nodes HOSTLIST to have the missing ones named"))
     for e in missing:
-        findings.append(finding("cluster.nodes", f"node:{e.name}", FAIL, f"{e.name} is missing: {e.reason or 'it never joined'}",
+        findings.append(finding(CLUSTER_NODES, f"node:{e.name}", FAIL, f"{e.name} is missing: {e.reason or 'it never joined'}",
                                  measured=e.reason, expected="every node of the job joins",
                                  remedy=f"on {e.name}: is it up, can it reach the master address and port (firewall), did "
                                         "its launcher start? The other nodes' results are complete without it"))
     for e in failed:
         step = last_step_words(e)
-        findings.append(finding("cluster.nodes", f"node:{e.name}", FAIL,
+        findings.append(finding(CLUSTER_NODES, f"node:{e.name}", FAIL,
                                  f"{e.name} failed: {e.reason or 'no reason given'}{step}", measured=(e.reason or "") + step,
                                  expected="every node finishes its vet and the cross-node tests",
                                  remedy=f"on {e.name}: `dmesg | tail`, `nvidia-smi`; rerun `gpuvet run` there alone"))
@@ -253,7 +260,7 @@ def node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others
             within = f"within {start_timeout_s:.0f} s" if start_timeout_s else "in time"
             while_others = f" {others}" if others_reached else ""
             findings.append(finding(
-                "cluster.nodes", f"node:{name}", WARN, f"{name}: its cross-node ranks did not start {within} (still at "
+                CLUSTER_NODES, f"node:{name}", WARN, f"{name}: its cross-node ranks did not start {within} (still at "
                 f"'{step}'{while_others}): a loaded machine? see `uptime` there; slow, not a fault of its hardware",
                 measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
                 expected="every node's ranks start (Python, PyTorch) within the start-up limit (--start-timeout)",
@@ -261,13 +268,13 @@ def node_state_findings(entries: list[NodeEntry], behind: dict[str, str], others
                        f"--start-timeout; {show_command(by_name[name])}"))
             continue
         findings.append(finding(
-            "cluster.nodes", f"node:{name}", FAIL, f"{name} held up the cross-node phase: stuck at {step} {others}",
+            CLUSTER_NODES, f"node:{name}", FAIL, f"{name} held up the cross-node phase: stuck at {step} {others}",
             measured=f"last step of its slowest rank: {step}; the other nodes: {others_reached or '?'}",
             expected="every node's ranks reach each collective together",
             remedy=f"{show_command(by_name[name])}; there: `dmesg | tail`, `nvidia-smi`; NCCL_DEBUG=INFO shows where a "
                    "collective hangs; rerun without it to vet the others"))
     if not findings:
-        findings.append(finding("cluster.nodes", "cluster", PASS, f"all {len(entries)} nodes joined and reported"))
+        findings.append(finding(CLUSTER_NODES, "cluster", PASS, f"all {len(entries)} nodes joined and reported"))
     return findings
 
 
@@ -294,7 +301,7 @@ def node_check_findings(views: list[NodeView]) -> list[Finding]:
         nodes = [n for n, _ in items]
         example = f"{items[0][0]}: {items[0][1]}"
         first = entries[items[0][0]]
-        findings.append(finding("cluster.node_checks", check, status,
+        findings.append(finding(CLUSTER_NODE_CHECKS, check, status,
                                  f"{check} {status.upper()} on {len(nodes)} of {reported} nodes ({name_list(nodes)})",
                                  measured=f"e.g. {example}",
                                  remedy=f"each node's stored run shows the evidence and the fix: `gpuvet show RUN` on that node "
