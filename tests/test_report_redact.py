@@ -160,3 +160,11 @@ def test_redaction_keeps_what_identifies_nobody():
     r.learn({"path": "/scratch/data/x and /home/root/y"})
     kept = "docs.nvidia.com/deploy, gpu.xml, the data in root's shell, 0000:3b:00.0 at 16:41:05, [::]:22"
     assert r.text(kept) == kept
+
+
+def test_a_cluster_nodes_name_is_redacted_where_it_appears():
+    original = record("cpu-quick")
+    original.options["cluster"] = {"id": "c1", "node": "dgx-b07", "rank": 1, "world_size": 2}
+    original.findings.append(Finding("host.cpu", "host", WARN, "checkpoint on /lustre/dgx-b07/ckpt, as dgx-b07 sees it"))
+    shared = redact(original)
+    assert "dgx-b07" not in shared.to_json() and shared.options["cluster"]["rank"] == 1

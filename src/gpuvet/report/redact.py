@@ -23,8 +23,9 @@ from ..text_patterns import HEX
 HOST, SERIAL, USER, COMMENT, ASSET, INSTANCE = "HOST", "SERIAL", "USER", "COMMENT", "ASSET", "INSTANCE"
 
 # Fields whose whole value identifies the machine or a person, by key name (any nesting); each value
-# is then redacted wherever else it appears (a label, a path, a remedy). "peer": net test's other end.
-_FIELD_CATEGORY = {"hostname": HOST, "nodename": HOST, "node_name": HOST, "peer": HOST,
+# is then redacted wherever else it appears (a label, a path, a remedy). "peer": net test's other end;
+# "node": a cluster node's name (options.cluster.node), which other nodes' paths and notes may hold.
+_FIELD_CATEGORY = {"hostname": HOST, "node": HOST, "nodename": HOST, "node_name": HOST, "peer": HOST,
                    "serial": SERIAL, "comment": COMMENT, "chassis_asset_tag": ASSET, "user": USER, "username": USER,
                    "instance_id": INSTANCE}
 _SERIAL_SUFFIXES = ("_serial", "serial_number")
