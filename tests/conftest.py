@@ -18,6 +18,12 @@ atexit.register(shutil.rmtree, _HISTORY_DIR, ignore_errors=True)  # no /tmp/gpuv
 
 import pytest  # noqa: E402
 
+from cli_runner import restore_ctrl_c  # noqa: E402
+
+# Ctrl-C tests pass however the suite is started: a background job (`nohup ./scripts/test &`)
+# starts it with SIGINT ignored, which Python would keep for every test and child.
+restore_ctrl_c()
+
 
 @pytest.fixture
 def empty_path(monkeypatch, tmp_path):

@@ -36,9 +36,9 @@ def rejudged(r: RunRecord) -> RunRecord:
 def test_every_item_of_both_seed_tables_is_there_in_order():
     keys = [item.key for item in ITEMS]
     assert keys == ["whole_card", "power_limit", "pcie_link", "storage_io", "rdma", "software_stack", "preemptible",
-                    "checkpoints", "pcie_driver_view", "power_wall", "nvlink", "context_init", "tcp_latency"]
+                    "checkpoints", "pcie_driver_view", "power_wall", "nvlink", "cpu", "context_init", "tcp_latency"]
     groups = dict(grouped(checklist(record("cpu-quick"))))
-    assert [line.item.key for line in groups["acceptance"]][-1] == "checkpoints" and len(groups["hidden"]) == 5
+    assert [line.item.key for line in groups["acceptance"]][-1] == "checkpoints" and len(groups["hidden"]) == 6
 
 
 def test_8x_h100_power_brake_crosses_the_power_wall_and_the_process_warns_whole_card():

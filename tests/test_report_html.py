@@ -220,7 +220,7 @@ def test_the_page_renders_in_headless_chromium_offline(tmp_path):
     parsed = Page(dom.stdout)
     assert "FAIL: something is wrong with this machine" in dom.stdout
     items = re.findall(r'<tr class="(?:ticked|crossed|warned|unknown)">.*?<td class="item">(.*?)</td>', dom.stdout)
-    assert sum(len(i.split("<br>")) for i in items) == 13  # items left open for one reason share a row
+    assert sum(len(i.split("<br>")) for i in items) == 14  # the 14 checklist items; items left open for one reason share a row
     assert "Power wall" in dom.stdout and "gpu2: HW power brake during 56% of the load" in dom.stdout
     assert len(parsed.plots) == 4 and all(max(p["paths"]) > 1000 for p in parsed.plots)
 

@@ -40,7 +40,7 @@ def tables(markdown: str) -> list[list[list[str]]]:
 def test_checklist_tables_parse_with_one_row_per_item_and_three_cells():
     md = render_markdown(record("gtx1070-6x-x1-riser"))
     acceptance, hidden = tables(md)[:2]
-    assert acceptance[0] == ["", "Item", "What decided it"] and len(acceptance) == 1 + 8 and len(hidden) == 1 + 5
+    assert acceptance[0] == ["", "Item", "What decided it"] and len(acceptance) == 1 + 8 and len(hidden) == 1 + 6
     assert all(len(row) == 3 for row in acceptance + hidden)
     pcie = next(row for row in acceptance if row[1] == "PCIe width and generation under load")
     assert pcie[0] == "❌ no" and pcie[2].startswith("gpu0: x1 of x16 lanes: host<->GPU bandwidth")

@@ -88,7 +88,9 @@ def health(use_slurm: bool, node: str | None, taint_from: str | None, expect_gpu
     else:
         click.echo(summary)
         if not brief:
-            click.echo("\n".join(detail_lines(record, verbose)))
+            from ..report import terminal  # wrapped to a terminal under their columns; whole to a pipe
+
+            terminal.print_columns(terminal.stdout_console(), detail_lines(record, verbose))
     if use_slurm:
         _slurm(outcome, summary, node)
     if taint_from:

@@ -132,7 +132,7 @@ def doctor(symptom: str | None, run_path: str | None, db: str | None, as_json: b
     if found is None:
         if not as_json:
             doctor_module.render_doctor(console)
-        raise UsageProblem(f"unknown symptom {symptom!r}: pick one of `gpuvet doctor` lists")
+        raise UsageProblem(f"unknown symptom {symptom!r}; doctor knows: {doctor_module.known_symptoms()}")
     record, source, note = _record_for_doctor(run_path, db)
     _doctor_out(console, doctor_module.diagnose(found, record, source, note), as_json)
 

@@ -397,6 +397,8 @@ ITEMS: tuple[Item, ...] = (
          extra=_power_range, decide=_power_wall, required=("gpu.power_limit",)),
     Item("nvlink", HIDDEN, "NVLink between the GPUs", "NVLink互联",
          ("gpu.nvlink", "gpu.p2p", "gpu.allreduce"), "gpuvet bench p2p allreduce", measured_state=WARNED),
+    # The first document's 8-core RTX 4090 instance was the starved one: CPU per GPU is on its list.
+    Item("cpu", HIDDEN, "CPU cores to feed each GPU", "CPU核数", ("host.cpu", "host.cpu_feed"), "gpuvet run"),
     Item("context_init", HIDDEN, "CUDA context start-up time", "CUDA Context初始化延迟",
          ("gpu.context_init",), "gpuvet bench latency"),
     Item("tcp_latency", HIDDEN, "TCP stack latency", "TCP网络栈延迟",
