@@ -127,6 +127,7 @@ CORPUS = {
     "a GKE node in a label": ("k8s node gke-prod-gpu-pool-7f3a9c1d-x2lq", "gke-prod-gpu-pool"),
     "an AKS node in a label": ("on aks-gpupool-12345678-vmss000003", "aks-gpupool"),
     "another host of a private zone": ("copied from node-b.cluster.local:/tmp", "node-b.cluster.local"),
+    "a machine's folder in a capture's path": ("/data/captures/gpu-node-42/q.xml", "gpu-node-42"),
 }
 
 

@@ -47,6 +47,8 @@ _MACHINE_NAMES = re.compile(
     r"(?<![\w-])(?:i-[0-9a-f]{8}(?:[0-9a-f]{9})?|ip-\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3}(?:\.[\w-]+)*"
     r"|(?:gke|aks|eks)-[\w-]*\d[\w-]*(?:\.[\w-]+)*"
     r"|[A-Za-z0-9][\w-]*(?:\.[\w-]+)*\.(?:internal|local|lan|localdomain|cluster\.local))(?![\w-])")
+_MACHINE_LIKE = re.compile(r"(?=[^/]*[A-Za-z])(?=[^/]*\d)[A-Za-z0-9]+(?:[-.][A-Za-z0-9]+)+")
+_VERSION_LIKE = re.compile(r"v?\d+(?:[-.]\d+)*(?:[-.][A-Za-z]+\d*)?")  # 535.183.01, 2026-12-03, 1.2-rc1
 _TOKEN = re.compile(r"[A-Z0-9]+-REDACTED-\d+")  # what a pass before put there
 # Too common as words to redact wherever they appear, when learned as a user's name from a path.
 _COMMON_USERS = {"root", "ubuntu", "admin", "user", "users", "shared", "share", "data", "public", "tmp", "home", "ec2-user"}
@@ -88,6 +90,14 @@ class Redactor:
             category = _category(key)
             if category and isinstance(value, str) and value.strip():
                 self._learn_literal(category, _host_of(value.strip()) if category == HOST else value.strip())
+        # A capture's folder named after the machine it came from ("/data/gpu-node-17/q.xml",
+        # "caps/i-0abc.../"): the record of an inspected capture knows no hostname, so a folder of
+        # a capture path that reads like a machine's name (letters and digits joined by - or .) is one.
+        for key, value in _fields(data):
+            if key in ("path", "source") and isinstance(value, str) and "/" in value:
+                for folder in value.replace("\\", "/").split("/")[:-1]:
+                    if _MACHINE_LIKE.fullmatch(folder) and not _VERSION_LIKE.fullmatch(folder):
+                        self._learn_literal(HOST, folder)
         # A user named by a home directory anywhere (a capture's path) is that user wherever else
         # the name appears ("ssh alice@...", "/tmp/alice-ckpt").
         users = {m.group(2) for text in _strings(data) for m in _HOME.finditer(text)}
