@@ -183,7 +183,7 @@ def test_synthetic_power_cap_on_a_real_rtx4090s_facts():
                          mem_used_mib=21608, reasons=0x4)
     d = diagnose_gpu(samples, facts, _seen(facts))
     assert d.state == "power_capped"
-    assert d.text == "power-capped: holding 298 W = 66% of the 450 W default (limit set to 300 W); SM clock at 71% of max"
+    assert d.text == "power-capped: holding 298 W = 66% of the 450 W default (limit set to 300 W); SM clock at 88% of max"
     assert (d.evidence["power_limit_w"], d.evidence["default_limit_w"]) == (300.0, 450.0)
 
 
@@ -256,11 +256,19 @@ def test_synthetic_brief_flag_is_a_blip_not_a_diagnosis():
     assert diagnose_gpu(samples, _gpu(slowdown_c=88.0), _yours()).state == "ok"
 
 
+def test_a_geforce_at_its_boost_clock_is_not_held_back():
+    # An RTX 4090 busy at 2580 MHz (its 2520 MHz boost and a little over) with power to spare: 83% of
+    # NVML's 3105 MHz ceiling read as "clocks held" before.
+    samples = _synthetic(60, util_pct=98, sm_mhz=2580, power_w=380.0, power_limit_w=450.0, mem_used_mib=9000)
+    assert diagnose_gpu(samples, _gpu(), _yours()).state == "ok"
+
+
 def test_synthetic_clocks_held_with_power_to_spare():
     samples = _synthetic(60, util_pct=98, sm_mhz=1600, power_w=180.0, power_limit_w=450.0, reasons=0x2)
     d = diagnose_gpu(samples, _gpu(), _yours())
     assert d.state == "clocks_held"
-    assert d.text.startswith("clocks held: util 98% but SM clock at 52% of max while drawing 40% of the power limit")
+    # Of the RTX 4090's 2520 MHz boost clock, its rated clock under load (NVML's 3105 MHz max is a ceiling).
+    assert d.text.startswith("clocks held: util 98% but SM clock at 63% of max while drawing 40% of the power limit")
     assert "nvidia-smi -rac" in d.text
 
 

@@ -9,12 +9,16 @@ import importlib
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from ..catalog import checked
 from .. import catalog
 from ..specs import reference
 from ..facts import Machine
 from ..record import MEASURED, PASS, SKIP, Finding, Measurement
 from . import bench_common
 from .common import Context, finding, settled_action
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_MODEL = checked("gpu.model")
 
 Rule = Callable[[Context], list[Finding]]
 
@@ -80,7 +84,7 @@ BENCH_CHECKS: dict[str, tuple[str, ...]] = {name: catalog.fed_by(name) for name 
 def of_benchmarks(findings: list[Finding], names: list[str], expect: bool = False) -> list[Finding]:
     """The findings the benchmarks `names` decide (and gpu.model when the user named the model
     they paid for), in report order."""
-    wanted = [c for name in names for c in BENCH_CHECKS.get(name, ())] + (["gpu.model"] if expect else [])
+    wanted = [c for name in names for c in BENCH_CHECKS.get(name, ())] + ([GPU_MODEL] if expect else [])
     return [f for f in findings if f.check in wanted]
 
 

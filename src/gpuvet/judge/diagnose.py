@@ -21,10 +21,11 @@ from ..wording import DIAGNOSIS_LABELS
 from ..record import MEASURED, Finding
 from ..record.details import TelemetrySummary
 from ..samples import Sample, summarize
+from ..specs import reference
 from .common import FAIL, NO_CONTEXT_MIB, PASS, SKIP, WARN, finding
 from .gpu_power import CAP_WARN_RATIO
 from .gpu_sustained import FAULTS as FAULT_LABELS  # short names of the slowdown reasons
-from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C
+from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_WARN_PCT, FAULT_SHARE, HOT_MARGIN_C, rated_clock
 
 # The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
 WATCH_DIAGNOSIS = checked("watch.diagnosis")
@@ -127,7 +128,8 @@ class _Ctx:
 
     @property
     def sm_ratio(self) -> float | None:
-        sm, top = self.summary["sm_mhz"]["mean"], self.gpu.clocks.max_sm_mhz
+        # Against the clock the GPU is rated to hold under load, not a GeForce card's NVML ceiling.
+        sm, (top, _) = self.summary["sm_mhz"]["mean"], rated_clock(self.gpu, reference.match(self.gpu.name, self.gpu.memory_total_mib))
         return sm / top if sm is not None and top else None
 
     @property

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import MEASURED, Finding, has_value
 from .bench_common import against_box, box_median, measured, mig_slice, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_links import GBS_PER_LANE
 from ..specs.reference import Reference
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_CONTEXT_INIT = checked("gpu.context_init")
+GPU_CORRECTNESS = checked("gpu.correctness")
+GPU_GEMM = checked("gpu.gemm")
+GPU_KERNEL_LAUNCH = checked("gpu.kernel_launch")
+GPU_MEMORY_BANDWIDTH = checked("gpu.memory_bandwidth")
+GPU_PCIE_BANDWIDTH = checked("gpu.pcie_bandwidth")
 
 DTYPE_PEAK = {"fp32": "fp32_tflops", "tf32": "tf32_tensor_tflops_dense", "fp16": "fp16_tensor_tflops_dense",
               "bf16": "bf16_tensor_tflops_dense", "fp8": "fp8_tensor_tflops_dense"}
@@ -82,7 +91,7 @@ def _gemm(ctx: Context, gpu: Gpu) -> Finding:
     rates = {m.name.removeprefix("gemm."): m for m in ctx.measurements
              if m.subject == s and m.name.startswith("gemm.") and has_value(m) and m.unit == "TFLOPS"}
     if not rates:
-        return not_measured(ctx, "gemm", "gpu.gemm", s)
+        return not_measured(ctx, "gemm", GPU_GEMM, s)
     ref = ctx.ref(gpu)
     primary = next(d for d in PRIMARY + tuple(rates) if d in rates)
     mig = mig_slice(gpu, ref, rates[primary].details)
@@ -103,7 +112,7 @@ def _gemm(ctx: Context, gpu: Gpu) -> Finding:
     if box:
         words += f"; {primary} {box_words}"
     status = worst(status, box)
-    return finding("gpu.gemm", s, status, words, measured=measured_text,
+    return finding(GPU_GEMM, s, status, words, measured=measured_text,
                    expected="; ".join(j.expected for j in judged if j.expected) or None,
                    source=" | ".join(dict.fromkeys(j.source for j in judged if j.source)) or None,
                    remedy=CONFIRM_GEMM if status in (WARN, FAIL) else None)
@@ -167,11 +176,11 @@ def check_correctness(ctx: Context) -> list[Finding]:
         s = subject(gpu)
         m = one(ctx, "gemm.check_failures", s)
         if m is None:
-            findings.append(not_measured(ctx, "gemm", "gpu.correctness", s))
+            findings.append(not_measured(ctx, "gemm", GPU_CORRECTNESS, s))
         elif m.value:
             failed = m.details.get("failed") or m.details
             findings.append(finding(
-                "gpu.correctness", s, FAIL, f"wrong GEMM results (silent data corruption): {failed}",
+                GPU_CORRECTNESS, s, FAIL, f"wrong GEMM results (silent data corruption): {failed}",
                 measured=f"{m.value:.0f} dtype(s) failed the check", expected="results equal to a float64 reference",
                 source="gpuvet GEMM check against a CPU float64 product",
                 remedy=f"stop using GPU {gpu.index}; reset it (`sudo nvidia-smi -r -i {gpu.index}`), rerun `gpuvet bench gemm`; "
@@ -184,13 +193,13 @@ def check_correctness(ctx: Context) -> list[Finding]:
                 said = "; ".join(f"{dtype}: {error}" for dtype, error in errors.items())
                 trouble = any(word in said for word in _GPU_FAULTS)
                 findings.append(finding(
-                    "gpu.correctness", s, FAIL if trouble else WARN,
+                    GPU_CORRECTNESS, s, FAIL if trouble else WARN,
                     f"GEMM failed to run in {', '.join(errors)} ({said})" + (f"; {checked} matched a float64 reference" if checked else ""),
                     measured=said, expected="every dtype the GPU supports runs and matches a float64 reference",
                     source="gpuvet GEMM check against a CPU float64 product",
                     remedy=f"rerun `gpuvet bench gemm`; `sudo dmesg | grep -i xid`; `nvidia-smi -q -i {gpu.index} -d ECC`"))
                 continue
-            findings.append(finding("gpu.correctness", s, PASS, f"GEMM results match a float64 reference ({checked})",
+            findings.append(finding(GPU_CORRECTNESS, s, PASS, f"GEMM results match a float64 reference ({checked})",
                                     measured=f"{checked}: within tolerance of the float64 product, 0 mismatches",
                                     expected="every dtype matches a float64 reference within its tolerance",
                                     source="gpuvet GEMM check against a CPU float64 product"))
@@ -206,7 +215,7 @@ def check_memory_bandwidth(ctx: Context) -> list[Finding]:
         s = subject(gpu)
         m = one(ctx, "membw.copy", s)
         if m is None:
-            findings.append(not_measured(ctx, "membw", "gpu.memory_bandwidth", s))
+            findings.append(not_measured(ctx, "membw", GPU_MEMORY_BANDWIDTH, s))
             continue
         ref = ctx.ref(gpu)
         spec = ref.number("mem_bandwidth_gbs") if ref else None
@@ -227,7 +236,7 @@ def check_memory_bandwidth(ctx: Context) -> list[Finding]:
         if box:
             words += f"; {box_words}"
         status = worst(status, box)
-        findings.append(finding("gpu.memory_bandwidth", s, status, words, measured=f"{m.value:.0f} GB/s, {m.details.get('bytes_counted', '')}",
+        findings.append(finding(GPU_MEMORY_BANDWIDTH, s, status, words, measured=f"{m.value:.0f} GB/s, {m.details.get('bytes_counted', '')}",
                                 expected=expected, source=source,
                                 remedy=None if status in (PASS, MEASURED) else "check clocks and throttling under load; rerun `gpuvet bench membw`"))
     return findings
@@ -242,7 +251,7 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
         s = subject(gpu)
         h2d, d2h = one(ctx, "pcie.h2d_pinned", s), one(ctx, "pcie.d2h_pinned", s)
         if h2d is None or d2h is None:
-            findings.append(not_measured(ctx, "pcie", "gpu.pcie_bandwidth", s))
+            findings.append(not_measured(ctx, "pcie", GPU_PCIE_BANDWIDTH, s))
             continue
         h2d_pageable, d2h_pageable = one(ctx, "pcie.h2d_pageable", s), one(ctx, "pcie.d2h_pageable", s)
         both = one(ctx, "pcie.bidir_pinned", s)
@@ -277,7 +286,7 @@ def check_pcie_bandwidth(ctx: Context) -> list[Finding]:
         if status == MEASURED:
             words += ": no link width or model reference to judge it against"
         findings.append(finding(
-            "gpu.pcie_bandwidth", s, status, words, measured=measured_text, expected=expected,
+            GPU_PCIE_BANDWIDTH, s, status, words, measured=measured_text, expected=expected,
             source=source,
             remedy=None if status == PASS else
             "compare with gpu.pcie_link; a virtualised or oversubscribed link shows here: ask the provider; "
@@ -339,7 +348,7 @@ def check_context_init(ctx: Context) -> list[Finding]:
         return []
     found = [m for m in measured(ctx, "latency.context_init") if has_value(m)]
     if not found:
-        return [not_measured(ctx, "latency", "gpu.context_init", "gpu0" if ctx.machine.gpus else "gpu")]
+        return [not_measured(ctx, "latency", GPU_CONTEXT_INIT, "gpu0" if ctx.machine.gpus else "gpu")]
     findings = []
     for m in found:
         gpu = next((g for g in ctx.machine.gpus if subject(g) == m.subject), None)
@@ -361,7 +370,7 @@ def check_context_init(ctx: Context) -> list[Finding]:
                 words += (f"; but the first process on the idle GPU took {cold.value:.0f} ms: the driver unloads between "
                           "jobs, so every job's first process pays it")
                 hint = hint or "`sudo nvidia-smi -pm 1` (persistence mode) keeps the driver loaded between processes; "
-        findings.append(finding("gpu.context_init", m.subject, status, words,
+        findings.append(finding(GPU_CONTEXT_INIT, m.subject, status, words,
                                 measured=f"median {m.value:.0f} ms of {len(m.details.get('runs', [])) or '?'} fresh processes"
                                          + cold_words,
                                 expected="<= 500 ms", source="renters' measurements of a first CUDA call in a fresh process: 95-120 ms on a "
@@ -377,7 +386,7 @@ def check_kernel_launch(ctx: Context) -> list[Finding]:
     findings = []
     for m in found:
         status = PASS if m.value <= 20 else WARN
-        findings.append(finding("gpu.kernel_launch", m.subject, status, f"{m.value:.1f} us per kernel launch",
+        findings.append(finding(GPU_KERNEL_LAUNCH, m.subject, status, f"{m.value:.1f} us per kernel launch",
                                 measured=f"{m.value:.1f} us async, {m.details.get('sync_roundtrip_us', '?')} us with synchronize",
                                 expected="<= 20 us",
                                 source="gpuvet's own bound for the host time to queue one PyTorch add_ (dispatch "

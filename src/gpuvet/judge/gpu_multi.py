@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import re
 
+from ..catalog import checked
 from ..facts import Gpu, Machine
 from ..record import MEASURED, Finding, Measurement, has_value
 from .bench_common import measured, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding
 from .gpu_links import GBS_PER_LANE, nvlinks_per_gpu
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_ALLREDUCE = checked("gpu.allreduce")
+GPU_P2P = checked("gpu.p2p")
 
 # Copies and all-reduce staged through host memory (no peer access): shares of half the PCIe line
 # rate. A healthy 8x RTX 4090 box gives ~9 GB/s all-reduce busbw on Gen4 x16 (57% of 15.75).
@@ -70,7 +75,7 @@ def check_p2p(ctx: Context) -> list[Finding]:
         return []
     pairs = [m for m in measured(ctx, "p2p.copy") if has_value(m)]
     if not pairs:
-        return [not_measured(ctx, "p2p", "gpu.p2p", "machine")]
+        return [not_measured(ctx, "p2p", GPU_P2P, "machine")]
     product = without_p2p(ctx)
     slow, no_peer, rows = [], [], []
     for m in pairs:
@@ -100,25 +105,25 @@ def check_p2p(ctx: Context) -> list[Finding]:
     broken = _broken_pairs(ctx)
     if broken:  # a copy that hung after good pairs: the measured ones do not clear the machine
         status, words = broken
-        return [finding("gpu.p2p", "machine", status, words, measured=measured_text,
+        return [finding(GPU_P2P, "machine", status, words, measured=measured_text,
                         expected="every pair copies and finishes", remedy=f"`sudo dmesg | grep -i xid`; {remedy}")]
     if slow:
         status = FAIL if any(failed for failed, _, _ in slow) else WARN
         bar = (f">= {100 * STAGED_WARN:.0f}% of half the PCIe line rate (host-staged)" if product
                else ">= 60% of what the link between each pair carries")
-        return [finding("gpu.p2p", "machine", status, f"{len(slow)} of {len(pairs)} GPU pairs copy slowly; slowest: {slow[0][2]}",
+        return [finding(GPU_P2P, "machine", status, f"{len(slow)} of {len(pairs)} GPU pairs copy slowly; slowest: {slow[0][2]}",
                         measured=measured_text, expected=bar, source=source, remedy=remedy)]
     if no_peer and product:
-        return [finding("gpu.p2p", "machine", PASS,
+        return [finding(GPU_P2P, "machine", PASS,
                         f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction, staged through host memory: "
                         f"the {product} has no peer-to-peer access (a limit of the product, not of this machine)",
                         measured=measured_text,
                         expected=f">= {100 * STAGED_WARN:.0f}% of half the PCIe line rate (a host-staged copy crosses it twice)",
                         source=source)]
     if no_peer:
-        return [finding("gpu.p2p", "machine", WARN, f"no peer access between {len(no_peer)} pairs (copies staged through host memory)",
+        return [finding(GPU_P2P, "machine", WARN, f"no peer access between {len(no_peer)} pairs (copies staged through host memory)",
                         measured=measured_text, remedy=remedy)]
-    return [finding("gpu.p2p", "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text,
+    return [finding(GPU_P2P, "machine", PASS, f"{len(pairs)} GPU pairs, median {median:.0f} GB/s per direction", measured=measured_text,
                     expected=">= 60% of what the link between each pair carries, peer access on every pair",
                     source=source)]
 
@@ -142,18 +147,18 @@ def check_allreduce(ctx: Context) -> list[Finding]:
         return []
     busbw = one(ctx, "allreduce.busbw", "machine")
     if busbw is None:
-        return [not_measured(ctx, "allreduce", "gpu.allreduce", "machine")]
+        return [not_measured(ctx, "allreduce", GPU_ALLREDUCE, "machine")]
     latency = one(ctx, "allreduce.latency_1mb", "machine")
     d = busbw.details
     measured_text = (f"busbw {busbw.value:.1f} GB/s at {d.get('largest_bytes', d.get('bytes', '?'))} bytes over {d.get('world_size')} ranks "
                      f"({d.get('backend')})" + (f"; 1 MiB latency {latency.value:.0f} us" if latency else ""))
     if d.get("check_ok") is False:
-        return [finding("gpu.allreduce", "machine", FAIL, "all-reduce returned wrong sums: data corrupted between GPUs",
+        return [finding(GPU_ALLREDUCE, "machine", FAIL, "all-reduce returned wrong sums: data corrupted between GPUs",
                         measured=measured_text, expected="every rank holds n(n+1)/2",
                         remedy="rerun `gpuvet bench allreduce`; test pairs with `gpuvet bench p2p`; ask for another node")]
     expected, over = _allreduce_expectation(ctx)
     if d.get("outcome") == "hung":  # the deadline passed inside a size: a stuck rank, not a slow one
-        return [finding("gpu.allreduce", "machine", FAIL, f"{d.get('reason') or 'all-reduce hung'}",
+        return [finding(GPU_ALLREDUCE, "machine", FAIL, f"{d.get('reason') or 'all-reduce hung'}",
                         measured=measured_text, expected="every size of the sweep finishes",
                         source="nccl-tests busbw = algbw x 2(n-1)/n",
                         remedy="`sudo dmesg | grep -i xid`; rerun `gpuvet bench allreduce` with `NCCL_DEBUG=INFO`; "
@@ -168,8 +173,8 @@ def check_allreduce(ctx: Context) -> list[Finding]:
             status = WARN if status in (PASS, MEASURED) else status
         words = f"bus bandwidth {busbw.value:.1f} GB/s (no link figure to compare with){skipped}" + lat_words
         if status == MEASURED:
-            return [finding("gpu.allreduce", "machine", MEASURED, words, measured=measured_text)]
-        return [finding("gpu.allreduce", "machine", status, words, measured=measured_text, expected=lat_expected,
+            return [finding(GPU_ALLREDUCE, "machine", MEASURED, words, measured=measured_text)]
+        return [finding(GPU_ALLREDUCE, "machine", status, words, measured=measured_text, expected=lat_expected,
                         source=LATENCY_SOURCE, remedy="check gpu.nvlink and gpu.p2p; `NCCL_DEBUG=INFO` shows the transport NCCL chose")]
     share = busbw.value / expected
     product = without_p2p(ctx) if over.startswith("PCIe") else None
@@ -188,7 +193,7 @@ def check_allreduce(ctx: Context) -> list[Finding]:
         source += f"; {NO_P2P_SOURCE}"
         remedy = ("check gpu.pcie_bandwidth and `nvidia-smi topo -m` (GPUs behind one switch or CPU share its uplink); "
                   "`NCCL_DEBUG=INFO` shows the SHM transport")
-    return [finding("gpu.allreduce", "machine", status, words, measured=measured_text,
+    return [finding(GPU_ALLREDUCE, "machine", status, words, measured=measured_text,
                     expected=f">= {100 * warn_below:.0f}% of ~{expected:.0f} GB/s" + (f"; {lat_expected}" if lat_expected else ""),
                     source=source, remedy=None if status == PASS else remedy)]
 

@@ -6,32 +6,25 @@ it ran (power, SM clock, temperature, clock-event reasons as combined flags).
 
 from __future__ import annotations
 
+from ..catalog import checked
 from ..facts import Gpu
 from ..record import Finding
 from ..specs.reference import Reference
 from .bench_common import against_box, box_median, not_measured, one, planned, worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .gpu_power import slowdown_threshold
+from ..specs.slowdowns import (FAULT_SHARE, FAULTS, HEAT_SOAK_S, POWER_FAULTS,  # noqa: F401 (the checklist reads them from specs)
+                                 power_faults_under_load, short_load_words)
+
+# The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
+GPU_SUSTAINED = checked("gpu.sustained")
 
 DECAY_WARN_PCT, DECAY_FAIL_PCT = 7.0, 15.0
 _STEADY = (f"steady throughput (decay under {DECAY_WARN_PCT:g}% first to last fifth), clocks near max, "
            "no thermal or power-brake slowdown")
-FAULT_SHARE = 0.05  # a slowdown reason active in more than 5% of the samples is not a blip
 CLOCK_HELD_RATIO = 0.85  # busy, SM clock under 85% of max: held back (watch's diagnosis uses the same)
 HOT_MARGIN_C = 3.0  # this close to the slowdown threshold, clocks are being cut
 HOT_WARN_MARGIN_C = 8.0
-# A load shorter than this does not heat-soak a GPU (heatsink, coolant and room air take minutes to
-# settle): it proves the GPU holds its speed while the load ran, not over a long job.
-HEAT_SOAK_S = 600.0
-FAULTS = {
-    "hw_slowdown": "HW slowdown",
-    "hw_thermal_slowdown": "HW thermal slowdown",
-    "sw_thermal_slowdown": "SW thermal slowdown",
-    "hw_power_brake_slowdown": "HW power brake",
-}
-# Of those, the ones that are power, not heat (the checklist's power wall); the SW power cap is the
-# GPU at its limit, normal under full load.
-POWER_FAULTS = ("hw_power_brake_slowdown", "hw_slowdown")
 # Reasons NVML gives for clocks below max that are settings or limits rather than faults: what
 # each means, and the command that shows or clears it ({i}: the GPU's index).
 _HOLDS = {
@@ -57,7 +50,7 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     s = subject(gpu)
     rate, decay = one(ctx, "sustained.tflops", s), one(ctx, "sustained.decay_pct", s)
     if rate is None:
-        return not_measured(ctx, "sustained", "gpu.sustained", s)
+        return not_measured(ctx, "sustained", GPU_SUSTAINED, s)
     telemetry = next((m.details for m in ctx.measurements if m.name == "sustained.telemetry" and m.subject == s), {})
     problems: list[tuple[str, str]] = _wrong_products(rate.details.get("check"))
     if decay is not None and decay.value >= DECAY_WARN_PCT:
@@ -72,7 +65,7 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     measured = _evidence(rate, decay, telemetry)
     duration = rate.details.get("duration_s")
     if not problems:
-        return finding("gpu.sustained", s, PASS, f"held {rate.value:.1f} TFLOPS for {duration} s" + _power_words(telemetry)
+        return finding(GPU_SUSTAINED, s, PASS, f"held {rate.value:.1f} TFLOPS for {duration} s" + _power_words(telemetry)
                        + short_load_words(duration), measured=measured, expected=_STEADY,
                        source=f"the benchmark's throughput windows and NVML telemetry sampled {_sampling(telemetry)}")
     status = worst(*(st for st, _ in problems))
@@ -81,7 +74,7 @@ def _sustained(ctx: Context, gpu: Gpu, median: float | None) -> Finding:
     if any("wrong results" in text for _, text in problems):
         remedy = (f"stop using GPU {gpu.index}: `sudo dmesg | grep -i xid`; `nvidia-smi -q -i {gpu.index} -d ECC`; "
                   "if a rerun of `gpuvet bench sustained` repeats it, ask the provider to replace the GPU")
-    return finding("gpu.sustained", s, status, "; ".join(text for _, text in problems), measured=measured,
+    return finding(GPU_SUSTAINED, s, status, "; ".join(text for _, text in problems), measured=measured,
                    expected=_STEADY,
                    source=f"NVML telemetry sampled {_sampling(telemetry)} during the load",
                    remedy=remedy)
@@ -101,20 +94,8 @@ def _wrong_products(check: object) -> list[tuple[str, str]]:
                    "(silent data corruption; the inputs never change, a healthy GPU repeats its product)")]
 
 
-def short_load_words(duration_s: object) -> str:
-    """What a load too short to heat-soak the GPU could not prove, and how to prove it."""
-    if not isinstance(duration_s, (int, float)) or duration_s >= HEAT_SOAK_S:
-        return ""
-    return (f"; {duration_s:g} s does not heat-soak a GPU: thermal and power stability over a long job needs "
-            f"`gpuvet run --soak {HEAT_SOAK_S / 60:g}`")
 
 
-def power_faults_under_load(telemetry: dict) -> list[str]:
-    """ "HW power brake during 56% of the load": the power faults a sustained load's telemetry saw
-    for longer than a blip."""
-    shares = telemetry.get("reasons") or {}
-    return [f"{FAULTS[name]} during {100 * shares[name]:.0f}% of the load" for name in POWER_FAULTS
-            if (shares.get(name) or 0) > FAULT_SHARE]
 
 
 def _reasons(telemetry: dict) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ from .bench_common import worst
 from .common import FAIL, PASS, WARN, Context, finding, subject
 from .diagnose import AT_LIMIT_PCT, IDLE_SHARE_PCT, TEMP_RISE_C
 from .gpu_identity import matches_expectation
-from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_FAIL_PCT, DECAY_WARN_PCT, heat_problems
+from .gpu_sustained import CLOCK_HELD_RATIO, DECAY_FAIL_PCT, DECAY_WARN_PCT, heat_problems, rated_clock
 
 # The checks this module judges, by their catalogue ids (catalog.checked refuses an id it lacks).
 GPU_TREND = checked("gpu.trend")
@@ -152,8 +152,12 @@ def _power_limit(gpu: Gpu, samples: list[dict], ref: Reference | None) -> tuple[
 
 
 def _max_clock(gpu: Gpu, ref: Reference | None) -> tuple[float | None, str]:
-    if gpu.clocks.max_sm_mhz:
-        return float(gpu.clocks.max_sm_mhz), "the max SM clock the report gives"
+    """The clock a loaded GPU should hold: the model's boost clock where NVML's max is only a
+    GeForce card's overclocking ceiling (3105 MHz on an RTX 4090 rated 2520), as the sustained
+    load judges it."""
+    top, words = rated_clock(gpu, ref)
+    if top:
+        return top, words
     boost = ref.number("boost_clock_mhz") if ref else None
     if ref and boost:
         return boost, f"{ref.id}'s boost clock ({ref.cite('boost_clock_mhz')})"

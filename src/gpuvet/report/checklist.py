@@ -18,12 +18,7 @@ from typing import Callable
 
 from ..facts import Gpu
 from ..wording import NOT_IN_PLAY, subject_range
-from ..judge.gpu_sustained import (
-    FAULTS,
-    POWER_FAULTS,
-    power_faults_under_load,
-    short_load_words,
-)
+from ..specs.slowdowns import FAULTS, POWER_FAULTS, power_faults_under_load, short_load_words
 from ..record import FAIL, MEASURED, PASS, SKIP, WARN, Finding, RunRecord
 
 TICKED, CROSSED, WARNED, UNKNOWN = "ticked", "crossed", "warned", "unknown"
