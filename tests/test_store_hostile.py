@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuvet.record import RunRecord
+from gpuvet.store import machine_identity
+
 from cli_runner import gpuvet
 
 RECORDS = Path(__file__).parent / "fixtures/records"
@@ -42,7 +45,8 @@ def test_one_damaged_record_is_named_and_the_other_runs_are_shown_and_exported(c
     code, out, err = gpuvet(capsys, "export", "1", "2", "3")
     assert code == 0 and [r["started_at"] for r in json.loads(out)] and len(json.loads(out)) == 2
     assert "run 2 in" in err and "damaged and left out" in err
-    code, out, err = gpuvet(capsys, "history", "--machine", "30db074e17a9")  # the cpu-quick machine's trend
+    cpu_quick = RunRecord.from_dict(json.loads((RECORDS / "cpu-quick.json").read_text()))
+    code, out, err = gpuvet(capsys, "history", "--machine", machine_identity(cpu_quick.machine).key)  # its trend
     assert code == 0 and "run 2 in" in err and "Traceback" not in err
 
 
