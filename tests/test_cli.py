@@ -41,9 +41,12 @@ def test_inspect_json_record_shape(capsys):
     assert len(gpus) == 8 and {g["reference"] for g in gpus} == {"RTX-4090"}
     assert all({"index", "name", "reference"} <= set(g) for g in gpus)
     f = record["findings"][0]
-    assert set(f) == {"check", "subject", "status", "summary", "evidence", "remedy"}
+    assert set(f) == {"check", "subject", "status", "summary", "evidence", "remedy", "action"}
     assert set(f["evidence"]) == {"measured", "expected", "source"}
     assert record["verdict"] in ("pass", "warn")
+    # Every finding names what a remediator does; the record names the worst (processes on the GPUs: ask)
+    assert {g["action"] for g in record["findings"] if g["status"] == "pass"} == {"none"}
+    assert record["action"] == "ask_provider"
 
 
 def test_a_failed_check_exits_1_and_the_report_says_what_and_how(capsys):
@@ -197,7 +200,7 @@ def test_a_job_names_its_run_by_label_id_or_file_name(capsys, tmp_path):
     gpuvet(capsys, "label", "1", "--label", "8 h box", "--price", "0.5", "--db", db)
     record = str(FIXTURES / "records/cpu-sustained.json")
     for job in ("2 h on 8 h box", "2 h on #1", "2 h on 1", "2 h on cpu-sustained.json", "2 h on cpu-sustained"):
-        code, out, err = gpuvet(capsys, "compare", "1", record, "--job", job, "--db", db, "--json")
+        code, out, err = gpuvet(capsys, "compare", "1", record, "--job", job, "--db", db, "--json", "--each-run")  # the same machine twice: kept apart
         assert code == 0, (job, err)
         expected = "#1 8 h box" if "cpu-sustained" not in job else record
         assert json.loads(out)["job"]["reference"] == expected, job

@@ -31,8 +31,9 @@ def test_net_test_prints_a_judged_report_with_the_verdict_last_and_saves_it(caps
     # Both ends on this machine: no network link was measured, so it is not a PASS (issue 15).
     assert "MEAS" in node and "to 127.0.0.1: round trip" in node and "4 streams (builtin) through lo" in node
     assert "net.tcp_throughput" in out and "Gbit/s" in out  # the Measured section
-    assert lines[-1].startswith(("PASS", "WARN", "FAIL")) and code == (1 if lines[-1].startswith("FAIL") else 0)
-    assert "saved as run" in err
+    verdict, saved = lines[-2:]  # the verdict, then where the run is kept
+    assert verdict.startswith(("PASS", "WARN", "FAIL")) and code == (1 if verdict.startswith("FAIL") else 0)
+    assert saved.startswith("saved as run")
     with Store(db) as store:
         record = store.latest()
     assert record.options["profile"] == "net-test" and record.options["peer"] == "127.0.0.1"

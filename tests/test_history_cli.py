@@ -136,7 +136,7 @@ def test_report_takes_the_run_id_saved_as_run_n_gave(capsys, tmp_path):
     """`gpuvet run --quick` on this (GPU-less) machine, then `gpuvet report 1` as its line says."""
     db = str(tmp_path / "runs.sqlite3")
     code, out, err = gpuvet(capsys, "run", "--quick", "--db", db)
-    assert "saved as run 1" in err
+    assert out.rstrip().splitlines()[-1].startswith("saved as run 1: gpuvet report 1")  # under the verdict
     code, report, err = gpuvet(capsys, "report", "1", "--db", db)
     assert code == 0, err
     assert report.strip().splitlines()[-1].split(":")[0] in ("PASS", "WARN", "FAIL", "SKIP")

@@ -153,20 +153,21 @@ def store_options(fn):
     return fn
 
 
-def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, price: float | None) -> None:
-    """Keep the run in the history; a store that cannot be written warns and never loses the report."""
+def save(record: RunRecord, db: str | None, no_save: bool, label: str | None, price: float | None) -> int | None:
+    """Keep the run in the history and return its id (None: not kept); a store that cannot be written
+    warns and never loses the report. The report says "saved as run N" under its verdict (emit)."""
     if label:
         record.options["label"] = label
     if price is not None:
         record.options["price"] = price
     if no_save:
-        return
+        return None
     try:
         with Store(db) as store:
-            run_id = store.save(record, label=label, price_per_hour=price)
-        click.echo(f"gpuvet: saved as run {run_id} (gpuvet show {run_id})", err=True)
+            return store.save(record, label=label, price_per_hour=price)
     except (StoreError, ValueError) as err:  # ValueError: a price the options check let through
         say(f"gpuvet: warning: run not saved: {err}")
+        return None
 
 
 def load_run_file(path: str) -> RunRecord:
@@ -205,8 +206,9 @@ def rendered(record: RunRecord, fmt: str) -> str:
 
 
 def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool, report_format: str = "json",
-         redact: bool = False) -> None:
-    """Print the report (or JSON), write --out, and exit with the verdict's code."""
+         redact: bool = False, saved_as: int | None = None) -> None:
+    """Print the report (or JSON), write --out, and exit with the verdict's code; `saved_as`: the
+    history's id of the run, said under the verdict (on stderr with --json)."""
     if redact:
         from ..report.redact import redact as redact_record
 
@@ -218,8 +220,10 @@ def emit(record: RunRecord, as_json: bool, out: str | None, verbose: bool, repor
             click.echo(f"gpuvet: {what} written to {out}", err=True)
     if as_json:
         click.echo(record.to_json())
+        if saved_as is not None:
+            click.echo(f"gpuvet: saved as run {saved_as} (gpuvet show {saved_as})", err=True)
     else:
-        terminal.render(record, terminal.stdout_console(), verbose=verbose)
+        terminal.render(record, terminal.stdout_console(), verbose=verbose, saved_as=saved_as)
     sys.exit(exit_code(record.findings))
 
 

@@ -62,8 +62,8 @@ def test_cmd(host: str, port: int, engine: str, seconds: float, multi_node: bool
         raise UsageProblem(str(err)) from None
     with progress_status(as_json) as progress:
         record = runner.run_net_test(host, port, engine, seconds, progress, expect=expect, multi_node=multi_node)
-    save(record, db, no_save, label, price)
-    emit(record, as_json, out, verbose, report_format, redact)
+    saved_as = save(record, db, no_save, label, price)
+    emit(record, as_json, out, verbose, report_format, redact, saved_as)
 
 
 test_cmd.__test__ = False  # type: ignore[attr-defined]  # a command, not a pytest test

@@ -61,8 +61,8 @@ def run(quick: bool, soak: float | None, force: bool, preemptible: bool | None, 
                                  preemptible=preemptible, paths=list(paths) or None, engine=engine,
                                  workload_steps=workload_steps, progress=progress,
                                  needs=_needs(dataset_gb, checkpoint_gb, multi_node), xid_window_s=xid_window or None)
-    save(record, db, no_save, label, price)
-    emit(record, as_json, out, verbose, report_format, redact)
+    saved_as = save(record, db, no_save, label, price)
+    emit(record, as_json, out, verbose, report_format, redact, saved_as)
 
 
 @cli.command(help=f"Run chosen benchmarks alone (NAME: {', '.join(BENCHMARKS)}), judged like in `gpuvet run`.")
@@ -84,8 +84,8 @@ def bench(names: tuple[str, ...], device: str, force: bool, steps: int | None, p
         record = runner.run_live(quick=True, expect=expect, benchmarks=list(dict.fromkeys(names)), device=device,
                                  force=force, paths=list(paths) or None, engine=engine, workload_steps=steps,
                                  progress=progress, needs=_needs(dataset_gb, checkpoint_gb, multi_node))
-    save(record, db, no_save, label, price)
-    emit(record, as_json, out, verbose, report_format, redact)
+    saved_as = save(record, db, no_save, label, price)
+    emit(record, as_json, out, verbose, report_format, redact, saved_as)
 
 
 @cli.command()
@@ -151,5 +151,5 @@ def workload(device: str, path: str | None, steps: int | None, expect: str | Non
     with progress_status(as_json) as progress:
         record = runner.run_live(quick=True, expect=expect, benchmarks=["workload"], device=device,
                                  paths=[path] if path else None, workload_steps=steps, progress=progress)
-    save(record, db, no_save, label, price)
-    emit(record, as_json, out, verbose, report_format, redact)
+    saved_as = save(record, db, no_save, label, price)
+    emit(record, as_json, out, verbose, report_format, redact, saved_as)
