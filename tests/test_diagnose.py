@@ -410,3 +410,19 @@ def test_synthetic_a_half_second_snapshot_says_it_is_one():
     assert d.text == "input-bound: GPU idle 40% of a 0.5 s snapshot while 8 worker processes use 100% CPU each"
     (one,) = samples[:1]
     assert "of a single reading (a snapshot)" in diagnose_gpu([one], _gpu(), _yours(), host).text
+
+
+def test_a_watched_state_is_placed_on_the_clock_when_the_session_start_is_known():
+    # SYNTHETIC diagnosis changes of one session that began 2026-12-04 00:00:00 UTC: power-capped from
+    # +10800 s (03:00) until the end; "the job got slow at 3 a.m." is answered at 3 a.m., not "+10800 s".
+    from datetime import datetime, timezone
+
+    from gpuvet.judge.diagnose import watch_findings
+
+    t0 = datetime(2026, 12, 4, tzinfo=timezone.utc).timestamp()
+    rows = [(0.0, "ok", "ok"), (10800.0, "power_capped", "power-capped: holding 300 W")]
+    (capped,) = watch_findings("gpu0", [(rows, 14400.0)], t0)
+    assert capped.check == "watch.power_capped"
+    assert "first at 2026-12-04 03:00:00 UTC (+10800 s)" in capped.evidence.measured
+    (unplaced,) = watch_findings("gpu0", [(rows, 14400.0)])  # several sessions: only the offset is known
+    assert "first at +10800 s" in unplaced.evidence.measured

@@ -12,7 +12,9 @@ first one in RULE_ORDER is the diagnosis and the others are listed in `also`: a 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ..catalog import checked
@@ -639,10 +641,13 @@ def state_durations(sessions: list[tuple[list[tuple[float, str, str]], float]]) 
     return found
 
 
-def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str]], float]]) -> list[Finding]:
+def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str]], float]],
+                   t0: float | None = None) -> list[Finding]:
     """A watched GPU's time in each state as findings: a WARN per troubled state ("power-capped 35% of
     the watched time"), FAIL for heat or a hardware slowdown over FAULT_SHARE of it and for a GPU
-    lost at any time; PASS when it never left ok / idle. Time before the first diagnosis (no_data) is not counted."""
+    lost at any time; PASS when it never left ok / idle. Time before the first diagnosis (no_data) is not counted.
+    `t0`: when a log of one session began (epoch seconds), so a state is placed on the clock ("first
+    at 2026-12-04 03:00:12 UTC (+10800 s)"): a job that turned slow at 3 a.m. is found at 3 a.m."""
     durations = state_durations(sessions)
     watched = sum(seconds for state, (seconds, _, _) in durations.items() if state != "no_data")
     if watched <= 0 and "lost" not in durations:
@@ -655,11 +660,12 @@ def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str
         seconds, first_t, text = durations[state]
         share = seconds / watched if watched > 0 else 1.0
         status = FAIL if state == "lost" or (state in ("thermal", "hw_slowdown") and share > FAULT_SHARE) else WARN
-        summary = (f"the GPU was lost at +{first_t:.0f} s (NVML could no longer read it)" if state == "lost" else
+        at = _on_the_clock(t0, first_t)
+        summary = (f"the GPU was lost at {at} (NVML could no longer read it)" if state == "lost" else
                    f"{LABELS[state]} {100 * share:.0f}% of the watched time ({_minutes(seconds)} of {_minutes(watched)})")
         out.append(finding(
             f"watch.{state}", subject, status, summary,
-            measured=f"{_minutes(seconds)} of {_minutes(watched)} watched; first at +{first_t:.0f} s: {text}",
+            measured=f"{_minutes(seconds)} of {_minutes(watched)} watched; first at {at}: {text}",
             expected="ok (or idle) for the whole watch", source=WATCH_SOURCE, remedy=WATCH_REMEDIES.get(state)))
     if not out:
         calm = [LABELS[s] for s in ("ok", "idle") if s in durations]
@@ -668,6 +674,14 @@ def watch_findings(subject: str, sessions: list[tuple[list[tuple[float, str, str
                            measured=f"{_minutes(watched)} watched", expected="ok (or idle) for the whole watch",
                            source=WATCH_SOURCE))
     return out
+
+
+def _on_the_clock(t0: float | None, offset_s: float) -> str:
+    """"2026-12-04 03:00:12 UTC (+10800 s)" where the session's start is known, else "+10800 s"."""
+    if not isinstance(t0, (int, float)) or not math.isfinite(t0 + offset_s) or not 0 < t0 + offset_s < 32503680000:
+        return f"+{offset_s:.0f} s"
+    when = datetime.fromtimestamp(t0 + offset_s, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{when} UTC (+{offset_s:.0f} s)"
 
 
 # -- a watch log's followed job and what was not watched --------------------------------------------

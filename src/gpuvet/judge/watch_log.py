@@ -23,8 +23,10 @@ def judge_watch_log(series: list[dict[str, Any]], sessions: dict[Any, float], gp
     findings = []
     diagnosed = {s["subject"] for s in series if s["name"] == WATCH_DIAGNOSIS and s["subject"].startswith("gpu")}
     for subject in sorted(diagnosed, key=gpu_order):
-        changes = [(s["rows"], sessions[s["t0"]]) for s in series if s["name"] == WATCH_DIAGNOSIS and s["subject"] == subject]
-        findings += watch_findings(subject, [([tuple(r) for r in rows], end) for rows, end in changes])
+        own = [s for s in series if s["name"] == WATCH_DIAGNOSIS and s["subject"] == subject]
+        changes = [(s["rows"], sessions[s["t0"]]) for s in own]
+        t0 = own[0]["t0"] if len(own) == 1 else None  # one session: its states go on the clock
+        findings += watch_findings(subject, [([tuple(r) for r in rows], end) for rows, end in changes], t0)
     if not gpus_watched:
         findings.append(watch_without_gpus(gpu_error))
     jobs = [s for s in series if s["name"] == WATCH_JOB]
