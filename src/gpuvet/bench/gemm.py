@@ -34,6 +34,7 @@ import torch
 from .common import (TIMED_CHUNK, BenchContext, Budget, OutOfTime, Skip, device_details, free_memory_bytes, measurement, summary, synchronize,
                      time_each)
 from ..specs import reference
+from ..samples import quantile
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 # bf16 and fp8 are what training and inference run on, so they get the larger share of the time.
@@ -579,7 +580,7 @@ def relative_iqr(values: list[float]) -> float:
     """Interquartile range over median: how far a run's calls scatter (0 for fewer than four calls)."""
     if len(values) < 4:
         return 0.0
-    q1, median, q3 = statistics.quantiles(values, n=4)
+    q1, median, q3 = (quantile(values, q) for q in (0.25, 0.5, 0.75))  # the one quantile (samples.py)
     return (q3 - q1) / median if median > 0 else math.inf
 
 
