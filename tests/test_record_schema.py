@@ -91,3 +91,16 @@ def test_a_watch_log_line_and_a_cluster_record_match_theirs():
     assert problems("cluster", cluster) == []
     cluster["nodes"][0]["rank"] = "first"
     assert problems("cluster", cluster)
+
+
+def test_a_plan_matches_the_plan_schema(capsys):
+    # This machine's plan (no GPU: its GPU steps skipped, saying why) and an 8x H100 capture's.
+    code, out, _ = gpuvet(capsys, "run", "--plan", "--json")
+    assert code == 0 and problems("plan", json.loads(out)) == []
+    capture = FIXTURES / "smi_text" / "q-8x-h100-sxm-vm-swpowercap-535.183.01.txt"
+    code, out, _ = gpuvet(capsys, "inspect", str(capture), "--plan", "--json")
+    plan = json.loads(out)
+    assert code == 0 and problems("plan", plan) == [] and plan["target_s"] == 120
+    assert plan["gpus"] == [0, 1, 3, 4, 5, 6, 7] and any("gpu2" in note for note in plan["notes"])  # someone's process on gpu2
+    broken = {**plan, "steps": [{**plan["steps"][0], "budget_s": "soon"}]}
+    assert problems("plan", broken)  # the schema refuses what the plan never holds

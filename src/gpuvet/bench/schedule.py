@@ -17,7 +17,7 @@ Pure: facts in, plan out. Nothing here imports torch or touches the machine.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from ..record.plan import BenchPlan, PlanStep as Step
 from typing import Any
 
 from .. import catalog
@@ -81,32 +81,13 @@ def _budgets(device: str, profile: str) -> dict[str, float]:
     return CPU_BUDGET_S if device == "cpu" else RUN_BUDGET_S if profile == "default" else BENCH_BUDGET_S
 
 
-@dataclass
-class Step:
-    name: str  # a benchmark, or "facts" / "worker"
-    where: str  # "host", "cpu", "gpu0-7", "gpu0", "machine"
-    budget_s: float  # the step's wall time in the plan
-    how: str  # one line: what runs, and how (side by side, one GPU at a time ...)
-    alongside: list[str] = field(default_factory=list)  # host benchmarks held within this step
-    skipped: str | None = None  # why it will not run here
-
-
-@dataclass
-class Plan:
-    profile: str  # "default", "bench", "soak", "quick"
-    device: str
-    gpus: list[int]  # the GPUs that will be loaded
-    steps: list[Step]
-    notes: list[str] = field(default_factory=list)  # GPUs left alone, and why
-
-    @property
-    def total_s(self) -> float:
-        return round(sum(s.budget_s for s in self.steps if not s.skipped), 1)
+class Plan(BenchPlan):
+    """A run's plan as schedule.plan() makes it: the record's type (gpuvet.record.plan), with the
+    total a default run aims at filled in."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "device": self.device, "gpus": self.gpus, "total_s": self.total_s,
-                "target_s": RUN_TARGET_S if self.profile == "default" else None,
-                "steps": [asdict(s) for s in self.steps], "notes": self.notes}
+        self.target_s = RUN_TARGET_S if self.profile == "default" else None
+        return super().to_dict()
 
 
 def plan(machine: Machine, names: list[str], device: str = "cuda", profile: str = "default",

@@ -21,10 +21,11 @@ from .cluster import CLUSTER_SCHEMA, ClusterRecord
 from .details import DETAILS
 from .run import SCHEMA, Measurement, RunRecordDict
 from .validate import MAX_INT, OneOf
+from .plan import BenchPlan
 from .verdict import HEALTH_SCHEMA, HealthVerdict
 from .watch import WATCH_SCHEMA, WatchHeader, WatchLine
 
-KINDS = ("run", "export", "watch", "cluster", "health")
+KINDS = ("run", "export", "watch", "cluster", "health", "plan")
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 _ID = "https://gpuvet.dev/schemas/{kind}.schema.json"
 
@@ -117,6 +118,8 @@ def _built() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     builder.of(ClusterRecord)
     builder.defs["ClusterRecord"]["properties"]["schema"] = {"const": CLUSTER_SCHEMA}
     builder.defs["ClusterNode"]["properties"]["record"] = {"anyOf": [{"$ref": "#/$defs/RunRecordDict"}, {"type": "null"}]}
+    builder.of(BenchPlan)
+    builder.defs["BenchPlan"]["properties"]["total_s"] = {"type": "number"}  # the steps' budgets added up
     builder.of(HealthVerdict)
     builder.defs["HealthVerdict"]["properties"]["schema"] = {"const": HEALTH_SCHEMA}
     header, line = builder.of(WatchHeader), builder.of(WatchLine)
@@ -127,6 +130,7 @@ def _built() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         "export": {"title": "gpuvet export (gpuvet export ID...): a list of run records",
                    "type": "array", "minItems": 1, "items": {"$ref": "#/$defs/RunRecordDict"}},
         "cluster": {"$ref": "#/$defs/ClusterRecord", "title": "gpuvet cluster record (gpuvet cluster --out)"},
+        "plan": {"$ref": "#/$defs/BenchPlan", "title": "gpuvet benchmark plan (gpuvet run --plan --json, inspect --plan)"},
         "health": {"$ref": "#/$defs/HealthVerdict", "title": "gpuvet health verdict (gpuvet health --json): one node's answer"},
         "watch": {"title": "one line of a gpuvet watch log (gpuvet watch --log: JSON lines, a header per session)",
                   "type": "object", "if": {"properties": {"kind": {"const": "header"}}, "required": ["kind"]},
