@@ -154,3 +154,12 @@ def test_a_captures_own_time_is_a_record_field_beside_the_inspection_time():
     (entry,) = record.machine.captures
     assert entry["taken_at"] == "2024-06-21T02:03:08" and "by its own timestamp" in entry["note"]
     assert not record.started_at.startswith("2024-06-21")
+
+
+def test_an_lspci_only_gpu_is_named_by_its_product():
+    # `lspci -nn` of a KVM guest names the GPU '... GA102GL [A10] [10de:2236]': "1 x NVIDIA A10", not
+    # "1 x unknown GPU" (issue 25).
+    from gpuvet import runner
+
+    (gpu,) = runner.inspect([str(FIXTURES / "lspci" / "lspci-nn-a10-kvm.txt")]).machine.gpus
+    assert gpu.name == "NVIDIA A10" and "name" not in gpu.unavailable

@@ -113,3 +113,17 @@ def test_a_watch_log_reports_without_psutil_or_rich(tmp_path):
             done = gpuvet(blocked, tmp_path, "report", str(log), "--format", fmt)
             assert done.returncode in (0, 1) and "Traceback" not in done.stderr, (module, done.stderr)
             assert "watch" in done.stdout.lower()
+
+
+def test_without_prometheus_client_everything_but_its_exports_runs(tmp_path):
+    # The device machines that run benchmarks/gpu_validation.sh have no prometheus_client: the CLI must
+    # not need it to start; only --textfile (and watch --prometheus) does.
+    from gpuvet.cli.fleet import TEXTFILE_NAME
+    from gpuvet.fleet.textfile import FILE_NAME
+
+    assert TEXTFILE_NAME == FILE_NAME
+    env = env_without(tmp_path, "prometheus_client")
+    capture = str(FIXTURES / "smi_text/q-8x-h100-sxm-vm-swpowercap-535.183.01.txt")
+    for argv in (["inspect", capture], ["health", "--no-save", "--from", capture], ["checks"]):
+        done = gpuvet(env, tmp_path, *argv)
+        assert "Traceback" not in done.stderr and done.returncode in (0, 1), (argv, done.stderr[-1000:])

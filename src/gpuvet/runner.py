@@ -348,7 +348,9 @@ def _watched_machine(header: dict[str, Any], series: list[dict[str, Any]]) -> Ma
     for name, value in host_facts.items():
         if hasattr(host, name):
             setattr(host, name, value)
-    return Machine(source="watch", gpus=[gpus[i] for i in sorted(gpus)], host=host,
+    # A watch of a replayed capture says so ("watch of replay: FILE"), never passing for a live machine.
+    source = f"watch of {header['source']}" if header.get("source", "live") != "live" else "watch"
+    return Machine(source=source, gpus=[gpus[i] for i in sorted(gpus)], host=host,
                    driver=Driver(version=header.get("driver_version")), gpu_error=header.get("gpu_error"))
 
 

@@ -11,7 +11,7 @@ import threading
 import click
 
 from ..fleet import health as fleet_health
-from ..fleet import kubernetes, slurm, textfile
+from ..fleet import kubernetes, slurm
 from .. import actions, catalog
 from ..record.verdict import EXIT_CODES, HEALTHY, PROBLEM, UNKNOWN
 from ..probe import live
@@ -23,6 +23,7 @@ from ..report.node_labels import node_labels
 from ..judge.gpu_xid import HEALTH_WINDOW_S, duration_text
 from .base import UsageProblem, check_out_path, cli, load_run_file, save, write_atomically, xid_window_option
 
+TEXTFILE_NAME = "gpuvet.prom"  # fleet/textfile.py's FILE_NAME (a test holds them equal)
 SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuvet may hold the store)
 
 
@@ -53,7 +54,7 @@ SAVE_BUDGET_S = 1.0  # the history row must not hold the answer up (another gpuv
                    "status, action, the GPUs affected, every finding with its action, what could not be read.")
 @click.option("--out", metavar="FILE", help="Also write the whole run record (facts and findings) to FILE.")
 @click.option("--textfile", "textfile_dir", metavar="DIR",
-              help=f"Also write the verdict as Prometheus gauges to DIR/{textfile.FILE_NAME}, atomically, for "
+              help=f"Also write the verdict as Prometheus gauges to DIR/{TEXTFILE_NAME}, atomically, for "
                    "node_exporter's textfile collector: per check and per GPU, the worst action, when it ran.")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding, passes included.")
 @click.option("--keep", type=click.Choice(["every", "changes"]), default="every", show_default=True,
@@ -119,10 +120,12 @@ def _save(record: RunRecord, db: str | None, only_changes: bool) -> None:
 
 def _textfile(directory: str, record: RunRecord, outcome: str) -> None:
     """One line on stderr when the file cannot be written; the exit code stays the health answer."""
+    from ..fleet import textfile  # prometheus_client, only when asked: every other command runs without it
+
     try:
         textfile.write(directory, record, outcome)
     except OSError as err:
-        click.echo(f"gpuvet: --textfile {directory}: cannot write {textfile.FILE_NAME} ({err.strerror or err})", err=True)
+        click.echo(f"gpuvet: --textfile {directory}: cannot write {TEXTFILE_NAME} ({err.strerror or err})", err=True)
 
 
 def _taint(outcome: str, action: str, taint_from: str, node: str | None) -> None:

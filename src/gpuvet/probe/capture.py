@@ -661,10 +661,12 @@ def _merge_lspci(machine: Machine, capture: Capture) -> None:
         target = next((g for g in machine.gpus if g.pcie.bus_id == bus), None)
         matched += target is not None
         if target is None:
-            # Known only from lspci: its name there is the chip, not the NVML product name.
-            target = Gpu(index=len(machine.gpus), name=None)
+            # Known only from lspci: the product's name where pci.ids gives it in brackets
+            # ('GA102GL [A10]' -> 'NVIDIA A10'), else the chip's, said as lspci's.
+            target = Gpu(index=len(machine.gpus), name=lspci.product_name(name))
             target.pcie.bus_id = bus
-            target.unavailable["name"] = f"only lspci saw this GPU: {name}"
+            if target.name is None:
+                target.unavailable["name"] = f"only lspci saw this GPU: {name}"
             machine.gpus.append(target)
         if bus in links:
             target.pcie.readings.append(links[bus])
