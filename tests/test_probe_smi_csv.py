@@ -163,3 +163,17 @@ def test_looks_like_claims_only_query_gpu_csv(path):
     text = path.read_text(errors="replace")
     is_csv = path.parent.name == "smi_csv" or (path.parent.name == "edited" and path.suffix == ".csv")
     assert looks_like_smi_csv(text) == is_csv
+
+
+def test_a_one_gpu_loop_repeating_index_0_is_one_gpu(tmp_path):
+    # SYNTHETIC rows in the shape `nvidia-smi --query-gpu=index,timestamp,temperature.gpu,power.draw,clocks.gr
+    # --format=csv -l 5` prints on one GPU: its index 0 repeats. A zeroed value is how collectors redact a
+    # serial or a UUID, never an index: read as redacted, the loop became three GPUs (issue 25).
+    from gpuvet import runner
+
+    loop = tmp_path / "loop.csv"
+    loop.write_text("index, timestamp, temperature.gpu, power.draw [W], clocks.gr [MHz]\n"
+                    "0, 2024/11/14 05:34:15.123, 61, 318.20 W, 2235 MHz\n"
+                    "0, 2024/11/14 05:34:20.123, 62, 320.10 W, 2235 MHz\n"
+                    "0, 2024/11/14 05:34:25.123, 62, 321.55 W, 2250 MHz\n")
+    assert [g.index for g in runner.inspect([str(loop)]).machine.gpus] == [0]

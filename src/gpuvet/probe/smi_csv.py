@@ -98,7 +98,8 @@ def _gpu_keys(header: list[str], rows: list[Row]) -> tuple[list[object], str | N
     """Which GPU each row is: by bus id, UUID, index or serial; without any of them, rows of
     only sampled fields are one GPU's loop (said in the note), else one GPU per row."""
     for name in _IDENTITY:
-        if name in header and all(v.text(row.get(name)) and not _zeroed(row[name]) for row in rows):
+        # An index of 0 is GPU 0, not a value zeroed before sharing (a one-GPU loop repeats it).
+        if name in header and all(v.text(row.get(name)) and (name == "index" or not _zeroed(row[name])) for row in rows):
             if name == "index":
                 return [smi_series.gpu_index(row[name], "--query-gpu CSV") for row in rows], None
             return [row[name] for row in rows], None
