@@ -88,3 +88,11 @@ def test_a_job_timed_on_a_labelled_machine_is_priced_on_the_others_as_the_readme
     assert job["reference"] == "#1+#5 autodl/4090-A" and job["hours"][0] == 8.0
     assert job["hours"][1] == pytest.approx(8 * 145 / 250)  # the A100s do it in 4.6 h
     assert job["cost_usd"] == [pytest.approx(8 * 16.0), pytest.approx(8 * 145 / 250 * 70.0)]  # in CNY, as asked
+
+
+def test_the_tables_a_person_reads_show_the_prices_currency(capsys, db):
+    # The terminal table and the Markdown one (a support ticket): prices, costs and the ranking in ¥.
+    for fmt in ([], ["--md"]):
+        code, out, err = gpuvet(capsys, "compare", "autodl", "vast", "--currency", "CNY", *fmt, "--db", db)
+        assert code == 0, err
+        assert "¥16.00/h" in out and "¥13.79" in out and "$" not in out, fmt

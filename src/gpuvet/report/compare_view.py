@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from ..console import HAVE_RICH, Console, escape
+from ..compare.money import SYMBOLS, currency
 from ..compare import KEY_FIGURES, Comparison, FindingRow, Row, Trend
 from .markdown import cell as markdown_cell
 from .numbers import number
@@ -26,18 +27,24 @@ STATUS_STYLE = {FAIL: "bold red", WARN: "bold yellow", PASS: "green", SKIP: "dim
 # -- formatting shared by the terminal and Markdown ------------------------------------------
 
 def _number(value: float | None, unit: str) -> str:
+    """A cell: money in its currency (a cost row's unit is the prices' ISO code: "¥13.79", "$2.50"),
+    a yes/no figure as yes/no, else the number."""
     if value is None:
         return "—"
-    if unit == "USD":
-        return f"${value:,.2f}" if abs(value) >= 0.1 else f"${value:.4f}"
+    if _is_money(unit):
+        return currency(unit).amount(value)
     if unit == "bool":  # a yes/no figure (workload.resume_ok), not "1"
         return "yes" if value else "no"
     return number(value)
 
 
+def _is_money(unit: str) -> bool:
+    return unit in SYMBOLS
+
+
 def _unit_words(row: Row) -> str:
-    """The unit after a row's label: none for money (its cells carry $) and yes/no figures."""
-    return "" if row.unit in ("USD", "bool") else f" {row.unit}"
+    """The unit after a row's label: none for money (its cells carry the currency) and yes/no figures."""
+    return "" if _is_money(row.unit) or row.unit == "bool" else f" {row.unit}"
 
 
 def _within_spread(row: Row, i: int) -> bool:
@@ -65,8 +72,8 @@ def _hours(hours: float | None) -> str:
     return f"{hours * 3600:.0f} s" if hours * 3600 >= 1 else "< 1 s"
 
 
-def _price(price: float | None) -> str:
-    return f"${price:.2f}/h" if price is not None else "—"
+def _price(price: float | None, code: str = "USD") -> str:
+    return currency(code).per_hour(price) if price is not None else "—"
 
 
 def _shown_findings(comparison: Comparison, verbose: bool) -> tuple[list[FindingRow], int]:
@@ -107,7 +114,7 @@ def _row_note(row: Row) -> str:
         return f"({row.not_comparable})"
     if row.closer_to_zero:
         return "(closer to 0 is better)"
-    return "(lower is better)" if row.lower_is_better and row.unit != "USD" else ""
+    return "(lower is better)" if row.lower_is_better and not _is_money(row.unit) else ""
 
 
 # -- terminal ---------------------------------------------------------------------------------
@@ -121,7 +128,7 @@ def render(comparison: Comparison, console: Console, verbose: bool = False) -> N
     table.add_row("GPUs", *[escape(r.gpus) for r in comparison.runs])
     table.add_row("started (UTC)", *[r.started_at.replace("T", " ")[:16] for r in comparison.runs])
     table.add_row("verdict", *[f"[{STATUS_STYLE.get(r.verdict, '')}]{r.verdict.upper()}[/]" for r in comparison.runs])
-    table.add_row("price", *[_price(r.price_per_hour) for r in comparison.runs])
+    table.add_row("price", *[_price(r.price_per_hour, comparison.currency) for r in comparison.runs])
     _section(table, "Measured (median over GPUs)", comparison.measurements)
     _section(table, "Cost per unit of work", comparison.costs)
     if comparison.job:
@@ -129,7 +136,7 @@ def render(comparison: Comparison, console: Console, verbose: bool = False) -> N
         table.add_section()
         table.add_row(f"[bold]Job: {escape(job.description)}[/]", *[""] * len(comparison.runs))
         table.add_row("time", *[_hours(h) for h in job.hours])
-        table.add_row("cost", *[_number(c, "USD") for c in job.cost_usd])
+        table.add_row("cost", *[_number(c, comparison.currency) for c in job.cost_usd])
     rows, same = _shown_findings(comparison, verbose)
     if rows:
         table.add_section()
@@ -188,7 +195,7 @@ def _ranking(comparison: Comparison, console: Console) -> None:
     if comparison.ranking:
         console.print(f"\n[bold]Ranked by {escape(comparison.rank_unit or '')}[/] (cheapest result first)")
         for n, entry in enumerate(comparison.ranking, 1):
-            console.print(f"  {n}. {escape(entry.name):<24} {_number(entry.cost, 'USD'):>12}   at {_price(entry.price_per_hour)}")
+            console.print(f"  {n}. {escape(entry.name):<24} {_number(entry.cost, comparison.currency):>12}   at {_price(entry.price_per_hour, comparison.currency)}")
     for name, why in comparison.unranked.items():
         console.print(f"  [dim]{escape(name)}: not ranked ({escape(why)})[/]")
     if comparison.verdict:
@@ -203,7 +210,7 @@ def to_markdown(comparison: Comparison, verbose: bool = False) -> str:
     lines.append("| GPUs | " + " | ".join(_md(r.gpus) for r in comparison.runs) + " |")
     lines.append("| started (UTC) | " + " | ".join(r.started_at.replace("T", " ")[:16] for r in comparison.runs) + " |")
     lines.append("| verdict | " + " | ".join(r.verdict.upper() for r in comparison.runs) + " |")
-    lines.append("| price | " + " | ".join(_price(r.price_per_hour) for r in comparison.runs) + " |")
+    lines.append("| price | " + " | ".join(_price(r.price_per_hour, comparison.currency) for r in comparison.runs) + " |")
     for title, rows in (("Measured (median over GPUs)", comparison.measurements), ("Cost per unit of work", comparison.costs)):
         if rows:
             lines.append(f"| **{title}** |" + " |" * len(names))
@@ -212,7 +219,7 @@ def to_markdown(comparison: Comparison, verbose: bool = False) -> str:
         job = comparison.job
         lines.append(f"| **Job: {_md(job.description)}** |" + " |" * len(names))
         lines.append("| time | " + " | ".join(_hours(h) for h in job.hours) + " |")
-        lines.append("| cost | " + " | ".join(_number(c, "USD") for c in job.cost_usd) + " |")
+        lines.append("| cost | " + " | ".join(_number(c, comparison.currency) for c in job.cost_usd) + " |")
     finding_rows, same = _shown_findings(comparison, verbose)
     if finding_rows:
         lines.append(f"| **{'Findings' if verbose else 'Findings: problems and differences'}** |" + " |" * len(names))
@@ -224,7 +231,7 @@ def to_markdown(comparison: Comparison, verbose: bool = False) -> str:
     if same and not verbose:
         out.append(f"{_others_line(same)}.")
     if comparison.ranking:
-        ranked = [f"{n}. {_md(e.name)}: {_number(e.cost, 'USD')} at {_price(e.price_per_hour)}"
+        ranked = [f"{n}. {_md(e.name)}: {_number(e.cost, comparison.currency)} at {_price(e.price_per_hour, comparison.currency)}"
                   for n, e in enumerate(comparison.ranking, 1)]
         out.append(f"**Ranked by {_md(comparison.rank_unit or '')}** (cheapest result first)\n\n" + "\n".join(ranked))
     if comparison.unranked:
