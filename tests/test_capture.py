@@ -156,10 +156,15 @@ def test_a_captures_own_time_is_a_record_field_beside_the_inspection_time():
     assert not record.started_at.startswith("2024-06-21")
 
 
-def test_an_lspci_only_gpu_is_named_by_its_product():
-    # `lspci -nn` of a KVM guest names the GPU '... GA102GL [A10] [10de:2236]': "1 x NVIDIA A10", not
-    # "1 x unknown GPU" (issue 25).
-    from gpuvet import runner
+def test_a_command_run_in_process_leaves_later_reads_their_whole_window(capsys):
+    # main() shares the 60 s read window across one command's reads; called in-process (tests, a
+    # library), the next reads must not inherit a window that ran out minutes after it ended.
+    from cli_runner import gpuvet
 
-    (gpu,) = runner.inspect([str(FIXTURES / "lspci" / "lspci-nn-a10-kvm.txt")]).machine.gpus
-    assert gpu.name == "NVIDIA A10" and "name" not in gpu.unavailable
+    from gpuvet.probe import bounded_read, capture
+
+    gpuvet(capsys, "inspect", str(FIXTURES / "smi_text" / "q-titan-v-560.35.03.txt"))
+    assert bounded_read._command_started is None
+    bounded_read.start_command(age=bounded_read.READ_SECONDS + 60)  # a command begun long ago ...
+    bounded_read.end_command()  # ... and over
+    assert capture.read_captures(str(FIXTURES / "smi_text" / "q-titan-v-560.35.03.txt"))

@@ -16,7 +16,7 @@ from ..console import Console
 from .. import __version__
 from ..bench.leftovers import own_temp_dir
 from ..private_file import write_private
-from ..probe.bounded_read import process_age, start_command
+from ..probe.bounded_read import end_command, process_age, start_command
 from ..record import SCHEMA, RecordError, RunRecord, exit_code
 from ..record.load import Loaded
 from ..report import terminal
@@ -351,6 +351,13 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # a program of its own (not a test calling main): its temp files in one folder it owns
         with contextlib.suppress(OSError):
             own_temp_dir()
+    try:
+        _run(argv)
+    finally:
+        end_command()  # called in-process (tests, a library), later reads get their own window
+
+
+def _run(argv: list[str] | None) -> None:
     if os.environ.get("GPUVET_NVML_REPLAY"):
         _check_replay_file()
     try:

@@ -61,6 +61,13 @@ def start_command(age: float = 0.0) -> None:
     _command_started = time.monotonic() - age
 
 
+def end_command() -> None:
+    """The command is over: reads after it (a library, a test calling main() in-process) each get
+    the whole window again, not what was left of a command that ended minutes ago."""
+    global _command_started
+    _command_started = None
+
+
 def _seconds_left() -> float:
     if _command_started is None:  # used as a library: each read gets the whole window
         return READ_SECONDS

@@ -661,12 +661,11 @@ def _merge_lspci(machine: Machine, capture: Capture) -> None:
         target = next((g for g in machine.gpus if g.pcie.bus_id == bus), None)
         matched += target is not None
         if target is None:
-            # Known only from lspci: the product's name where pci.ids gives it in brackets
-            # ('GA102GL [A10]' -> 'NVIDIA A10'), else the chip's, said as lspci's.
-            target = Gpu(index=len(machine.gpus), name=lspci.product_name(name))
+            # Known only from lspci: its name there is pci.ids', not the driver's; gpu.model judges
+            # --expect against it ('[A10]') and the rest of the rules treat the GPU as unnamed.
+            target = Gpu(index=len(machine.gpus), name=None)
             target.pcie.bus_id = bus
-            if target.name is None:
-                target.unavailable["name"] = f"only lspci saw this GPU: {name}"
+            target.unavailable["name"] = f"only lspci saw this GPU: {name}"
             machine.gpus.append(target)
         if bus in links:
             target.pcie.readings.append(links[bus])
