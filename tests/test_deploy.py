@@ -26,9 +26,9 @@ from gpuvet.report.node_labels import node_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
-KUBERNETES_VERSION = "1.30.0"  # the oldest schema set kubernetes-validate's floor (1.30) carries
+KUBERNETES_VERSION = "1.30.0"  # the oldest Kubernetes still served (the manifests must work there too)
 DRA_VERSION = "1.34.0"  # resource.k8s.io/v1 (Dynamic Resource Allocation) is served from 1.34
-LATEST_VERSION = "1.37.0"  # the newest kubernetes-validate carries: nothing shipped uses a removed API
+LATEST_VERSION = "1.37.0"  # the newest (kubernetes-validate's floor, 1.37, carries 1.30-1.37): nothing shipped uses a removed API
 FIXTURES = ROOT / "tests" / "fixtures"
 HEALTHY = FIXTURES / "smi_text" / "q-8x-a100-sxm4-40gb-azure-ndv4-460.32.03.txt"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # Kubernetes' label value syntax
